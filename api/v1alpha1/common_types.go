@@ -1,0 +1,195 @@
+package v1alpha1
+
+// Annotations and labels of the mark (design §4) and of the control-plane sequence (design §6).
+const (
+	// UnhealthyAnnotation is the mark the health checker writes on an unhealthy Machine. Its value is
+	// a JSON record {reason, message, since, checker} (see MarkRecord). A person may write it by hand
+	// with a checker other than a MachineHealthCheck's name to request remediation; the health checker
+	// never clears a mark it did not write.
+	UnhealthyAnnotation = "remediation.cluster.x-k8s.io/unhealthy"
+
+	// RemediationForAnnotation is set on the replacement Machine created by a control-plane remediation.
+	// Its value is a JSON RemediationRecord; it carries the retry count across remediations exactly as
+	// KCP's controlplane.cluster.x-k8s.io/remediation-for annotation does.
+	RemediationForAnnotation = "remediation.cluster.x-k8s.io/remediation-for"
+
+	// RemediationInProgressAnnotation is set on a cluster's control-plane object while a control-plane
+	// remediation holds it. Its value is the name of the MachineRemediation holding it. Writing it with
+	// optimistic locking is what makes "one control-plane remediation per cluster at a time" hold even
+	// with several controller replicas or after a crash.
+	RemediationInProgressAnnotation = "remediation.cluster.x-k8s.io/remediation-in-progress"
+)
+
+// MarkRecord is the JSON value of UnhealthyAnnotation.
+type MarkRecord struct {
+	// Reason is one of the MachineHealthCheckSucceeded condition reasons (e.g. UnhealthyNode).
+	Reason string `json:"reason"`
+	// Message says in a sentence what failed.
+	Message string `json:"message,omitempty"`
+	// Since is when the Machine was first found unhealthy (RFC 3339).
+	Since string `json:"since,omitempty"`
+	// Checker is "<namespace>/<name>" of the MachineHealthCheck that wrote the mark, or anything else
+	// (e.g. "manual") for a mark written by a person.
+	Checker string `json:"checker,omitempty"`
+}
+
+// RemediationRecord is the JSON value of RemediationForAnnotation.
+type RemediationRecord struct {
+	// Machine is the name of the Machine that was remediated.
+	Machine string `json:"machine"`
+	// Timestamp is when that remediation started (RFC 3339, UTC).
+	Timestamp string `json:"timestamp"`
+	// RetryCount is how many remediations in a row this chain of replacements has seen.
+	RetryCount int32 `json:"retryCount"`
+}
+
+// ControlPlaneLock is the JSON value of RemediationInProgressAnnotation.
+type ControlPlaneLock struct {
+	// MachineRemediation is the name of the MachineRemediation holding the control plane.
+	MachineRemediation string `json:"machineRemediation"`
+	// DesiredReplicas is the control plane's replicas before the remediation changed them: health
+	// checks use it for the quorum-safe limit while replicas are temporarily N+1.
+	DesiredReplicas int32 `json:"desiredReplicas"`
+}
+
+// FencingPolicy says what happens when storage fencing cannot be confirmed.
+// +kubebuilder:validation:Enum=Disabled;BestEffort;Required
+type FencingPolicy string
+
+const (
+	// FencingDisabled skips the fencing step (it is still recorded, as skipped).
+	FencingDisabled FencingPolicy = "Disabled"
+	// FencingBestEffort deletes the Machine after the fencing timeout even if not every backend
+	// confirmed, with a Warning event.
+	FencingBestEffort FencingPolicy = "BestEffort"
+	// FencingRequired never deletes an unfenced Machine: on timeout the remediation stops, reports and
+	// retries later.
+	FencingRequired FencingPolicy = "Required"
+)
+
+// FencingBackendType names a storage-fencing backend (design §7).
+// +kubebuilder:validation:Enum=NetworkFence;External;OutOfServiceTaint
+type FencingBackendType string
+
+const (
+	// FencingBackendNetworkFence creates csi-addons NetworkFence objects for the node's addresses.
+	FencingBackendNetworkFence FencingBackendType = "NetworkFence"
+	// FencingBackendExternal creates an object from a template (e.g. power fencing) and waits for its
+	// Fenced condition.
+	FencingBackendExternal FencingBackendType = "External"
+	// FencingBackendOutOfServiceTaint taints the workload Node node.kubernetes.io/out-of-service. It is
+	// only safe once the node is known not to write any more, so it must follow another backend.
+	FencingBackendOutOfServiceTaint FencingBackendType = "OutOfServiceTaint"
+)
+
+// FencingBackend is one storage-fencing backend.
+// +kubebuilder:validation:XValidation:rule="self.type != 'NetworkFence' || (has(self.networkFenceClassNames) && size(self.networkFenceClassNames) > 0)",message="networkFenceClassNames is required when type is NetworkFence"
+// +kubebuilder:validation:XValidation:rule="self.type == 'NetworkFence' || !has(self.networkFenceClassNames)",message="networkFenceClassNames is only allowed when type is NetworkFence"
+// +kubebuilder:validation:XValidation:rule="self.type != 'External' || has(self.templateRef)",message="templateRef is required when type is External"
+// +kubebuilder:validation:XValidation:rule="self.type == 'External' || !has(self.templateRef)",message="templateRef is only allowed when type is External"
+type FencingBackend struct {
+	// type is the backend.
+	// +required
+	Type FencingBackendType `json:"type"`
+
+	// networkFenceClassNames are the csi-addons NetworkFenceClasses to fence through, one
+	// NetworkFence per class (one per storage system the node may write to).
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	NetworkFenceClassNames []string `json:"networkFenceClassNames,omitempty"`
+
+	// templateRef points at the template of the External fencing object.
+	// +optional
+	TemplateRef *TemplateReference `json:"templateRef,omitempty"`
+}
+
+// FencingSpec configures storage fencing before a Machine is deleted (design §7).
+// +kubebuilder:validation:XValidation:rule="!has(self.backends) || !self.backends.exists(b, b.type == 'OutOfServiceTaint') || self.backends[0].type != 'OutOfServiceTaint'",message="backends: OutOfServiceTaint must follow another backend that confirms the node no longer writes"
+// +kubebuilder:validation:XValidation:rule="self.policy == 'Disabled' || (has(self.backends) && size(self.backends) > 0)",message="backends must not be empty unless policy is Disabled"
+type FencingSpec struct {
+	// policy says what happens when fencing cannot be confirmed: Required never deletes an unfenced
+	// Machine, BestEffort deletes after timeoutSeconds with a Warning event, Disabled skips fencing.
+	// +optional
+	// +kubebuilder:default=Disabled
+	Policy FencingPolicy `json:"policy,omitempty"`
+
+	// backends are tried in order; the fencing step is done only when every backend confirmed.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Backends []FencingBackend `json:"backends,omitempty"`
+
+	// timeoutSeconds bounds the wait for all backends to confirm. Defaults to 300.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// ControlPlaneOrder is the ordering policy of a control-plane remediation (design §6).
+// +kubebuilder:validation:Enum=Auto;RemoveMemberFirst
+type ControlPlaneOrder string
+
+const (
+	// ControlPlaneOrderAuto chooses from real etcd state: scale up first when the victim's member is
+	// healthy (or scaling up first is quorum-safe), otherwise remove the victim's member first.
+	ControlPlaneOrderAuto ControlPlaneOrder = "Auto"
+	// ControlPlaneOrderRemoveMemberFirst always removes the victim's member before scaling up, for
+	// infrastructures without spare capacity for a surge Machine (e.g. a fixed pool of bare-metal hosts).
+	ControlPlaneOrderRemoveMemberFirst ControlPlaneOrder = "RemoveMemberFirst"
+)
+
+// ControlPlaneRemediationSpec holds the control-plane remediation options. Retry fields have KCP's
+// meaning (KubeadmControlPlane spec.remediation), so the same numbers behave the same way.
+type ControlPlaneRemediationSpec struct {
+	// maxRetry is how many times in a row a replacement Machine may itself be remediated before CAPR
+	// gives up on it (a retry is the replacement of a remediated Machine failing too, within
+	// minHealthyPeriodSeconds). Unset means no limit.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MaxRetry *int32 `json:"maxRetry,omitempty"`
+
+	// retryPeriodSeconds is how long to wait after a remediation before remediating its replacement.
+	// Unset means immediately.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	RetryPeriodSeconds *int32 `json:"retryPeriodSeconds,omitempty"`
+
+	// minHealthyPeriodSeconds: a replacement that fails later than this after its remediation started
+	// is considered an unrelated failure and the retry count starts again. Defaults to 3600.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MinHealthyPeriodSeconds *int32 `json:"minHealthyPeriodSeconds,omitempty"`
+
+	// order is the ordering policy: Auto (default) or RemoveMemberFirst.
+	// +optional
+	// +kubebuilder:default=Auto
+	Order ControlPlaneOrder `json:"order,omitempty"`
+}
+
+// TemplateReference points at a template object in the same namespace.
+type TemplateReference struct {
+	// apiVersion of the template, e.g. remediation.cluster.x-k8s.io/v1alpha1.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/[a-z]([-a-z0-9]*[a-z0-9])?$`
+	APIVersion string `json:"apiVersion"`
+
+	// kind of the template, e.g. MachineRemediationTemplate.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$`
+	Kind string `json:"kind"`
+
+	// name of the template.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+}

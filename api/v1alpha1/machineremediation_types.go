@@ -1,0 +1,296 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// RemediationSource says who asked for a remediation.
+// +kubebuilder:validation:Enum=HealthCheck;CAPIMachineHealthCheck;Manual
+type RemediationSource string
+
+const (
+	// SourceHealthCheck is CAPR's own MachineHealthCheck.
+	SourceHealthCheck RemediationSource = "HealthCheck"
+	// SourceCAPIMachineHealthCheck is CAPI's MachineHealthCheck through spec.remediation.templateRef.
+	// CAPI copies the template's spec, so this is also what an unset source means.
+	SourceCAPIMachineHealthCheck RemediationSource = "CAPIMachineHealthCheck"
+	// SourceManual is a person.
+	SourceManual RemediationSource = "Manual"
+)
+
+// MachineRemediationSpec is what to remediate and how. The Machine is the one with the same name
+// in the same namespace (CAPI's convention for remediation requests).
+type MachineRemediationSpec struct {
+	// source says who asked for this remediation. Unset means CAPI's MachineHealthCheck, which copies
+	// a MachineRemediationTemplate's spec without adding anything.
+	// +optional
+	Source RemediationSource `json:"source,omitempty"`
+
+	// reason is the reason of the mark that caused this remediation (e.g. UnhealthyNode).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Reason string `json:"reason,omitempty"`
+
+	// message is the mark's message.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10240
+	Message string `json:"message,omitempty"`
+
+	// fencing configures storage fencing before the Machine is deleted. Unset means Disabled.
+	// +optional
+	Fencing *FencingSpec `json:"fencing,omitempty"`
+
+	// controlPlane configures the remediation of a control-plane Machine.
+	// +optional
+	ControlPlane *ControlPlaneRemediationSpec `json:"controlPlane,omitempty"`
+}
+
+// RemediationPhase is the coarse state of a MachineRemediation.
+type RemediationPhase string
+
+const (
+	// PhasePending means not started yet, waiting for its preconditions (the reason is in the Progressing
+	// condition). Nothing irreversible has been done and the request may still be withdrawn.
+	PhasePending RemediationPhase = "Pending"
+	// PhaseRunning means the sequence has started; it will be completed even if the Machine recovers.
+	PhaseRunning RemediationPhase = "Running"
+	// PhaseSucceeded means the Machine was replaced.
+	PhaseSucceeded RemediationPhase = "Succeeded"
+	// PhaseFailed means CAPR gave up (e.g. maxRetry); a person must act. The reason is in the conditions.
+	PhaseFailed RemediationPhase = "Failed"
+)
+
+// StepOutcome is the outcome of one step.
+type StepOutcome string
+
+const (
+	// OutcomeInProgress means the step was issued and its effect is not yet visible.
+	OutcomeInProgress StepOutcome = "InProgress"
+	// OutcomeSucceeded means the step's effect is visible.
+	OutcomeSucceeded StepOutcome = "Succeeded"
+	// OutcomeSkipped means the step was not needed (e.g. fencing Disabled, leader already elsewhere).
+	OutcomeSkipped StepOutcome = "Skipped"
+	// OutcomeFailed means the step failed; the message says why.
+	OutcomeFailed StepOutcome = "Failed"
+)
+
+// RemediationStep records one step of the sequence.
+type RemediationStep struct {
+	// name of the step, e.g. ScaleUp, WaitForReplacement, MoveLeader, RemoveMember, Fence, Delete.
+	// +required
+	Name string `json:"name"`
+	// startTime is when the step was started.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// finishTime is when the step's effect was seen.
+	// +optional
+	FinishTime *metav1.Time `json:"finishTime,omitempty"`
+	// outcome of the step.
+	// +optional
+	Outcome StepOutcome `json:"outcome,omitempty"`
+	// message says what was done or why not.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ControlPlaneOrderChosen is the order a control-plane remediation follows.
+type ControlPlaneOrderChosen string
+
+const (
+	// OrderScaleUpFirst scales up, waits for the new member to vote, then removes the victim's member.
+	OrderScaleUpFirst ControlPlaneOrderChosen = "ScaleUpFirst"
+	// OrderRemoveMemberFirst removes the victim's member, then scales up.
+	OrderRemoveMemberFirst ControlPlaneOrderChosen = "RemoveMemberFirst"
+	// OrderReplace deletes and lets the provider recreate (control plane not initialized yet).
+	OrderReplace ControlPlaneOrderChosen = "Replace"
+)
+
+// ControlPlaneRemediationStatus is what a control-plane remediation must remember across restarts:
+// everything else is re-read from the world (etcd, Machines, Nodes).
+type ControlPlaneRemediationStatus struct {
+	// clusterName is the Cluster of the Machine.
+	// +optional
+	ClusterName string `json:"clusterName,omitempty"`
+	// order is the order chosen from etcd state and why.
+	// +optional
+	Order ControlPlaneOrderChosen `json:"order,omitempty"`
+	// orderReason says why that order was chosen.
+	// +optional
+	OrderReason string `json:"orderReason,omitempty"`
+	// desiredReplicas is the control plane's replicas before the remediation scaled it up; the
+	// remediation returns it to this value.
+	// +optional
+	DesiredReplicas *int32 `json:"desiredReplicas,omitempty"`
+	// machinesBefore are the control-plane Machines that existed before scaling up; any other one is
+	// the replacement.
+	// +optional
+	// +listType=atomic
+	MachinesBefore []string `json:"machinesBefore,omitempty"`
+	// replacement is the name of the replacement Machine once it exists.
+	// +optional
+	Replacement string `json:"replacement,omitempty"`
+	// memberName is the victim's etcd member name (its Node name).
+	// +optional
+	MemberName string `json:"memberName,omitempty"`
+	// memberID is the victim's etcd member ID (hex), once known.
+	// +optional
+	MemberID string `json:"memberID,omitempty"`
+	// retryCount is the retry count of this remediation (KCP's meaning).
+	// +optional
+	RetryCount int32 `json:"retryCount,omitempty"`
+}
+
+// MachineRemediationStatus is the durable, resumable state of a remediation.
+type MachineRemediationStatus struct {
+	// phase is Pending, Running, Succeeded or Failed.
+	// +optional
+	Phase RemediationPhase `json:"phase,omitempty"`
+	// currentStep is the step being worked on.
+	// +optional
+	CurrentStep string `json:"currentStep,omitempty"`
+	// steps are the steps taken so far, in order.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Steps []RemediationStep `json:"steps,omitempty"`
+	// startTime is when the remediation left Pending.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// completionTime is when it reached Succeeded or Failed.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// lastError is the last error met, kept until the step succeeds.
+	// +optional
+	LastError string `json:"lastError,omitempty"`
+	// controlPlane is the state of a control-plane remediation.
+	// +optional
+	ControlPlane *ControlPlaneRemediationStatus `json:"controlPlane,omitempty"`
+	// conditions: Progressing (why it waits), Succeeded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// observedGeneration is the last generation reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+// +kubebuilder:resource:path=machineremediations,shortName=mr,scope=Namespaced,categories=cluster-api;capr
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".status.controlPlane.clusterName"
+// +kubebuilder:printcolumn:name="Phase",type="string",JSONPath=".status.phase"
+// +kubebuilder:printcolumn:name="Step",type="string",JSONPath=".status.currentStep"
+// +kubebuilder:printcolumn:name="Order",type="string",JSONPath=".status.controlPlane.order"
+// +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".spec.reason",priority=10
+// +kubebuilder:printcolumn:name="Waiting",type="string",JSONPath=".status.conditions[?(@.type==\"Progressing\")].message",priority=10
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// MachineRemediation is the remediation of one Machine: same name and namespace as the Machine,
+// owned by it. Its status is the durable state of the sequence, so a controller restart continues
+// where it stopped; `kubectl get machineremediations -A` is the operator's dashboard.
+type MachineRemediation struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec says what to remediate and how.
+	// +optional
+	Spec MachineRemediationSpec `json:"spec,omitempty"`
+
+	// status is the progress.
+	// +optional
+	Status MachineRemediationStatus `json:"status,omitempty"`
+}
+
+// GetConditions returns the conditions (for sigs.k8s.io/cluster-api/util/conditions).
+func (m *MachineRemediation) GetConditions() []metav1.Condition { return m.Status.Conditions }
+
+// SetConditions sets the conditions (for sigs.k8s.io/cluster-api/util/conditions).
+func (m *MachineRemediation) SetConditions(c []metav1.Condition) { m.Status.Conditions = c }
+
+// +kubebuilder:object:root=true
+
+// MachineRemediationList is a list of MachineRemediations.
+type MachineRemediationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MachineRemediation `json:"items"`
+}
+
+// MachineRemediationTemplateResource is the template's content.
+type MachineRemediationTemplateResource struct {
+	// spec of the MachineRemediations created from this template.
+	// +optional
+	Spec MachineRemediationSpec `json:"spec,omitempty"`
+}
+
+// MachineRemediationTemplateSpec holds the template.
+type MachineRemediationTemplateSpec struct {
+	// template is copied into each MachineRemediation created from it.
+	// +required
+	Template MachineRemediationTemplateResource `json:"template"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+// +kubebuilder:resource:path=machineremediationtemplates,shortName=mrt,scope=Namespaced,categories=cluster-api;capr
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// MachineRemediationTemplate is what CAPI's MachineHealthCheck spec.remediation.templateRef (or
+// CAPR's) points at: CAPI then creates a MachineRemediation named after each unhealthy Machine.
+type MachineRemediationTemplate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec holds the template.
+	// +required
+	Spec MachineRemediationTemplateSpec `json:"spec"`
+}
+
+// +kubebuilder:object:root=true
+
+// MachineRemediationTemplateList is a list of MachineRemediationTemplates.
+type MachineRemediationTemplateList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MachineRemediationTemplate `json:"items"`
+}
+
+// MachineRemediation conditions and reasons.
+const (
+	// ProgressingCondition is True while the remediation moves, False while it waits; the message
+	// says why it waits.
+	ProgressingCondition = "Progressing"
+	// SucceededCondition is True when the Machine was replaced.
+	SucceededCondition = "Succeeded"
+
+	// WaitingForPreconditionsReason: a precondition is not met (the message names it).
+	WaitingForPreconditionsReason = "WaitingForPreconditions"
+	// QuorumLostReason: etcd has lost quorum; nothing automatic is done.
+	QuorumLostReason = "QuorumLost"
+	// NotQuorumSafeReason: the next step would not be quorum-safe now.
+	NotQuorumSafeReason = "NotQuorumSafe"
+	// AnotherRemediationInProgressReason: another control-plane remediation of the cluster holds it.
+	AnotherRemediationInProgressReason = "AnotherRemediationInProgress"
+	// RetryLimitReason: maxRetry was reached.
+	RetryLimitReason = "RetryLimitReached"
+	// RetryPeriodReason: waiting for retryPeriodSeconds.
+	RetryPeriodReason = "WaitingForRetryPeriod"
+	// EtcdUnreachableReason: etcd state could not be read; CAPR never guesses.
+	EtcdUnreachableReason = "EtcdUnreachable"
+	// StepInProgressReason: a step was issued and its effect is awaited.
+	StepInProgressReason = "StepInProgress"
+	// NoRemediatorReason: no remediator handles this Machine yet.
+	NoRemediatorReason = "NoRemediator"
+	// RemediationSucceededReason: done.
+	RemediationSucceededReason = "RemediationSucceeded"
+	// CannotRemediateReason: the Machine cannot be remediated (message says why).
+	CannotRemediateReason = "CannotRemediate"
+)
+
+func init() {
+	objectTypes = append(objectTypes, &MachineRemediation{}, &MachineRemediationList{},
+		&MachineRemediationTemplate{}, &MachineRemediationTemplateList{})
+}

@@ -1,0 +1,609 @@
+package machinehealthcheck_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/kubeconfig"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers/machinehealthcheck"
+	capienv "github.com/capr-io/capr/test/envtest"
+)
+
+const (
+	eventually = 20 * time.Second
+	poll       = 100 * time.Millisecond
+)
+
+// fakeEtcdSource stands in for etcd in the health checker's tests only: the health checker is under
+// test here, and real etcd membership is tested against a real etcd cluster in etcdutil and the
+// sandbox.
+type fakeEtcdSource struct {
+	mu     sync.Mutex
+	health map[string]machinehealthcheck.EtcdMemberHealth
+}
+
+func (f *fakeEtcdSource) MemberHealth(context.Context, *clusterv1.Cluster) (map[string]machinehealthcheck.EtcdMemberHealth, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]machinehealthcheck.EtcdMemberHealth{}
+	for k, v := range f.health {
+		out[k] = v
+	}
+	return out, nil
+}
+
+func (f *fakeEtcdSource) set(node string, h machinehealthcheck.EtcdMemberHealth) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.health[node] = h
+}
+
+var fakeEtcd = &fakeEtcdSource{health: map[string]machinehealthcheck.EtcdMemberHealth{}}
+
+// fixture is one namespace with one Cluster whose workload cluster is the envtest API server.
+type fixture struct {
+	ns      string
+	cluster *clusterv1.Cluster
+}
+
+func newFixture(t *testing.T, g *WithT, cpReplicas int32) *fixture {
+	t.Helper()
+	ns, err := capienv.CreateNamespace(ctx, k8sClient, "mhc")
+	g.Expect(err).NotTo(HaveOccurred())
+	f := &fixture{ns: ns}
+	var cpRef clusterv1.ContractVersionedObjectReference
+	if cpReplicas > 0 {
+		cp := newControlPlane(ns, "cp", cpReplicas)
+		g.Expect(k8sClient.Create(ctx, cp)).To(Succeed())
+		cpRef = clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: "cp"}
+	}
+	f.cluster = capienv.NewCluster(ns, "c1", cpRef)
+	g.Expect(k8sClient.Create(ctx, f.cluster)).To(Succeed())
+	g.Expect(capienv.SetClusterReady(ctx, k8sClient, f.cluster, true)).To(Succeed())
+	g.Expect(capienv.CreateKubeconfigSecret(ctx, k8sClient, testEnv.Config, f.cluster)).To(Succeed())
+	return f
+}
+
+// newControlPlane returns a KubeadmControlPlane with the fields its CRD requires; no KCP controller
+// runs here, the health checker only reads spec.replicas.
+func newControlPlane(ns, name string, replicas int32) *unstructured.Unstructured {
+	cp := &unstructured.Unstructured{Object: map[string]interface{}{
+		"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+		"kind":       "KubeadmControlPlane",
+		"metadata":   map[string]interface{}{"namespace": ns, "name": name},
+		"spec": map[string]interface{}{
+			"replicas": int64(replicas),
+			"version":  "v1.36.3",
+			"machineTemplate": map[string]interface{}{"spec": map[string]interface{}{
+				"infrastructureRef": map[string]interface{}{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "SandboxMachineTemplate", "name": "t"},
+			}},
+		},
+	}}
+	return cp
+}
+
+// machine creates a Machine with a Node of the given Ready status that changed at since.
+func (f *fixture) machine(g *WithT, name string, controlPlane bool, ready corev1.ConditionStatus, since time.Time) *clusterv1.Machine {
+	m := capienv.NewMachine(f.ns, f.cluster.Name, name, controlPlane)
+	m.Labels["pool"] = "a"
+	g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
+	nodeName := f.ns + "-" + name
+	g.Expect(capienv.CreateNode(ctx, k8sClient, capienv.NewNode(nodeName, ready, since))).To(Succeed())
+	g.Expect(capienv.SetMachineNode(ctx, k8sClient, m, nodeName)).To(Succeed())
+	return m
+}
+
+func (f *fixture) healthCheck(g *WithT, mutate func(*caprv1.MachineHealthCheck)) *caprv1.MachineHealthCheck {
+	mhc := &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "hc"},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: f.cluster.Name,
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](0),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](5)},
+					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](5)},
+				},
+			},
+		},
+	}
+	if mutate != nil {
+		mutate(mhc)
+	}
+	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
+	return mhc
+}
+
+func getMachine(g Gomega, ns, name string) *clusterv1.Machine {
+	m := &clusterv1.Machine{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m)).To(Succeed())
+	return m
+}
+
+// markOf returns the Machine's mark record (nil when not marked) and its condition.
+func markOf(g Gomega, ns, name string) (*caprv1.MarkRecord, *metav1.Condition) {
+	m := getMachine(g, ns, name)
+	var rec *caprv1.MarkRecord
+	if v, ok := m.Annotations[caprv1.UnhealthyAnnotation]; ok {
+		rec = &caprv1.MarkRecord{}
+		g.Expect(json.Unmarshal([]byte(v), rec)).To(Succeed())
+	}
+	return rec, conditions.Get(m, caprv1.MachineHealthCheckSucceededCondition)
+}
+
+func remediationExists(ns, name string) bool {
+	err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &caprv1.MachineRemediation{})
+	return err == nil
+}
+
+func getHealthCheck(g Gomega, ns string) *caprv1.MachineHealthCheck {
+	mhc := &caprv1.MachineHealthCheck{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "hc"}, mhc)).To(Succeed())
+	return mhc
+}
+
+func eventsFor(g Gomega, ns, object, reason string) []corev1.Event {
+	list := &corev1.EventList{}
+	g.Expect(k8sClient.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+	var out []corev1.Event
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == object && e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	f.machine(g, "healthy", false, corev1.ConditionTrue, long)
+	f.machine(g, "sick", false, corev1.ConditionFalse, long)
+	f.healthCheck(g, nil)
+
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "sick")
+		g.Expect(rec).NotTo(BeNil())
+		g.Expect(rec.Reason).To(Equal(caprv1.UnhealthyNodeReason))
+		g.Expect(rec.Checker).To(Equal(f.ns + "/hc"))
+		g.Expect(rec.Since).NotTo(BeEmpty())
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(cond.Reason).To(Equal(caprv1.UnhealthyNodeReason))
+		g.Expect(cond.Message).To(ContainSubstring("Condition Ready on Node is reporting status False"))
+	}, eventually, poll).Should(Succeed())
+
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "sick"}, mr)).To(Succeed())
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.SourceHealthCheck))
+		g.Expect(mr.Spec.Reason).To(Equal(caprv1.UnhealthyNodeReason))
+		g.Expect(mr.OwnerReferences).To(ContainElement(HaveField("Name", "sick")))
+		g.Expect(mr.Labels).To(HaveKeyWithValue(machinehealthcheck.HealthCheckLabel, "hc"))
+	}, eventually, poll).Should(Succeed())
+
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "healthy")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+		mhc := getHealthCheck(g, f.ns)
+		g.Expect(mhc.Status.ExpectedMachines).To(HaveValue(BeEquivalentTo(2)))
+		g.Expect(mhc.Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(1)))
+		g.Expect(mhc.Status.Targets).To(Equal([]string{"healthy", "sick"}))
+		g.Expect(mhc.Status.UnhealthyMachines).To(Equal([]string{"sick"}))
+		g.Expect(conditions.IsTrue(mhc, caprv1.RemediationAllowedCondition)).To(BeTrue())
+		g.Expect(conditions.IsTrue(mhc, caprv1.WorkloadClusterReachableCondition)).To(BeTrue())
+		g.Expect(eventsFor(g, f.ns, "sick", caprv1.EventMachineMarkedUnhealthy)).NotTo(BeEmpty())
+	}, eventually, poll).Should(Succeed())
+	g.Expect(remediationExists(f.ns, "healthy")).To(BeFalse())
+	// CAPI's own condition is never written: KCP and MachineSets would act on it.
+	g.Expect(conditions.Get(getMachine(g, f.ns, "sick"), clusterv1.MachineHealthCheckSucceededCondition)).To(BeNil())
+}
+
+func TestClearsMarkAndWithdrawsPendingRequestWhenHealthyAgain(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "flaky", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.healthCheck(g, nil)
+	g.Eventually(func() bool { return remediationExists(f.ns, "flaky") }, eventually, poll).Should(BeTrue())
+
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-flaky", corev1.ConditionTrue)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "flaky")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(remediationExists(f.ns, "flaky")).To(BeFalse())
+		g.Expect(eventsFor(g, f.ns, "flaky", caprv1.EventMachineMarkCleared)).NotTo(BeEmpty())
+	}, eventually, poll).Should(Succeed())
+}
+
+func TestRunningRemediationIsNotWithdrawn(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.healthCheck(g, nil)
+	mr := &caprv1.MachineRemediation{}
+	g.Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr) }, eventually, poll).Should(Succeed())
+	// A remediator started it: from here on it must finish even if the Machine recovers.
+	mr.Status.Phase = caprv1.PhaseRunning
+	g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
+
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m", corev1.ConditionTrue)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "m")
+		g.Expect(rec).To(BeNil())
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func() bool { return remediationExists(f.ns, "m") }, 2*time.Second, poll).Should(BeTrue())
+}
+
+func TestShortCircuitMarksButDoesNotRequest(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	f.machine(g, "a", false, corev1.ConditionTrue, long)
+	f.machine(g, "b", false, corev1.ConditionFalse, long)
+	f.machine(g, "c", false, corev1.ConditionUnknown, long)
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{
+			UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromString("40%")), // 40% of 3 rounds down to 1
+		}
+	})
+	g.Eventually(func(g Gomega) {
+		mhc := getHealthCheck(g, f.ns)
+		cond := conditions.Get(mhc, caprv1.RemediationAllowedCondition)
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(cond.Reason).To(Equal(caprv1.TooManyUnhealthyReason))
+		g.Expect(cond.Message).To(ContainSubstring("total: 3, unhealthy: 2"))
+		g.Expect(mhc.Status.RemediationsAllowed).To(HaveValue(BeEquivalentTo(0)))
+		for _, name := range []string{"b", "c"} {
+			rec, _ := markOf(g, f.ns, name)
+			g.Expect(rec).NotTo(BeNil(), "the mark is written even when short-circuited")
+		}
+		g.Expect(eventsFor(g, f.ns, "hc", caprv1.EventRemediationRestricted)).NotTo(BeEmpty())
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func() bool { return remediationExists(f.ns, "b") || remediationExists(f.ns, "c") }, 2*time.Second, poll).Should(BeFalse())
+}
+
+func TestUnhealthyInRange(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	f.machine(g, "a", false, corev1.ConditionTrue, long)
+	f.machine(g, "b", false, corev1.ConditionFalse, long)
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[2-3]"}
+	})
+	g.Eventually(func(g Gomega) {
+		cond := conditions.Get(getHealthCheck(g, f.ns), caprv1.RemediationAllowedCondition)
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(cond.Message).To(ContainSubstring("unhealthyInRange: [2-3]"))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(remediationExists(f.ns, "b")).To(BeFalse())
+
+	// A second unhealthy Machine brings the count into the range.
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-a", corev1.ConditionFalse)).To(Succeed())
+	// Its condition just changed: the 5s timeout runs first, then both are requested.
+	g.Eventually(func() bool { return remediationExists(f.ns, "a") && remediationExists(f.ns, "b") }, eventually, poll).Should(BeTrue())
+}
+
+func TestRequeuesAtTimeoutExpiry(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m", false, corev1.ConditionFalse, time.Now())
+	f.healthCheck(g, nil) // Ready=False for 5s
+	start := time.Now()
+	// Nothing changes in the API after this point: only the requeue at expiry can mark the Machine.
+	g.Consistently(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "m")
+		g.Expect(rec).To(BeNil())
+	}, 3*time.Second, poll).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "m")
+		g.Expect(rec).NotTo(BeNil())
+	}, eventually, poll).Should(Succeed())
+	g.Expect(time.Since(start)).To(BeNumerically(">=", 4*time.Second), "marked before the timeout expired")
+}
+
+func TestNodeStartupTimeoutAndMissingNode(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	noNode := capienv.NewMachine(f.ns, f.cluster.Name, "no-node", false)
+	noNode.Labels["pool"] = "a"
+	g.Expect(k8sClient.Create(ctx, noNode)).To(Succeed())
+	gone := capienv.NewMachine(f.ns, f.cluster.Name, "gone", false)
+	gone.Labels["pool"] = "a"
+	g.Expect(k8sClient.Create(ctx, gone)).To(Succeed())
+	g.Expect(capienv.SetMachineNode(ctx, k8sClient, gone, f.ns+"-never-created")).To(Succeed())
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Checks.NodeStartupTimeoutSeconds = ptr.To[int32](30)
+	})
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "gone")
+		g.Expect(rec).NotTo(BeNil())
+		g.Expect(rec.Reason).To(Equal(caprv1.NodeDeletedReason))
+	}, eventually, poll).Should(Succeed())
+	// Within its 30s startup window the Node-less Machine is neither healthy nor marked.
+	rec, cond := markOf(g, f.ns, "no-node")
+	g.Expect(rec).To(BeNil())
+	g.Expect(cond).To(BeNil())
+	g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(0)))
+}
+
+func TestManualRequests(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	m1 := f.machine(g, "annotated", false, corev1.ConditionTrue, long)
+	m2 := f.machine(g, "hand-marked", false, corev1.ConditionTrue, long)
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		_, cond := markOf(g, f.ns, "annotated")
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+	}, eventually, poll).Should(Succeed())
+
+	patchAnnotation(g, m1, clusterv1.RemediateMachineAnnotation, "")
+	patchAnnotation(g, m2, caprv1.UnhealthyAnnotation, `{"reason":"ManualRequest","message":"disk is failing","checker":"alice"}`)
+	g.Eventually(func(g Gomega) {
+		for _, name := range []string{"annotated", "hand-marked"} {
+			_, cond := markOf(g, f.ns, name)
+			g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(cond.Reason).To(Equal(caprv1.ManualRequestReason))
+			g.Expect(remediationExists(f.ns, name)).To(BeTrue())
+		}
+	}, eventually, poll).Should(Succeed())
+	// A hand-written mark is never rewritten or cleared by the health check.
+	rec, cond := markOf(g, f.ns, "hand-marked")
+	g.Expect(rec.Checker).To(Equal("alice"))
+	g.Expect(cond.Message).To(Equal("disk is failing"))
+}
+
+func patchAnnotation(g *WithT, m *clusterv1.Machine, key, value string) {
+	g.Eventually(func() error {
+		cur := &clusterv1.Machine{}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(m), cur); err != nil {
+			return err
+		}
+		base := cur.DeepCopy()
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		cur.Annotations[key] = value
+		return k8sClient.Patch(ctx, cur, client.MergeFrom(base))
+	}, eventually, poll).Should(Succeed())
+}
+
+func TestSkipRemediationAndPausedMachinesAreNotTargets(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	skipped := capienv.NewMachine(f.ns, f.cluster.Name, "skipped", false)
+	skipped.Labels["pool"] = "a"
+	skipped.Annotations = map[string]string{clusterv1.MachineSkipRemediationAnnotation: ""}
+	g.Expect(k8sClient.Create(ctx, skipped)).To(Succeed())
+	paused := capienv.NewMachine(f.ns, f.cluster.Name, "paused", false)
+	paused.Labels["pool"] = "a"
+	paused.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	g.Expect(k8sClient.Create(ctx, paused)).To(Succeed())
+	f.machine(g, "normal", false, corev1.ConditionTrue, long)
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		g.Expect(getHealthCheck(g, f.ns).Status.Targets).To(Equal([]string{"normal"}))
+	}, eventually, poll).Should(Succeed())
+}
+
+func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	base := f.cluster.DeepCopy()
+	f.cluster.Spec.Paused = ptr.To(true)
+	g.Expect(k8sClient.Patch(ctx, f.cluster, client.MergeFrom(base))).To(Succeed())
+	f.machine(g, "sick", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.PausedCondition)).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "sick")
+		g.Expect(rec).To(BeNil())
+	}, 2*time.Second, poll).Should(Succeed())
+}
+
+func TestUnreachableWorkloadClusterMarksNothing(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ns, err := capienv.CreateNamespace(ctx, k8sClient, "mhc")
+	g.Expect(err).NotTo(HaveOccurred())
+	cluster := capienv.NewCluster(ns, "far", clusterv1.ContractVersionedObjectReference{})
+	g.Expect(k8sClient.Create(ctx, cluster)).To(Succeed())
+	g.Expect(capienv.SetClusterReady(ctx, k8sClient, cluster, true)).To(Succeed())
+	// A kubeconfig that points at a port nothing listens on: the workload cluster is unreachable.
+	cfg := *testEnv.Config
+	cfg.Host = "https://127.0.0.1:1"
+	g.Expect(k8sClient.Create(ctx, kubeconfig.GenerateSecret(cluster, kubeconfig.FromEnvTestConfig(&cfg, cluster)))).To(Succeed())
+	m := capienv.NewMachine(ns, "far", "m", false)
+	m.Labels["pool"] = "a"
+	// Even a remediate-machine request waits: nothing is marked while the cluster cannot be seen.
+	m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
+	g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
+	g.Expect(capienv.SetMachineNode(ctx, k8sClient, m, "far-node")).To(Succeed())
+	mhc := &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: "far",
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
+		},
+	}
+	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		cond := conditions.Get(getHealthCheck(g, ns), caprv1.WorkloadClusterReachableCondition)
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(cond.Reason).To(Equal(caprv1.WorkloadClusterUnreachableReason))
+		g.Expect(eventsFor(g, ns, "hc", caprv1.EventWorkloadClusterUnreachable)).NotTo(BeEmpty())
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		rec, cond := markOf(g, ns, "m")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond).To(BeNil())
+		g.Expect(remediationExists(ns, "m")).To(BeFalse())
+	}, 2*time.Second, poll).Should(Succeed())
+}
+
+func TestControlPlaneQuorumSafeLimit(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		replicas, unhealthy int
+		allowed             bool
+	}{
+		{replicas: 3, unhealthy: 1, allowed: true},
+		{replicas: 3, unhealthy: 2, allowed: false},
+		{replicas: 5, unhealthy: 2, allowed: true},
+		{replicas: 5, unhealthy: 3, allowed: false},
+	} {
+		t.Run(fmt.Sprintf("%d_of_%d", tt.unhealthy, tt.replicas), func(t *testing.T) {
+			t.Parallel()
+			g := NewWithT(t)
+			f := newFixture(t, g, int32(tt.replicas))
+			long := time.Now().Add(-time.Hour)
+			for i := range tt.replicas {
+				ready := corev1.ConditionTrue
+				if i < tt.unhealthy {
+					ready = corev1.ConditionFalse
+				}
+				f.machine(g, fmt.Sprintf("cp-%d", i), true, ready, long)
+			}
+			f.healthCheck(g, nil)
+			g.Eventually(func(g Gomega) {
+				mhc := getHealthCheck(g, f.ns)
+				g.Expect(mhc.Status.ControlPlaneUnhealthyLimit).To(HaveValue(BeEquivalentTo((tt.replicas - 1) / 2)))
+				g.Expect(mhc.Status.UnhealthyMachines).To(HaveLen(tt.unhealthy))
+				cond := conditions.Get(mhc, caprv1.RemediationAllowedCondition)
+				g.Expect(cond).NotTo(BeNil())
+				if tt.allowed {
+					g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+					for i := range tt.unhealthy {
+						g.Expect(remediationExists(f.ns, fmt.Sprintf("cp-%d", i))).To(BeTrue())
+					}
+				} else {
+					g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+					g.Expect(cond.Reason).To(Equal(caprv1.ControlPlaneQuorumLimitReason))
+				}
+			}, eventually, poll).Should(Succeed())
+			if !tt.allowed {
+				g.Consistently(func() bool { return remediationExists(f.ns, "cp-0") }, time.Second, poll).Should(BeFalse())
+			}
+		})
+	}
+}
+
+func TestTemplateRefToMachineRemediationTemplate(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	tmpl := &caprv1.MachineRemediationTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "tmpl"},
+		Spec: caprv1.MachineRemediationTemplateSpec{Template: caprv1.MachineRemediationTemplateResource{
+			Spec: caprv1.MachineRemediationSpec{ControlPlane: &caprv1.ControlPlaneRemediationSpec{MaxRetry: ptr.To[int32](2)}},
+		}},
+	}
+	g.Expect(k8sClient.Create(ctx, tmpl)).To(Succeed())
+	f.machine(g, "m", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{
+			APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "tmpl",
+		}
+	})
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr)).To(Succeed())
+		g.Expect(mr.Spec.ControlPlane).NotTo(BeNil())
+		g.Expect(mr.Spec.ControlPlane.MaxRetry).To(HaveValue(BeEquivalentTo(2)))
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.SourceHealthCheck))
+		g.Expect(mr.Annotations).To(HaveKeyWithValue(clusterv1.TemplateClonedFromNameAnnotation, "tmpl"))
+	}, eventually, poll).Should(Succeed())
+}
+
+func TestEtcdMemberCheck(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 3)
+	long := time.Now().Add(-time.Hour)
+	for i := range 3 {
+		f.machine(g, fmt.Sprintf("cp-%d", i), true, corev1.ConditionTrue, long)
+		fakeEtcd.set(fmt.Sprintf("%s-cp-%d", f.ns, i), machinehealthcheck.EtcdMemberHealth{Healthy: true})
+	}
+	fakeEtcd.set(f.ns+"-cp-1", machinehealthcheck.EtcdMemberHealth{Problem: "alarmed (NOSPACE)"})
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Checks.EtcdMember = &caprv1.EtcdMemberCheck{TimeoutSeconds: ptr.To[int32](10)}
+	})
+	// The member has been seen unhealthy only now: the 10s timeout runs first.
+	g.Consistently(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "cp-1")
+		g.Expect(rec).To(BeNil())
+	}, 3*time.Second, poll).Should(Succeed())
+	g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(2)))
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "cp-1")
+		g.Expect(rec).NotTo(BeNil())
+		g.Expect(rec.Reason).To(Equal(caprv1.UnhealthyEtcdMemberReason))
+		g.Expect(rec.Message).To(ContainSubstring("alarmed (NOSPACE)"))
+		g.Expect(remediationExists(f.ns, "cp-1")).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+	for _, healthy := range []string{"cp-0", "cp-2"} {
+		rec, _ := markOf(g, f.ns, healthy)
+		g.Expect(rec).To(BeNil())
+	}
+}
+
+func TestDeletingTheHealthCheckClearsItsMarks(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	mhc := f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "m")
+		g.Expect(rec).NotTo(BeNil())
+	}, eventually, poll).Should(Succeed())
+	g.Expect(k8sClient.Delete(ctx, mhc)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "m")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond).To(BeNil())
+		g.Expect(remediationExists(f.ns, "m")).To(BeFalse())
+		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(mhc), &caprv1.MachineHealthCheck{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+}

@@ -1,0 +1,146 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// markChange is what applying an evaluation would change on a Machine.
+type markChange int
+
+const (
+	markUnchanged markChange = iota
+	markSet
+	markUpdated
+	markCleared
+)
+
+// applyMark sets the mark (annotation + condition) of a Machine from its evaluation, in memory, and
+// says what changed. Pending targets keep whatever they have: a timeout still running neither marks
+// nor clears. Marks written by someone else are never touched.
+func applyMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time) markChange {
+	switch ev.verdict {
+	case verdictUnhealthy:
+		return setMark(m, ev, checker, now)
+	case verdictHealthy:
+		return clearMark(m, checker)
+	default:
+		return markUnchanged
+	}
+}
+
+func setMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time) markChange {
+	wasMarked := isMarked(m, checker)
+	changed := false
+
+	// The annotation is ours to write unless a person (or another tool) wrote it.
+	if _, foreign := foreignMark(m, checker); !foreign {
+		since := now.UTC().Format(time.RFC3339)
+		if current, ok := ownMark(m, checker); ok && current.Since != "" {
+			since = current.Since
+		}
+		value, _ := json.Marshal(caprv1.MarkRecord{Reason: ev.reason, Message: ev.message, Since: since, Checker: checker})
+		if m.Annotations[caprv1.UnhealthyAnnotation] != string(value) {
+			if m.Annotations == nil {
+				m.Annotations = map[string]string{}
+			}
+			m.Annotations[caprv1.UnhealthyAnnotation] = string(value)
+			changed = true
+		}
+	}
+	cond := metav1.Condition{
+		Type:    caprv1.MachineHealthCheckSucceededCondition,
+		Status:  metav1.ConditionFalse,
+		Reason:  ev.reason,
+		Message: ev.message,
+	}
+	if !hasSameCondition(m, cond) {
+		conditions.Set(m, cond)
+		changed = true
+	}
+	switch {
+	case !changed:
+		return markUnchanged
+	case wasMarked:
+		return markUpdated
+	default:
+		return markSet
+	}
+}
+
+func clearMark(m *clusterv1.Machine, checker string) markChange {
+	wasMarked := isMarked(m, checker)
+	changed := false
+	if _, ok := ownMark(m, checker); ok {
+		delete(m.Annotations, caprv1.UnhealthyAnnotation)
+		changed = true
+	}
+	cond := metav1.Condition{
+		Type:   caprv1.MachineHealthCheckSucceededCondition,
+		Status: metav1.ConditionTrue,
+		Reason: caprv1.HealthCheckSucceededReason,
+	}
+	if !hasSameCondition(m, cond) {
+		conditions.Set(m, cond)
+		changed = true
+	}
+	switch {
+	case !changed:
+		return markUnchanged
+	case wasMarked:
+		return markCleared
+	default:
+		return markUpdated
+	}
+}
+
+// isMarked reports whether the Machine carries this health check's mark (its annotation, or our
+// condition at False).
+func isMarked(m *clusterv1.Machine, checker string) bool {
+	if _, ok := ownMark(m, checker); ok {
+		return true
+	}
+	c := conditions.Get(m, caprv1.MachineHealthCheckSucceededCondition)
+	return c != nil && c.Status == metav1.ConditionFalse
+}
+
+func hasSameCondition(m *clusterv1.Machine, want metav1.Condition) bool {
+	c := conditions.Get(m, want.Type)
+	return c != nil && c.Status == want.Status && c.Reason == want.Reason && c.Message == want.Message
+}
+
+// ownMark returns the mark on the Machine when it was written by checker.
+func ownMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool) {
+	value, ok := m.Annotations[caprv1.UnhealthyAnnotation]
+	if !ok {
+		return nil, false
+	}
+	rec := &caprv1.MarkRecord{}
+	if err := json.Unmarshal([]byte(value), rec); err != nil || rec.Checker != checker {
+		return nil, false
+	}
+	return rec, true
+}
+
+// patchMark writes the Machine's mark; the patch helper only sends what changed, and owns only our
+// qualified condition so that CAPI's conditions on the same Machine are never overwritten.
+func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
+	helper, err := patch.NewHelper(before, c)
+	if err != nil {
+		return fmt.Errorf("creating patch helper for Machine %s: %w", before.Name, err)
+	}
+	if err := helper.Patch(ctx, after, patch.WithOwnedConditions{Conditions: []string{caprv1.MachineHealthCheckSucceededCondition}}); err != nil {
+		return fmt.Errorf("patching mark on Machine %s: %w", before.Name, err)
+	}
+	return nil
+}

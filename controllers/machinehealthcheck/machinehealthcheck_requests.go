@@ -1,0 +1,201 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/external"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// HealthCheckLabel is set on the remediation requests a MachineHealthCheck creates, with the health
+// check's name as value: it only ever withdraws requests carrying its own label.
+const HealthCheckLabel = "remediation.cluster.x-k8s.io/machine-health-check"
+
+// requestGVK is the kind of remediation request this health check creates.
+func requestGVK(mhc *caprv1.MachineHealthCheck) (schema.GroupVersionKind, error) {
+	ref := mhc.Spec.Remediation.TemplateRef
+	if ref == nil {
+		return caprv1.GroupVersion.WithKind("MachineRemediation"), nil
+	}
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	if err != nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("invalid spec.remediation.templateRef.apiVersion %q: %w", ref.APIVersion, err)
+	}
+	return gv.WithKind(strings.TrimSuffix(ref.Kind, clusterv1.TemplateSuffix)), nil
+}
+
+// listRequests returns the remediation requests of the health check's kind in its namespace, by
+// name (= Machine name). One List per reconcile, from the cache for CAPR's own kind, instead of one
+// read per target.
+func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealthCheck) (map[string]client.Object, error) {
+	gvk, err := requestGVK(mhc)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]client.Object{}
+	if gvk == caprv1.GroupVersion.WithKind("MachineRemediation") {
+		list := &caprv1.MachineRemediationList{}
+		if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
+			return nil, fmt.Errorf("listing MachineRemediations: %w", err)
+		}
+		for i := range list.Items {
+			out[list.Items[i].Name] = &list.Items[i]
+		}
+		return out, nil
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing %s: %w", gvk.Kind, err)
+	}
+	for i := range list.Items {
+		out[list.Items[i].GetName()] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// ensureRequest creates the remediation request of an unhealthy Machine if it does not exist yet.
+// It returns true when it created one.
+func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, ev evaluation, existing map[string]client.Object) (bool, error) {
+	if _, ok := existing[m.Name]; ok {
+		return false, nil
+	}
+	gvk, err := requestGVK(mhc)
+	if err != nil {
+		return false, err
+	}
+	var obj client.Object
+	if ref := mhc.Spec.Remediation.TemplateRef; ref != nil {
+		obj, err = r.requestFromTemplate(ctx, mhc, m, ref, ev)
+		if err != nil {
+			return false, err
+		}
+	} else {
+		mr := &caprv1.MachineRemediation{
+			ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace},
+			Spec: caprv1.MachineRemediationSpec{
+				Source:       caprv1.SourceHealthCheck,
+				Reason:       ev.reason,
+				Message:      truncate(ev.message, 10240),
+				Fencing:      mhc.Spec.Remediation.Fencing.DeepCopy(),
+				ControlPlane: mhc.Spec.Remediation.ControlPlane.DeepCopy(),
+			},
+		}
+		obj = mr
+	}
+	obj.SetLabels(mergeLabels(obj.GetLabels(), map[string]string{
+		clusterv1.ClusterNameLabel: mhc.Spec.ClusterName,
+		HealthCheckLabel:           mhc.Name,
+	}))
+	obj.SetOwnerReferences([]metav1.OwnerReference{machineOwnerRef(m)})
+
+	if err := r.Client.Create(ctx, obj); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("creating %s for Machine %s: %w", gvk.Kind, m.Name, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Created remediation request", "kind", gvk.Kind, "Machine", m.Name)
+	return true, nil
+}
+
+// requestFromTemplate builds the request from spec.remediation.templateRef the way CAPI's
+// MachineHealthCheck does (external.GenerateTemplate). For CAPR's own MachineRemediationTemplate the
+// source and reason are filled in as well.
+func (r *Reconciler) requestFromTemplate(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, ref *caprv1.TemplateReference, ev evaluation) (client.Object, error) {
+	template, err := external.Get(ctx, r.Client, &corev1.ObjectReference{
+		APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, Namespace: mhc.Namespace,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading spec.remediation.templateRef %s %s: %w", ref.Kind, ref.Name, err)
+	}
+	owner := machineOwnerRef(m)
+	obj, err := external.GenerateTemplate(&external.GenerateTemplateInput{
+		Template:    template,
+		TemplateRef: &corev1.ObjectReference{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, Namespace: mhc.Namespace},
+		Namespace:   m.Namespace,
+		Name:        m.Name,
+		ClusterName: mhc.Spec.ClusterName,
+		OwnerRef:    &owner,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("generating remediation request from %s %s: %w", ref.Kind, ref.Name, err)
+	}
+	if obj.GroupVersionKind() == caprv1.GroupVersion.WithKind("MachineRemediation") {
+		for field, value := range map[string]string{
+			"source": string(caprv1.SourceHealthCheck), "reason": ev.reason, "message": truncate(ev.message, 10240),
+		} {
+			if err := unstructured.SetNestedField(obj.Object, value, "spec", field); err != nil {
+				return nil, fmt.Errorf("setting spec.%s: %w", field, err)
+			}
+		}
+	}
+	return obj, nil
+}
+
+// withdrawRequest deletes the request of a Machine that is healthy again, but only a request this
+// health check created and only while nothing irreversible was done: a MachineRemediation that left
+// Pending is completed even if the Machine recovers (its etcd member may already be gone). The delete
+// is conditional on the resourceVersion that was seen Pending, so a remediator starting at the same
+// moment wins.
+func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, existing map[string]client.Object) error {
+	obj, ok := existing[m.Name]
+	if !ok || obj.GetLabels()[HealthCheckLabel] != mhc.Name || !obj.GetDeletionTimestamp().IsZero() {
+		return nil
+	}
+	if mr, ok := obj.(*caprv1.MachineRemediation); ok && mr.Status.Phase != "" && mr.Status.Phase != caprv1.PhasePending {
+		return nil
+	}
+	err := r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})
+	switch {
+	case err == nil:
+		ctrl.LoggerFrom(ctx).Info("Withdrew remediation request of a Machine that is healthy again", "Machine", m.Name)
+		return nil
+	case apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		// It changed (a remediator may have started it): look again on the next reconcile.
+		return fmt.Errorf("remediation request %s changed while being withdrawn: %w", m.Name, err)
+	default:
+		return fmt.Errorf("withdrawing remediation request %s: %w", m.Name, err)
+	}
+}
+
+func machineOwnerRef(m *clusterv1.Machine) metav1.OwnerReference {
+	return metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(),
+		Kind:       "Machine",
+		Name:       m.Name,
+		UID:        m.UID,
+	}
+}
+
+func mergeLabels(a, b map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

@@ -1,0 +1,256 @@
+package machinehealthcheck
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// This file holds the health decision: plain functions over plain data, no API calls.
+
+// checkConfig is a MachineHealthCheck's checks with defaults applied.
+type checkConfig struct {
+	// checker identifies the health check in marks ("<namespace>/<name>").
+	checker            string
+	nodeStartupTimeout time.Duration // 0 disables the check
+	nodeConditions     []caprv1.UnhealthyNodeCondition
+	machineConditions  []caprv1.UnhealthyMachineCondition
+	etcdMemberTimeout  time.Duration // 0 disables the check
+}
+
+// clusterFacts are the Cluster conditions the decision depends on.
+type clusterFacts struct {
+	infrastructureReady     bool
+	infrastructureReadyTime time.Time
+	controlPlaneInitialized bool
+	controlPlaneInitTime    time.Time
+}
+
+// etcdMemberFact is what the etcd member check observed for a control-plane Machine.
+type etcdMemberFact struct {
+	healthy bool
+	// problem says what is wrong (missing, unreachable, alarm NOSPACE, learner).
+	problem string
+	// since is when the member was first seen unhealthy.
+	since time.Time
+}
+
+// target is one Machine with what was read about it.
+type target struct {
+	machine *clusterv1.Machine
+	// node is the Machine's Node in the workload cluster, nil when unknown or absent.
+	node *corev1.Node
+	// nodeMissing is true when the Machine has a nodeRef but the Node does not exist.
+	nodeMissing bool
+	// etcd is nil when the etcd member check does not apply or was not run.
+	etcd *etcdMemberFact
+}
+
+// verdict is the outcome of a health evaluation.
+type verdict int
+
+const (
+	// verdictPending: neither healthy nor unhealthy yet (starting, a timeout still running, no Node,
+	// deleting). Counts as not healthy for the short-circuit, as in CAPI.
+	verdictPending verdict = iota
+	verdictHealthy
+	verdictUnhealthy
+)
+
+// evaluation is the result for one target.
+type evaluation struct {
+	verdict verdict
+	reason  string
+	message string
+	// nextCheck > 0 is when the target must be evaluated again because a timeout will expire.
+	nextCheck time.Duration
+}
+
+func isControlPlane(m *clusterv1.Machine) bool {
+	_, ok := m.Labels[clusterv1.MachineControlPlaneLabel]
+	return ok
+}
+
+// foreignMark returns the mark on the Machine when it was written by someone other than checker
+// (a person, or another tool): such marks are requests, and this health check never clears them.
+func foreignMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool) {
+	value, ok := m.Annotations[caprv1.UnhealthyAnnotation]
+	if !ok {
+		return nil, false
+	}
+	rec := &caprv1.MarkRecord{}
+	if err := json.Unmarshal([]byte(value), rec); err != nil {
+		// A mark that is not JSON is still a request by a person; keep its text as the message.
+		return &caprv1.MarkRecord{Reason: caprv1.ManualRequestReason, Message: value}, true
+	}
+	if rec.Checker == checker {
+		return nil, false
+	}
+	return rec, true
+}
+
+// evaluate decides whether one target is healthy, unhealthy or pending at time now. It follows CAPI's
+// MachineHealthCheck semantics (research/capi-anchor.md §2.3) and adds the etcd member check and
+// hand-written marks.
+func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) evaluation {
+	m := t.machine
+
+	// Requests by a person come first and need no timeout.
+	if annotations.HasRemediateMachine(m) {
+		return evaluation{verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason,
+			message: "Machine has the " + clusterv1.RemediateMachineAnnotation + " annotation"}
+	}
+	if rec, ok := foreignMark(m, cfg.checker); ok {
+		msg := rec.Message
+		if msg == "" {
+			msg = "Machine was marked unhealthy by " + orDefault(rec.Checker, "hand")
+		}
+		return evaluation{verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason, message: msg}
+	}
+
+	// Workers are not checked before the control plane is up; control-plane Machines are, so that
+	// the first control-plane Machine can be remediated.
+	if !cluster.controlPlaneInitialized && !isControlPlane(m) {
+		return evaluation{verdict: verdictPending}
+	}
+	if !cluster.infrastructureReady {
+		return evaluation{verdict: verdictPending}
+	}
+
+	var failures []string
+	reason := ""
+	var next time.Duration
+	fail := func(r, msg string) {
+		failures = append(failures, msg)
+		if reason == "" {
+			reason = r
+		}
+	}
+	wait := func(d time.Duration) {
+		if next == 0 || d < next {
+			next = d
+		}
+	}
+
+	// Machine conditions.
+	for _, c := range cfg.machineConditions {
+		cond := conditions.Get(m, c.Type)
+		if cond == nil || cond.Status != c.Status {
+			continue
+		}
+		timeout := seconds(c.TimeoutSeconds)
+		if expired, remaining := timedOut(cond.LastTransitionTime.Time, timeout, now); expired {
+			fail(caprv1.UnhealthyMachineReason, fmt.Sprintf("Condition %s on Machine is reporting status %s for more than %s", c.Type, c.Status, timeout))
+		} else {
+			wait(remaining)
+		}
+	}
+
+	// Node checks.
+	switch {
+	case t.nodeMissing:
+		fail(caprv1.NodeDeletedReason, fmt.Sprintf("Node %s has been deleted", m.Status.NodeRef.Name))
+	case t.node == nil:
+		if cfg.nodeStartupTimeout > 0 {
+			start := latest(m.CreationTimestamp.Time, cluster.infrastructureReadyTime, cluster.controlPlaneInitTime,
+				conditionTime(m, clusterv1.MachineInfrastructureReadyCondition))
+			if expired, remaining := timedOut(start, cfg.nodeStartupTimeout, now); expired {
+				fail(caprv1.NodeStartupTimeoutReason, fmt.Sprintf("Health check failed: Node failed to report startup in %s", cfg.nodeStartupTimeout))
+			} else {
+				wait(remaining)
+			}
+		}
+	default:
+		for _, c := range cfg.nodeConditions {
+			cond := nodeCondition(t.node, c.Type)
+			if cond == nil || cond.Status != c.Status {
+				continue
+			}
+			timeout := seconds(c.TimeoutSeconds)
+			if expired, remaining := timedOut(cond.LastTransitionTime.Time, timeout, now); expired {
+				fail(caprv1.UnhealthyNodeReason, fmt.Sprintf("Condition %s on Node is reporting status %s for more than %s", c.Type, c.Status, timeout))
+			} else {
+				wait(remaining)
+			}
+		}
+	}
+
+	// etcd member (control-plane Machines only, when configured and observed).
+	if cfg.etcdMemberTimeout > 0 && t.etcd != nil && !t.etcd.healthy && isControlPlane(m) {
+		if expired, remaining := timedOut(t.etcd.since, cfg.etcdMemberTimeout, now); expired {
+			fail(caprv1.UnhealthyEtcdMemberReason, fmt.Sprintf("etcd member is %s for more than %s", t.etcd.problem, cfg.etcdMemberTimeout))
+		} else {
+			wait(remaining)
+		}
+	}
+
+	if len(failures) > 0 {
+		return evaluation{verdict: verdictUnhealthy, reason: reason, message: strings.Join(failures, "; ")}
+	}
+	if next > 0 {
+		return evaluation{verdict: verdictPending, nextCheck: next}
+	}
+	if t.node != nil && m.DeletionTimestamp.IsZero() {
+		return evaluation{verdict: verdictHealthy}
+	}
+	return evaluation{verdict: verdictPending}
+}
+
+// timedOut reports whether start+timeout is before now and, if not, how long until it is (plus one
+// second, so the requeue lands after the expiry rather than on it).
+func timedOut(start time.Time, timeout time.Duration, now time.Time) (bool, time.Duration) {
+	deadline := start.Add(timeout)
+	if deadline.Before(now) {
+		return true, 0
+	}
+	return false, deadline.Sub(now) + time.Second
+}
+
+func seconds(s *int32) time.Duration {
+	if s == nil {
+		return 0
+	}
+	return time.Duration(*s) * time.Second
+}
+
+func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == t {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func conditionTime(obj conditions.Getter, t string) time.Time {
+	if c := conditions.Get(obj, t); c != nil && c.Status == metav1.ConditionTrue {
+		return c.LastTransitionTime.Time
+	}
+	return time.Time{}
+}
+
+func latest(times ...time.Time) time.Time {
+	var out time.Time
+	for _, t := range times {
+		if t.After(out) {
+			out = t
+		}
+	}
+	return out
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}

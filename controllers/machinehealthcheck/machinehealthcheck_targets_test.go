@@ -1,0 +1,263 @@
+package machinehealthcheck
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func machine(cp bool, mutate ...func(*clusterv1.Machine)) *clusterv1.Machine {
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{
+		Name: "m", Labels: map[string]string{}, CreationTimestamp: metav1.NewTime(now.Add(-time.Hour)),
+	}}
+	if cp {
+		m.Labels[clusterv1.MachineControlPlaneLabel] = ""
+	}
+	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: "n"}
+	for _, f := range mutate {
+		f(m)
+	}
+	return m
+}
+
+func node(conds ...corev1.NodeCondition) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Status: corev1.NodeStatus{Conditions: conds}}
+}
+
+func nodeCond(t corev1.NodeConditionType, s corev1.ConditionStatus, age time.Duration) corev1.NodeCondition {
+	return corev1.NodeCondition{Type: t, Status: s, LastTransitionTime: metav1.NewTime(now.Add(-age))}
+}
+
+var readyCluster = clusterFacts{
+	infrastructureReady: true, infrastructureReadyTime: now.Add(-2 * time.Hour),
+	controlPlaneInitialized: true, controlPlaneInitTime: now.Add(-2 * time.Hour),
+}
+
+func defaultConfig() checkConfig {
+	return checkConfig{
+		checker:            "ns/hc",
+		nodeStartupTimeout: 10 * time.Minute,
+		nodeConditions: []caprv1.UnhealthyNodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](300)},
+			{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](300)},
+			{Type: "DiskPressure", Status: corev1.ConditionTrue, TimeoutSeconds: ptr.To[int32](0)},
+		},
+		machineConditions: []caprv1.UnhealthyMachineCondition{
+			{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, TimeoutSeconds: ptr.To[int32](60)},
+		},
+		etcdMemberTimeout: 2 * time.Minute,
+	}
+}
+
+func TestEvaluate(t *testing.T) {
+	ready := nodeCond(corev1.NodeReady, corev1.ConditionTrue, time.Hour)
+	tests := []struct {
+		name      string
+		target    target
+		cluster   clusterFacts
+		config    func(*checkConfig)
+		verdict   verdict
+		reason    string
+		nextCheck time.Duration
+	}{
+		{name: "healthy node", target: target{machine: machine(false), node: node(ready)}, verdict: verdictHealthy},
+		{name: "Ready=False past timeout", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 301*time.Second))},
+			verdict: verdictUnhealthy, reason: caprv1.UnhealthyNodeReason},
+		{name: "Ready=False exactly at timeout is not yet unhealthy", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 300*time.Second))},
+			verdict: verdictPending, nextCheck: time.Second},
+		{name: "Ready=Unknown within timeout requeues at expiry", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionUnknown, 100*time.Second))},
+			verdict: verdictPending, nextCheck: 201 * time.Second},
+		{name: "zero timeout condition is immediate", target: target{machine: machine(false), node: node(ready, nodeCond("DiskPressure", corev1.ConditionTrue, time.Millisecond))},
+			verdict: verdictUnhealthy, reason: caprv1.UnhealthyNodeReason},
+		{name: "condition with another status is ignored", target: target{machine: machine(false), node: node(ready, nodeCond("DiskPressure", corev1.ConditionFalse, time.Hour))},
+			verdict: verdictHealthy},
+		{name: "node deleted", target: target{machine: machine(false), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.NodeDeletedReason},
+		{name: "no node within startup timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.NodeRef = clusterv1.MachineNodeReference{}
+			m.CreationTimestamp = metav1.NewTime(now.Add(-9 * time.Minute))
+		})}, verdict: verdictPending, nextCheck: time.Minute + time.Second},
+		{name: "no node past startup timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.NodeRef = clusterv1.MachineNodeReference{}
+			m.CreationTimestamp = metav1.NewTime(now.Add(-11 * time.Minute))
+		})}, verdict: verdictUnhealthy, reason: caprv1.NodeStartupTimeoutReason},
+		{name: "startup timeout counts from the latest of machine and cluster readiness", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.NodeRef = clusterv1.MachineNodeReference{}
+		})}, cluster: clusterFacts{infrastructureReady: true, infrastructureReadyTime: now.Add(-5 * time.Minute),
+			controlPlaneInitialized: true, controlPlaneInitTime: now.Add(-2 * time.Hour)},
+			verdict: verdictPending, nextCheck: 5*time.Minute + time.Second},
+		{name: "no node with startup check disabled is pending, not healthy", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.NodeRef = clusterv1.MachineNodeReference{}
+		})}, config: func(c *checkConfig) { c.nodeStartupTimeout = 0 }, verdict: verdictPending},
+		{name: "machine condition past timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute))}}
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.UnhealthyMachineReason},
+		{name: "machine condition within timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-30 * time.Second))}}
+		}), node: node(ready)}, verdict: verdictPending, nextCheck: 31 * time.Second},
+		{name: "machine and node failures: machine reason wins, messages merged", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute))}}
+		}), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.UnhealthyMachineReason},
+		{name: "remediate-machine annotation is immediate", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason},
+		{name: "hand-written mark is a request", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"x","checker":"bob"}`}
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason},
+		{name: "hand-written non-JSON mark is a request", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: "broken disk"}
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason},
+		{name: "own mark is not a request: health decides", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"UnhealthyNode","checker":"ns/hc"}`}
+		}), node: node(ready)}, verdict: verdictHealthy},
+		{name: "worker before control plane init is not checked", target: target{machine: machine(false), nodeMissing: true},
+			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictPending},
+		{name: "control-plane machine before init is checked", target: target{machine: machine(true), nodeMissing: true},
+			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictUnhealthy, reason: caprv1.NodeDeletedReason},
+		{name: "infrastructure not ready: not checked", target: target{machine: machine(true), nodeMissing: true},
+			cluster: clusterFacts{controlPlaneInitialized: true}, verdict: verdictPending},
+		{name: "deleting machine with a healthy node is pending", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+			m.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+		}), node: node(ready)}, verdict: verdictPending},
+		{name: "etcd member unhealthy past timeout", target: target{machine: machine(true), node: node(ready),
+			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-3 * time.Minute)}}, verdict: verdictUnhealthy, reason: caprv1.UnhealthyEtcdMemberReason},
+		{name: "etcd member unhealthy within timeout", target: target{machine: machine(true), node: node(ready),
+			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Minute)}}, verdict: verdictPending, nextCheck: time.Minute + time.Second},
+		{name: "etcd check ignores workers", target: target{machine: machine(false), node: node(ready),
+			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Hour)}}, verdict: verdictHealthy},
+		{name: "etcd check disabled", target: target{machine: machine(true), node: node(ready),
+			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Hour)}}, config: func(c *checkConfig) { c.etcdMemberTimeout = 0 }, verdict: verdictHealthy},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			cfg := defaultConfig()
+			if tt.config != nil {
+				tt.config(&cfg)
+			}
+			cluster := tt.cluster
+			if cluster == (clusterFacts{}) {
+				cluster = readyCluster
+			}
+			ev := evaluate(tt.target, cfg, cluster, now)
+			g.Expect(ev.verdict).To(Equal(tt.verdict))
+			g.Expect(ev.reason).To(Equal(tt.reason))
+			g.Expect(ev.nextCheck).To(Equal(tt.nextCheck))
+			if tt.verdict == verdictUnhealthy {
+				g.Expect(ev.message).NotTo(BeEmpty())
+			}
+		})
+	}
+}
+
+func TestApplyMark(t *testing.T) {
+	g := NewWithT(t)
+	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.UnhealthyNodeReason, message: "Ready=False"}
+	m := machine(false)
+
+	g.Expect(applyMark(m, unhealthy, "ns/hc", now)).To(Equal(markSet))
+	rec, ok := ownMark(m, "ns/hc")
+	g.Expect(ok).To(BeTrue())
+	g.Expect(rec.Since).To(Equal(now.Format(time.RFC3339)))
+	// Same verdict later: nothing to write, since is kept.
+	g.Expect(applyMark(m, unhealthy, "ns/hc", now.Add(time.Minute))).To(Equal(markUnchanged))
+	// New reason: updated, since kept.
+	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.NodeDeletedReason, message: "gone"}, "ns/hc", now.Add(time.Minute))).To(Equal(markUpdated))
+	rec, _ = ownMark(m, "ns/hc")
+	g.Expect(rec.Since).To(Equal(now.Format(time.RFC3339)))
+	// Pending leaves the mark alone.
+	g.Expect(applyMark(m, evaluation{verdict: verdictPending}, "ns/hc", now)).To(Equal(markUnchanged))
+	// Healthy clears it.
+	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc", now)).To(Equal(markCleared))
+	_, ok = ownMark(m, "ns/hc")
+	g.Expect(ok).To(BeFalse())
+	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc", now)).To(Equal(markUnchanged))
+
+	// Someone else's mark is never rewritten nor cleared.
+	foreign := machine(false, func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
+	})
+	applyMark(foreign, unhealthy, "ns/hc", now)
+	applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc", now)
+	g.Expect(foreign.Annotations[caprv1.UnhealthyAnnotation]).To(Equal(`{"reason":"ManualRequest","checker":"alice"}`))
+}
+
+func TestTriggerIfDecision(t *testing.T) {
+	pct := func(s string) *caprv1.MachineHealthCheckRemediationTriggerIf {
+		v := intOrString(s)
+		return &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: &v}
+	}
+	rng := func(s string) *caprv1.MachineHealthCheckRemediationTriggerIf {
+		return &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: s}
+	}
+	tests := []struct {
+		name                string
+		trigger             *caprv1.MachineHealthCheckRemediationTriggerIf
+		expected, unhealthy int
+		allowed             bool
+		remaining           int
+		wantErr             bool
+	}{
+		{"unset means 100%", nil, 5, 5, true, 0, false},
+		{"int limit ok", pct("2"), 5, 2, true, 0, false},
+		{"int limit exceeded", pct("2"), 5, 3, false, 0, false},
+		{"percent rounds down: 40% of 3 is 1", pct("40%"), 3, 1, true, 0, false},
+		{"percent rounds down: 40% of 3 refuses 2", pct("40%"), 3, 2, false, 0, false},
+		{"percent 50% of 10", pct("50%"), 10, 3, true, 2, false},
+		{"zero allows none", pct("0"), 3, 1, false, 0, false},
+		{"zero with nothing unhealthy", pct("0"), 3, 0, true, 0, false},
+		{"range inside", rng("[1-3]"), 10, 2, true, 1, false},
+		{"range below", rng("[1-3]"), 10, 0, false, 0, false},
+		{"range above", rng("[1-3]"), 10, 4, false, 0, false},
+		{"range edges", rng("[2-2]"), 10, 2, true, 0, false},
+		{"range wins over limit", &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[0-5]", UnhealthyLessThanOrEqualTo: ptr.To(intOrString("1"))}, 10, 4, true, 1, false},
+		{"range max below min is an error", rng("[3-1]"), 10, 2, false, 0, true},
+		{"malformed range is an error", rng("1-3"), 10, 2, false, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			d, err := triggerIfDecision(tt.trigger, tt.expected, tt.unhealthy)
+			if tt.wantErr {
+				g.Expect(err).To(HaveOccurred())
+				return
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(d.allowed).To(Equal(tt.allowed))
+			g.Expect(d.remaining).To(Equal(tt.remaining))
+			if !d.allowed {
+				g.Expect(d.message).To(ContainSubstring("Remediation is not allowed"))
+			}
+		})
+	}
+}
+
+func TestControlPlaneDecision(t *testing.T) {
+	tests := []struct {
+		replicas, userLimit, unhealthy int
+		allowed                        bool
+		limit                          int
+	}{
+		{1, -1, 0, true, 0}, {1, -1, 1, false, 0},
+		{3, -1, 1, true, 1}, {3, -1, 2, false, 1},
+		{5, -1, 2, true, 2}, {5, -1, 3, false, 2}, {5, 1, 2, false, 1},
+		{7, -1, 3, true, 3}, {7, -1, 4, false, 3}, {7, 10, 3, true, 3},
+	}
+	for _, tt := range tests {
+		g := NewWithT(t)
+		d := controlPlaneDecision(tt.userLimit, tt.replicas, tt.unhealthy)
+		g.Expect(d.allowed).To(Equal(tt.allowed), "%+v", tt)
+		g.Expect(d.limit).To(Equal(tt.limit), "%+v", tt)
+	}
+}
+
+func intOrString(s string) intstr.IntOrString { return intstr.Parse(s) }

@@ -1,0 +1,239 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/cluster-api/util/index"
+	"sigs.k8s.io/cluster-api/util/predicates"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// SetupWithManager registers the controller and its watches. Machines must be indexed by
+// index.MachineNodeNameField (index.ByMachineNode) for the Node watch.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
+	if r.Client == nil || r.ClusterCache == nil {
+		return errors.New("client and ClusterCache must not be nil")
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("controller", "capr-machinehealthcheck")
+	c, err := ctrl.NewControllerManagedBy(mgr).
+		Named("capr-machinehealthcheck").
+		For(&caprv1.MachineHealthCheck{}).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToHealthChecks),
+			builder.WithPredicates(machineChanged())).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToHealthChecks)).
+		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.requestToHealthChecks),
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		WatchesRawSource(r.ClusterCache.GetClusterSource("capr-machinehealthcheck", r.clusterToHealthChecks)).
+		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue)).
+		WithOptions(options).
+		Build(r)
+	if err != nil {
+		return fmt.Errorf("setting up the MachineHealthCheck controller: %w", err)
+	}
+	r.controller = c
+	r.recorder = mgr.GetEventRecorder("capr-machinehealthcheck")
+	return nil
+}
+
+// machineChanged lets through only Machine updates the health check depends on.
+func machineChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, okOld := e.ObjectOld.(*clusterv1.Machine)
+			n, okNew := e.ObjectNew.(*clusterv1.Machine)
+			if !okOld || !okNew {
+				return false
+			}
+			return o.Status.NodeRef.Name != n.Status.NodeRef.Name ||
+				!maps.Equal(o.Labels, n.Labels) ||
+				!maps.Equal(o.Annotations, n.Annotations) ||
+				!reflect.DeepEqual(o.Status.Conditions, n.Status.Conditions) ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// healthChecksFor returns the health checks of cluster in namespace that select machine (all of them
+// when machine is nil).
+func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster string, machine *clusterv1.Machine) []reconcile.Request {
+	list := &caprv1.MachineHealthCheckList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing MachineHealthChecks for a watch event")
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		mhc := &list.Items[i]
+		if mhc.Spec.ClusterName != cluster {
+			continue
+		}
+		if machine != nil {
+			sel, err := machineSelector(mhc)
+			if err != nil || !sel.Matches(labels.Set(machine.Labels)) {
+				continue
+			}
+		}
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: mhc.Namespace, Name: mhc.Name}})
+	}
+	return out
+}
+
+func (r *Reconciler) machineToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
+	m, ok := o.(*clusterv1.Machine)
+	if !ok {
+		return nil
+	}
+	return r.healthChecksFor(ctx, m.Namespace, m.Spec.ClusterName, m)
+}
+
+func (r *Reconciler) clusterToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
+}
+
+func (r *Reconciler) requestToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(o), m); err != nil {
+		return nil
+	}
+	return r.healthChecksFor(ctx, m.Namespace, m.Spec.ClusterName, m)
+}
+
+// watchClusterNodes watches the workload cluster's Nodes; only condition changes enqueue.
+func (r *Reconciler) watchClusterNodes(ctx context.Context, cluster *clusterv1.Cluster) error {
+	key := client.ObjectKeyFromObject(cluster)
+	return r.ClusterCache.Watch(ctx, key, clustercache.NewWatcher(clustercache.WatcherOptions{
+		Name:    "capr-machinehealthcheck-nodes",
+		Watcher: r.controller,
+		Kind:    &corev1.Node{},
+		EventHandler: handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return r.nodeToHealthChecks(ctx, key, o)
+		}),
+		Predicates: []predicate.TypedPredicate[client.Object]{predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, okOld := e.ObjectOld.(*corev1.Node)
+				n, okNew := e.ObjectNew.(*corev1.Node)
+				return okOld && okNew && !reflect.DeepEqual(o.Status.Conditions, n.Status.Conditions)
+			},
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		}},
+	}))
+}
+
+func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.ObjectKey, o client.Object) []reconcile.Request {
+	machines := &clusterv1.MachineList{}
+	if err := r.Client.List(ctx, machines, client.InNamespace(cluster.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name},
+		client.MatchingFields{index.MachineNodeNameField: o.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing Machines for a Node event")
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range machines.Items {
+		out = append(out, r.healthChecksFor(ctx, cluster.Namespace, cluster.Name, &machines.Items[i])...)
+	}
+	return out
+}
+
+// isUnreachable reports whether err means the workload cluster cannot be reached.
+func isUnreachable(err error) bool {
+	if errors.Is(err, clustercache.ErrClusterNotConnected) {
+		return true
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsServiceUnavailable(err)
+	}
+	// Anything that is not an API answer (dial errors, resets) means the server was not reached.
+	return true
+}
+
+// controlPlaneLimit reads the control plane's desired replicas and applies the quorum-safe limit.
+// While a CAPR remediation holds the control plane, its replicas are temporarily N+1: the N recorded
+// in the lock is used instead. When N cannot be read, control-plane remediation is not allowed.
+func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.Cluster, userLimit, notHealthy int) limitDecision {
+	if !cluster.Spec.ControlPlaneRef.IsDefined() {
+		return limitDecision{limit: 0, message: "Remediation of control-plane Machines is not allowed: Cluster has no spec.controlPlaneRef"}
+	}
+	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, cluster.Spec.ControlPlaneRef, cluster.Namespace)
+	if err != nil {
+		return limitDecision{limit: 0, message: fmt.Sprintf("Remediation of control-plane Machines is not allowed: cannot read the control plane's desired replicas: %v", err)}
+	}
+	replicas, found, err := unstructured.NestedInt64(cp.Object, "spec", "replicas")
+	if err != nil || !found {
+		return limitDecision{limit: 0, message: "Remediation of control-plane Machines is not allowed: the control plane has no spec.replicas"}
+	}
+	if v, ok := cp.GetAnnotations()[caprv1.RemediationInProgressAnnotation]; ok {
+		rec := caprv1.ControlPlaneLock{}
+		if json.Unmarshal([]byte(v), &rec) == nil && rec.DesiredReplicas > 0 {
+			replicas = int64(rec.DesiredReplicas)
+		}
+	}
+	return controlPlaneDecision(userLimit, int(replicas), notHealthy)
+}
+
+// etcdSince remembers since when each control-plane Machine's etcd member has been seen unhealthy.
+// It lives in memory: after a restart the timeout starts again, which can only delay a mark, never
+// make one early.
+type etcdSince struct {
+	mu    sync.Mutex
+	since map[types.UID]time.Time
+}
+
+var etcdUnhealthySince = &etcdSince{since: map[types.UID]time.Time{}}
+
+// observeEtcdMembers fills target.etcd for control-plane targets from the etcd member source.
+func (r *Reconciler) observeEtcdMembers(ctx context.Context, cluster *clusterv1.Cluster, targets []target, now time.Time) error {
+	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
+	if err != nil {
+		return err
+	}
+	etcdUnhealthySince.mu.Lock()
+	defer etcdUnhealthySince.mu.Unlock()
+	for i := range targets {
+		m := targets[i].machine
+		if !isControlPlane(m) || !m.Status.NodeRef.IsDefined() {
+			continue
+		}
+		h, ok := health[m.Status.NodeRef.Name]
+		if !ok {
+			h = EtcdMemberHealth{Problem: "missing from the member list"}
+		}
+		if h.Healthy {
+			delete(etcdUnhealthySince.since, m.UID)
+			targets[i].etcd = &etcdMemberFact{healthy: true}
+			continue
+		}
+		since, seen := etcdUnhealthySince.since[m.UID]
+		if !seen {
+			since = now
+			etcdUnhealthySince.since[m.UID] = now
+		}
+		targets[i].etcd = &etcdMemberFact{problem: h.Problem, since: since}
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/core/setup"
+	"sigs.k8s.io/cluster-api/util/index"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+
+	"github.com/capr-io/capr/controllers/machinehealthcheck"
+)
+
+// ControllerName is the name CAPR's manager uses for its informers, user agent and events.
+const ControllerName = "capr-manager"
+
+// Options configures CAPR's controllers.
+type Options struct {
+	// WatchFilterValue restricts reconciliation to objects labelled cluster.x-k8s.io/watch-filter=<value>.
+	WatchFilterValue string
+	// HealthCheckConcurrency is the number of MachineHealthChecks reconciled at once.
+	HealthCheckConcurrency int
+	// ClusterCacheConcurrency is the number of Clusters the ClusterCache reconciles at once.
+	ClusterCacheConcurrency int
+	// ClusterCacheQPS and ClusterCacheBurst bound requests to each workload cluster.
+	ClusterCacheQPS   float32
+	ClusterCacheBurst int
+	// ConnectionRetryInterval overrides how often the ClusterCache retries an unreachable workload
+	// cluster (CAPI's default is 30s); 0 keeps the default.
+	ConnectionRetryInterval time.Duration
+	// EtcdMembers feeds the health checker's checks.etcdMember; nil disables that check.
+	EtcdMembers machinehealthcheck.EtcdMemberSource
+}
+
+// Defaults fills unset options with CAPI-like defaults.
+func (o *Options) Defaults() {
+	if o.HealthCheckConcurrency == 0 {
+		o.HealthCheckConcurrency = 10
+	}
+	if o.ClusterCacheConcurrency == 0 {
+		o.ClusterCacheConcurrency = 10
+	}
+	if o.ClusterCacheQPS == 0 {
+		o.ClusterCacheQPS = 20
+	}
+	if o.ClusterCacheBurst == 0 {
+		o.ClusterCacheBurst = 30
+	}
+}
+
+// ManagerCacheOptions and ManagerClientOptions are CAPI core's, so CAPR caches what CAPI caches
+// (only cluster-labelled Secrets; unstructured reads through the cache).
+func ManagerCacheOptions(scheme *runtime.Scheme, namespace string, syncPeriod time.Duration) cache.Options {
+	return setup.ManagerCacheOptions(scheme, ControllerName, namespace, syncPeriod)
+}
+
+// ManagerClientOptions returns the manager's client options.
+func ManagerClientOptions() client.Options {
+	return setup.ManagerClientOptions()
+}
+
+// Setup is what SetupWithManager built, for callers that need the pieces (e.g. the sandbox).
+type Setup struct {
+	ClusterCache clustercache.ClusterCache
+}
+
+// SetupWithManager registers indexes, the ClusterCache and CAPR's controllers with mgr.
+func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Setup, error) {
+	opts.Defaults()
+	if err := index.ByMachineNode(ctx, mgr); err != nil {
+		return nil, fmt.Errorf("adding the Machine node-name index: %w", err)
+	}
+	secretClient, err := setup.CreateSecretCachingClient(mgr)
+	if err != nil {
+		return nil, fmt.Errorf("creating the secret caching client: %w", err)
+	}
+	cc, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
+		SecretClient:     secretClient,
+		WatchFilterValue: opts.WatchFilterValue,
+		Cache:            setup.ClusterCacheCacheOptions(),
+		Client:           setup.ClusterCacheClientOptions(ControllerName, opts.ClusterCacheQPS, opts.ClusterCacheBurst),
+	}, controller.Options{MaxConcurrentReconciles: opts.ClusterCacheConcurrency})
+	if err != nil {
+		return nil, fmt.Errorf("setting up the ClusterCache: %w", err)
+	}
+	if opts.ConnectionRetryInterval > 0 {
+		if s, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) }); ok {
+			s.SetConnectionCreationRetryInterval(opts.ConnectionRetryInterval)
+		}
+	}
+	if err := (&machinehealthcheck.Reconciler{
+		Client:           mgr.GetClient(),
+		ClusterCache:     cc,
+		EtcdMembers:      opts.EtcdMembers,
+		WatchFilterValue: opts.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.HealthCheckConcurrency}); err != nil {
+		return nil, err
+	}
+	return &Setup{ClusterCache: cc}, nil
+}

@@ -1,0 +1,193 @@
+// Package envtest starts a real kube-apiserver and a real etcd (built into bin/k8s by
+// `make envtest-assets`) with CAPI's CRDs, CAPR's CRDs and any extra CRDs, for controller tests, the
+// sandbox and the demo. The same API server serves as the workload cluster of the clusters created on
+// it (their kubeconfig secret points back at it).
+package envtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/capr-io/capr/controllers"
+)
+
+// AssetsEnv overrides the directory holding kube-apiserver and etcd.
+const AssetsEnv = "CAPR_ENVTEST_ASSETS"
+
+// Environment is a running API server with the CRDs installed.
+type Environment struct {
+	env    *envtest.Environment
+	Config *rest.Config
+	Client client.Client
+	Scheme *kruntime.Scheme
+}
+
+// Options configures Start.
+type Options struct {
+	// ExtraCRDDirs are more directories of CRD manifests (e.g. the sandbox providers').
+	ExtraCRDDirs []string
+	// AddToScheme registers more types with the scheme.
+	AddToScheme []func(*kruntime.Scheme) error
+}
+
+// ModuleRoot returns the root of the CAPR module (the directory holding go.mod).
+func ModuleRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the CAPR module: runtime.Caller failed")
+	}
+	dir := filepath.Dir(file)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("cannot locate the CAPR module above %s", filepath.Dir(file))
+		}
+		dir = parent
+	}
+}
+
+// AssetsDir returns the directory holding kube-apiserver and etcd, and fails with a message naming
+// the missing binary and the command that builds it.
+func AssetsDir() (string, error) {
+	dir := os.Getenv(AssetsEnv)
+	if dir == "" {
+		root, err := ModuleRoot()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(root, "bin", "k8s")
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
+			return "", fmt.Errorf("missing test binary %s in %s: run `make envtest-assets` (builds kube-apiserver v1.36.3 and etcd v3.6.14 from the Go module proxy) or set %s", bin, dir, AssetsEnv)
+		}
+	}
+	return dir, nil
+}
+
+// CAPICRDDirs returns CAPI's CRD directories from the sigs.k8s.io/cluster-api module in the module cache.
+func CAPICRDDirs() ([]string, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("locating the sigs.k8s.io/cluster-api module for its CRDs (go list -m): %w", err)
+	}
+	capi := strings.TrimSpace(string(out))
+	if capi == "" {
+		return nil, errors.New("sigs.k8s.io/cluster-api is not in the module cache: run `go mod download`")
+	}
+	dirs := []string{
+		filepath.Join(capi, "core", "config", "crd", "bases"),
+		filepath.Join(capi, "controlplane", "kubeadm", "config", "crd", "bases"),
+		filepath.Join(capi, "bootstrap", "kubeadm", "config", "crd", "bases"),
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err != nil {
+			return nil, fmt.Errorf("CAPI CRD directory %s is missing: run `go mod download sigs.k8s.io/cluster-api`", d)
+		}
+	}
+	return dirs, nil
+}
+
+// Start starts kube-apiserver and etcd and installs the CRDs.
+func Start(opts Options) (*Environment, error) {
+	assets, err := AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	capiDirs, err := CAPICRDDirs()
+	if err != nil {
+		return nil, err
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := controllers.NewScheme(opts.AddToScheme...)
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     append(append(capiDirs, filepath.Join(root, "config", "crd", "bases")), opts.ExtraCRDDirs...),
+		ErrorIfCRDPathMissing: true,
+		// The data is thrown away: do not wait for the API server to drain long-running watches.
+		ControlPlaneStopTimeout: 5 * time.Second,
+		Scheme:                  scheme,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		_ = env.Stop()
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	if err := labelContractVersions(c, env.CRDs); err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	return &Environment{env: env, Config: cfg, Client: c, Scheme: scheme}, nil
+}
+
+// Stop stops the API server and etcd.
+func (e *Environment) Stop() error {
+	return e.env.Stop()
+}
+
+// labelContractVersions adds the cluster.x-k8s.io/v1beta2 contract label (value: the storage
+// version) that CAPI's kustomize overlays put on CRDs (the bases in the module lack it). CAPI resolves the version of a referenced
+// object (e.g. Cluster.spec.controlPlaneRef) from this label.
+func labelContractVersions(c client.Client, crds []*apiextensionsv1.CustomResourceDefinition) error {
+	ctx := context.Background()
+	for _, installed := range crds {
+		if !strings.HasSuffix(installed.Spec.Group, "cluster.x-k8s.io") {
+			continue
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := c.Get(ctx, client.ObjectKey{Name: installed.Name}, crd); err != nil {
+			return fmt.Errorf("reading CRD %s: %w", installed.Name, err)
+		}
+		if _, ok := crd.Labels[clusterv1.GroupVersion.String()]; ok {
+			continue
+		}
+		var versions []string
+		for _, v := range crd.Spec.Versions {
+			if v.Storage {
+				versions = append(versions, v.Name)
+			}
+		}
+		base := crd.DeepCopy()
+		if crd.Labels == nil {
+			crd.Labels = map[string]string{}
+		}
+		crd.Labels[clusterv1.GroupVersion.String()] = strings.Join(versions, "_")
+		if err := c.Patch(ctx, crd, client.MergeFrom(base)); err != nil {
+			return fmt.Errorf("labelling CRD %s with its contract versions: %w", crd.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package envtest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/kubeconfig"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// CreateNamespace creates a namespace with a generated name.
+func CreateNamespace(ctx context.Context, c client.Client, prefix string) (string, error) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := c.Create(ctx, ns); err != nil {
+		return "", fmt.Errorf("creating namespace: %w", err)
+	}
+	return ns.Name, nil
+}
+
+// NewCluster returns a v1beta2 Cluster whose control plane is the given reference (may be empty).
+func NewCluster(namespace, name string, controlPlane clusterv1.ContractVersionedObjectReference) *clusterv1.Cluster {
+	return &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: clusterv1.ClusterSpec{
+			ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.1", Port: 6443},
+			ControlPlaneRef:      controlPlane,
+		},
+	}
+}
+
+// SetClusterReady sets the Cluster's InfrastructureReady and (if initialized) ControlPlaneInitialized
+// conditions, as CAPI's Cluster controller would.
+func SetClusterReady(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, initialized bool) error {
+	base := cluster.DeepCopy()
+	conditions.Set(cluster, metav1.Condition{Type: clusterv1.ClusterInfrastructureReadyCondition, Status: metav1.ConditionTrue, Reason: "Ready"})
+	status := metav1.ConditionFalse
+	if initialized {
+		status = metav1.ConditionTrue
+	}
+	conditions.Set(cluster, metav1.Condition{Type: clusterv1.ClusterControlPlaneInitializedCondition, Status: status, Reason: "Sandbox"})
+	cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
+	cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(initialized)
+	if err := c.Status().Patch(ctx, cluster, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("setting Cluster %s ready: %w", cluster.Name, err)
+	}
+	return nil
+}
+
+// CreateKubeconfigSecret writes secret <cluster>-kubeconfig pointing at cfg's API server, which then
+// serves as the cluster's workload cluster.
+func CreateKubeconfigSecret(ctx context.Context, c client.Client, cfg *rest.Config, cluster *clusterv1.Cluster) error {
+	secret := kubeconfig.GenerateSecret(cluster, kubeconfig.FromEnvTestConfig(cfg, cluster))
+	if err := c.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating kubeconfig secret of %s: %w", cluster.Name, err)
+	}
+	return nil
+}
+
+// NewMachine returns a Machine of cluster with the CAPI contract's required fields; controlPlane adds
+// the cluster.x-k8s.io/control-plane label.
+func NewMachine(namespace, cluster, name string, controlPlane bool) *clusterv1.Machine {
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: namespace,
+			Name:      name,
+			Labels:    map[string]string{clusterv1.ClusterNameLabel: cluster},
+		},
+		Spec: clusterv1.MachineSpec{
+			ClusterName: cluster,
+			Bootstrap:   clusterv1.Bootstrap{DataSecretName: ptr.To(name + "-bootstrap")},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "SandboxMachine", Name: name,
+			},
+		},
+	}
+	if controlPlane {
+		m.Labels[clusterv1.MachineControlPlaneLabel] = ""
+	}
+	return m
+}
+
+// SetMachineNode sets the Machine's nodeRef and InfrastructureReady condition, as CAPI's Machine
+// controller would once the Node exists.
+func SetMachineNode(ctx context.Context, c client.Client, m *clusterv1.Machine, node string) error {
+	base := m.DeepCopy()
+	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: node}
+	conditions.Set(m, metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: metav1.ConditionTrue, Reason: "Ready"})
+	if err := c.Status().Patch(ctx, m, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("setting nodeRef of Machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// NewNode returns a Node with a Ready condition of the given status, last changed at since.
+func NewNode(name string, ready corev1.ConditionStatus, since time.Time) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: ready, Reason: "Sandbox",
+			LastTransitionTime: metav1.NewTime(since), LastHeartbeatTime: metav1.NewTime(since),
+		}}},
+	}
+}
+
+// CreateNode creates a Node and sets its status (status is ignored on create).
+func CreateNode(ctx context.Context, c client.Client, node *corev1.Node) error {
+	status := node.Status
+	if err := c.Create(ctx, node); err != nil {
+		return fmt.Errorf("creating Node %s: %w", node.Name, err)
+	}
+	node.Status = status
+	if err := c.Status().Update(ctx, node); err != nil {
+		return fmt.Errorf("setting status of Node %s: %w", node.Name, err)
+	}
+	return nil
+}
+
+// SetNodeReady sets the Node's Ready condition, as the kubelet or the node lifecycle controller would.
+func SetNodeReady(ctx context.Context, c client.Client, name string, ready corev1.ConditionStatus) error {
+	node := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+		return fmt.Errorf("reading Node %s: %w", name, err)
+	}
+	base := node.DeepCopy()
+	now := metav1.Now()
+	found := false
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeReady {
+			found = true
+			if node.Status.Conditions[i].Status != ready {
+				node.Status.Conditions[i].LastTransitionTime = now
+			}
+			node.Status.Conditions[i].Status = ready
+			node.Status.Conditions[i].LastHeartbeatTime = now
+		}
+	}
+	if !found {
+		node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{
+			Type: corev1.NodeReady, Status: ready, Reason: "Sandbox", LastTransitionTime: now, LastHeartbeatTime: now,
+		})
+	}
+	if err := c.Status().Patch(ctx, node, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("setting Ready=%s on Node %s: %w", ready, name, err)
+	}
+	return nil
+}
