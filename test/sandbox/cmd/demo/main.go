@@ -34,8 +34,9 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	if err := run(ctx); err != nil {
+	err := run(ctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
 		os.Exit(1)
 	}
