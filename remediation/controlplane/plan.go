@@ -1,0 +1,261 @@
+package controlplane
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
+)
+
+// This file holds the pure decisions of a control-plane remediation (design §6): which order to
+// follow, which steps that order has, whether retry limits allow the remediation, and which of several
+// waiting remediations goes first. The controller only gathers inputs and applies outputs.
+
+// Step names, recorded in MachineRemediation status.
+const (
+	StepScaleUp            = "ScaleUp"
+	StepWaitForReplacement = "WaitForReplacement"
+	StepMoveLeader         = "MoveLeader"
+	StepRemoveMember       = "RemoveMember"
+	StepFence              = "Fence"
+	StepDelete             = "Delete"
+)
+
+// StepsFor returns the steps of an order, in execution order.
+func StepsFor(order caprv1.ControlPlaneOrderChosen) []string {
+	switch order {
+	case caprv1.OrderScaleUpFirst:
+		return []string{StepScaleUp, StepWaitForReplacement, StepMoveLeader, StepRemoveMember, StepFence, StepDelete}
+	case caprv1.OrderRemoveMemberFirst:
+		return []string{StepMoveLeader, StepRemoveMember, StepScaleUp, StepWaitForReplacement, StepFence, StepDelete}
+	case caprv1.OrderReplace:
+		return []string{StepFence, StepDelete}
+	default:
+		return nil
+	}
+}
+
+// VictimMember is the state of the victim's etcd member.
+type VictimMember int
+
+const (
+	// VictimHealthy is a healthy voting member (e.g. only the kubelet or the node is broken).
+	VictimHealthy VictimMember = iota
+	// VictimUnhealthy is a voting member that is down, unreachable or alarmed.
+	VictimUnhealthy
+	// VictimMissing means the member is not in the member list.
+	VictimMissing
+	// VictimLearner means the member is a learner (it never became a voter).
+	VictimLearner
+)
+
+func (v VictimMember) String() string {
+	return [...]string{"healthy", "unhealthy", "missing", "a learner"}[v]
+}
+
+// OrderInput is everything the order decision depends on.
+type OrderInput struct {
+	Policy      caprv1.ControlPlaneOrder
+	Initialized bool
+	// Counts are the etcd cluster's counts, victim included.
+	Counts etcdutil.Counts
+	Victim VictimMember
+	// AddsLearners is true when the control-plane provider joins new members as learners.
+	AddsLearners bool
+	// ProviderRefusesScaleUpNow is why the provider would not create a replacement now ("" = it would).
+	ProviderRefusesScaleUpNow string
+	// ProviderRefusesScaleUpAfterRemoval is why it would not once the victim's member is removed.
+	ProviderRefusesScaleUpAfterRemoval string
+}
+
+// OrderDecision is the chosen order, or why none can be taken now.
+type OrderDecision struct {
+	Order  caprv1.ControlPlaneOrderChosen
+	Reason string
+	// WaitReason is set (a MachineRemediation condition reason) when the remediation must wait;
+	// WaitMessage says why.
+	WaitReason  string
+	WaitMessage string
+}
+
+// ChooseOrder picks the order of a control-plane remediation from real etcd state. Scale up first
+// when that is quorum-safe (the replacement votes before anything is removed); otherwise remove the
+// victim's member first when that is quorum-safe and the replacement can still be added afterwards;
+// otherwise wait. Before the control plane is initialized there is nothing to keep: replace.
+func ChooseOrder(in OrderInput) OrderDecision {
+	if !in.Initialized {
+		return OrderDecision{Order: caprv1.OrderReplace,
+			Reason: "the control plane is not initialized yet: the Machine is replaced without scaling up (as KCP does for the first Machine)"}
+	}
+	c := in.Counts
+	if !etcdutil.QuorumPresent(c) {
+		return OrderDecision{WaitReason: caprv1.QuorumLostReason, WaitMessage: fmt.Sprintf(
+			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed",
+			c.Healthy, c.Voting, etcdutil.Quorum(c.Voting))}
+	}
+	learnerVictim := in.Victim == VictimLearner
+	if c.Learners > 0 && (!learnerVictim || c.Learners != 1) {
+		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason,
+			WaitMessage: "an etcd learner is pending promotion; membership changes wait until it is promoted"}
+	}
+
+	canRemove := in.Victim == VictimMissing ||
+		etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: in.Victim == VictimHealthy, Learner: learnerVictim})
+	after := countsAfterRemoval(c, in.Victim)
+	addFirst := etcdutil.CanAddMember(c, in.AddsLearners)
+	addAfter := etcdutil.CanAddMember(after, in.AddsLearners)
+	how := "as a voting member"
+	if in.AddsLearners {
+		how = "as a learner"
+	}
+
+	scaleUpFirst := func(reason string) OrderDecision {
+		return OrderDecision{Order: caprv1.OrderScaleUpFirst, Reason: reason}
+	}
+	removeFirst := func(reason string) OrderDecision {
+		return OrderDecision{Order: caprv1.OrderRemoveMemberFirst, Reason: reason}
+	}
+
+	if in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst && addFirst && in.ProviderRefusesScaleUpNow == "" {
+		if in.Victim == VictimHealthy {
+			return scaleUpFirst(fmt.Sprintf("the victim's etcd member is healthy: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)",
+				c.Healthy, c.Voting, how))
+		}
+		return scaleUpFirst(fmt.Sprintf("the victim's etcd member is %s, but adding the replacement %s first is still quorum-safe (%d/%d healthy)",
+			in.Victim, how, c.Healthy, c.Voting))
+	}
+
+	var notFirst string
+	switch {
+	case in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst:
+		notFirst = "the ordering policy is RemoveMemberFirst"
+	case !addFirst:
+		notFirst = fmt.Sprintf("adding a member %s first is not quorum-safe (%d/%d healthy, %d needed after the add)",
+			how, c.Healthy, c.Voting, etcdutil.Quorum(c.Voting+1))
+	default:
+		notFirst = "the control-plane provider would not scale up now: " + in.ProviderRefusesScaleUpNow
+	}
+	switch {
+	case !canRemove:
+		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed safely: %s, and removing the %s member of the victim would leave %d of %d voting members healthy",
+			notFirst, in.Victim, after.Healthy, after.Voting)}
+	case !addAfter:
+		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed safely: %s, and after removing the victim's member the replacement could not be added safely", notFirst)}
+	case in.ProviderRefusesScaleUpAfterRemoval != "":
+		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed: %s, and after removing the victim's member the control-plane provider would not scale up: %s",
+			notFirst, in.ProviderRefusesScaleUpAfterRemoval)}
+	}
+	return removeFirst(fmt.Sprintf("the victim's etcd member is %s and %s: it is removed first (%d/%d healthy after), then the replacement is added",
+		in.Victim, notFirst, after.Healthy, after.Voting))
+}
+
+func countsAfterRemoval(c etcdutil.Counts, v VictimMember) etcdutil.Counts {
+	switch v {
+	case VictimHealthy:
+		return etcdutil.Counts{Voting: c.Voting - 1, Healthy: c.Healthy - 1, Learners: c.Learners}
+	case VictimUnhealthy:
+		return etcdutil.Counts{Voting: c.Voting - 1, Healthy: c.Healthy, Learners: c.Learners}
+	case VictimLearner:
+		return etcdutil.Counts{Voting: c.Voting, Healthy: c.Healthy, Learners: c.Learners - 1}
+	default:
+		return c
+	}
+}
+
+// DefaultMinHealthyPeriod is KCP's default minHealthyPeriodSeconds.
+const DefaultMinHealthyPeriod = time.Hour
+
+// RetryDecision is the outcome of the retry limits.
+type RetryDecision struct {
+	Allowed    bool
+	RetryCount int32
+	// WaitUntil is set when retryPeriodSeconds has not passed yet.
+	WaitUntil time.Time
+	// GiveUp is true when maxRetry is reached: a person must act.
+	GiveUp  bool
+	Message string
+}
+
+// CheckRetryLimits applies maxRetry, retryPeriodSeconds and minHealthyPeriodSeconds with KCP's meaning.
+// record is the victim's remediation-for annotation (nil when it is not a replacement).
+func CheckRetryLimits(record *caprv1.RemediationRecord, spec *caprv1.ControlPlaneRemediationSpec, now time.Time) RetryDecision {
+	if record == nil {
+		return RetryDecision{Allowed: true}
+	}
+	if spec == nil {
+		spec = &caprv1.ControlPlaneRemediationSpec{}
+	}
+	minHealthy := DefaultMinHealthyPeriod
+	if spec.MinHealthyPeriodSeconds != nil {
+		minHealthy = time.Duration(*spec.MinHealthyPeriodSeconds) * time.Second
+	}
+	var retryPeriod time.Duration
+	if spec.RetryPeriodSeconds != nil {
+		retryPeriod = time.Duration(*spec.RetryPeriodSeconds) * time.Second
+	}
+	last, err := time.Parse(time.RFC3339, record.Timestamp)
+	if err != nil || last.IsZero() {
+		// An unreadable timestamp is treated as long ago: a new sequence, as KCP does.
+		last = now.Add(-2 * max(minHealthy, retryPeriod))
+	}
+	if !last.Add(minHealthy).After(now) {
+		return RetryDecision{Allowed: true}
+	}
+	if last.Add(retryPeriod).After(now) {
+		return RetryDecision{WaitUntil: last.Add(retryPeriod), RetryCount: record.RetryCount, Message: fmt.Sprintf(
+			"the Machine replaced %s less than retryPeriodSeconds (%s) ago; waiting until %s",
+			record.Machine, retryPeriod, last.Add(retryPeriod).UTC().Format(time.RFC3339))}
+	}
+	if spec.MaxRetry != nil && record.RetryCount >= *spec.MaxRetry {
+		return RetryDecision{GiveUp: true, RetryCount: record.RetryCount, Message: fmt.Sprintf(
+			"this Machine replaced %s and remediation already failed %d times in a row within minHealthyPeriodSeconds (%s): maxRetry (%d) reached, a person must act",
+			record.Machine, record.RetryCount+1, minHealthy, *spec.MaxRetry)}
+	}
+	return RetryDecision{Allowed: true, RetryCount: record.RetryCount + 1}
+}
+
+// Candidate is one waiting control-plane remediation, for choosing which goes first.
+type Candidate struct {
+	Name string
+	// Requested is true for cluster.x-k8s.io/remediate-machine or a manual request.
+	Requested bool
+	Member    VictimMember
+	Created   time.Time
+}
+
+// FirstCandidate returns the remediation that should go first: explicit requests, then the most
+// broken etcd member (missing or down before healthy, so that a dead member is never left behind a
+// healthy one whose removal would not be safe), then the oldest.
+func FirstCandidate(cands []Candidate) string {
+	if len(cands) == 0 {
+		return ""
+	}
+	rank := func(v VictimMember) int {
+		switch v {
+		case VictimMissing, VictimUnhealthy, VictimLearner:
+			return 0
+		default:
+			return 1
+		}
+	}
+	sorted := append([]Candidate(nil), cands...)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		a, b := sorted[i], sorted[j]
+		if a.Requested != b.Requested {
+			return a.Requested
+		}
+		if rank(a.Member) != rank(b.Member) {
+			return rank(a.Member) < rank(b.Member)
+		}
+		if !a.Created.Equal(b.Created) {
+			return a.Created.Before(b.Created)
+		}
+		return a.Name < b.Name
+	})
+	return sorted[0].Name
+}
