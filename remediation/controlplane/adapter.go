@@ -1,0 +1,75 @@
+package controlplane
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/capr-io/capr/etcdutil"
+)
+
+// Adapter is what the remediator needs to know about a control-plane provider. Replicas are changed
+// through spec.replicas and the scale-down victim is chosen with cluster.x-k8s.io/delete-machine,
+// both part of CAPI's control-plane contract; providers differ in whether they join members as
+// learners and in when they refuse to scale up.
+type Adapter interface {
+	// Name is used in messages.
+	Name() string
+	// AddsLearners is true when new etcd members join as learners and are promoted once caught up.
+	AddsLearners() bool
+	// ScaleUpRefusal says why the provider would refuse to create a replacement for victim ("" when
+	// it would create one). afterRemoval asks about the moment after the victim's etcd member is gone.
+	ScaleUpRefusal(view ProviderView, afterRemoval bool) string
+	// BeforeScaleUp may change the control-plane object before its replicas are raised (e.g. KCP's
+	// remediation-in-progress annotation). It must be idempotent.
+	BeforeScaleUp(cp *unstructured.Unstructured, victim string, started time.Time, retryCount int32) error
+}
+
+// ProviderView is what a provider's preflight checks look at.
+type ProviderView struct {
+	ControlPlane *unstructured.Unstructured
+	// Machines are the control-plane Machines, victim included.
+	Machines []*clusterv1.Machine
+	Victim   *clusterv1.Machine
+	Etcd     *etcdutil.State
+}
+
+// AdapterFor returns the adapter for a control-plane object's kind.
+func AdapterFor(cp *unstructured.Unstructured) Adapter {
+	if cp.GroupVersionKind().Group == "controlplane.cluster.x-k8s.io" && cp.GetKind() == "KubeadmControlPlane" {
+		return KCP{}
+	}
+	return Generic{}
+}
+
+// Generic follows CAPI's control-plane contract only. It assumes voting joins (the conservative
+// choice when the provider's join mode is unknown) and no preflight refusals.
+type Generic struct{}
+
+// Name implements Adapter.
+func (Generic) Name() string { return "control-plane provider" }
+
+// AddsLearners implements Adapter.
+func (Generic) AddsLearners() bool { return false }
+
+// ScaleUpRefusal implements Adapter.
+func (Generic) ScaleUpRefusal(ProviderView, bool) string { return "" }
+
+// BeforeScaleUp implements Adapter.
+func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int32) error { return nil }
+
+// Replicas returns spec.replicas of a control-plane object.
+func Replicas(cp *unstructured.Unstructured) (int32, error) {
+	v, found, err := unstructured.NestedInt64(cp.Object, "spec", "replicas")
+	if err != nil || !found {
+		return 0, fmt.Errorf("%s %s has no spec.replicas", cp.GetKind(), cp.GetName())
+	}
+	return int32(v), nil
+}
+
+// SetReplicas sets spec.replicas (in memory).
+func SetReplicas(cp *unstructured.Unstructured, n int32) error {
+	return unstructured.SetNestedField(cp.Object, int64(n), "spec", "replicas")
+}

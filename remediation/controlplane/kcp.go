@@ -1,0 +1,209 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+)
+
+// KCP condition and annotation names (sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2),
+// repeated here so that this package does not need KCP's API types.
+const (
+	kcpRemediationInProgressAnnotation = "controlplane.cluster.x-k8s.io/remediation-in-progress"
+	kcpCertificatesAvailable           = "CertificatesAvailable"
+	kcpAPIServerPodHealthy             = "APIServerPodHealthy"
+	kcpControllerManagerPodHealthy     = "ControllerManagerPodHealthy"
+	kcpSchedulerPodHealthy             = "SchedulerPodHealthy"
+	kcpEtcdPodHealthy                  = "EtcdPodHealthy"
+	kcpEtcdMemberHealthy               = "EtcdMemberHealthy"
+)
+
+// KCP knows KubeadmControlPlane's preflight rules (research/capi-anchor.md §3.4, §3.5, §3.7): KCP
+// refuses to scale up while any control-plane Machine is not fully healthy, unless its
+// remediation-in-progress annotation is set; then it projects the etcd cluster with the new member
+// counted as unhealthy and refuses if that projection would lose quorum or if a learner exists.
+// CAPR asks before scaling, so it never raises replicas that KCP would silently not act on.
+type KCP struct{}
+
+// Name implements Adapter.
+func (KCP) Name() string { return "KubeadmControlPlane" }
+
+// AddsLearners implements Adapter. kubeadm's learner mode depends on its version and feature gates,
+// so the conservative answer is no.
+func (KCP) AddsLearners() bool { return false }
+
+// kcpRemediationData is KCP's RemediationData JSON.
+type kcpRemediationData struct {
+	Machine    string      `json:"machine"`
+	Timestamp  metav1.Time `json:"timestamp"`
+	RetryCount int         `json:"retryCount"`
+}
+
+// BeforeScaleUp sets KCP's remediation-in-progress annotation, which makes KCP use its relaxed
+// preflight for the replacement and copy the record into the new Machine's remediation-for (so KCP's
+// own retry accounting stays consistent). KCP removes the annotation when it creates the Machine.
+func (KCP) BeforeScaleUp(cp *unstructured.Unstructured, victim string, started time.Time, retryCount int32) error {
+	value, err := json.Marshal(kcpRemediationData{Machine: victim, Timestamp: metav1.NewTime(started.UTC()), RetryCount: int(retryCount)})
+	if err != nil {
+		return err
+	}
+	a := cp.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[kcpRemediationInProgressAnnotation] = string(value)
+	cp.SetAnnotations(a)
+	return nil
+}
+
+// ScaleUpRefusal implements Adapter with KCP's scale-up preflight as it will run once CAPR has set
+// remediation-in-progress.
+func (KCP) ScaleUpRefusal(view ProviderView, afterRemoval bool) string {
+	if len(view.Machines) == 0 {
+		return ""
+	}
+	if !unstructuredConditionTrue(view.ControlPlane, kcpCertificatesAvailable) {
+		return "KCP condition CertificatesAvailable is not True, KCP cannot join a new Machine"
+	}
+	for _, m := range view.Machines {
+		if !m.DeletionTimestamp.IsZero() {
+			return fmt.Sprintf("KCP waits for Machine %s to be deleted before scaling up", m.Name)
+		}
+	}
+	managed := kcpEtcdManaged(view.ControlPlane)
+	if kcpFullyHealthy(view.Machines, managed) {
+		return ""
+	}
+	// Relaxed check (remediation in progress): at least one Machine keeps all control-plane
+	// components, and the etcd projection with the new member unhealthy keeps quorum.
+	componentsOK := false
+	for _, m := range view.Machines {
+		if m.Status.NodeRef.IsDefined() && allTrue(m, kcpComponentConditions(managed)...) {
+			componentsOK = true
+			break
+		}
+	}
+	if !componentsOK {
+		return "KCP sees no control-plane Machine with all Kubernetes control plane components healthy"
+	}
+	if !managed {
+		return ""
+	}
+	if view.Etcd == nil || len(view.Etcd.Members) == 0 {
+		return "KCP cannot check etcd before scaling up: the etcd member list is empty"
+	}
+	removed := ""
+	if afterRemoval && view.Victim != nil {
+		removed = view.Victim.Status.NodeRef.Name
+	}
+	if reason := kcpEtcdProjection(view, removed); reason != "" {
+		return reason
+	}
+	return ""
+}
+
+// kcpEtcdProjection is KCP's targetEtcdClusterHealthy with addEtcdMember=true.
+func kcpEtcdProjection(view ProviderView, removed string) string {
+	byNode := map[string]*clusterv1.Machine{}
+	for _, m := range view.Machines {
+		if m.Status.NodeRef.IsDefined() {
+			byNode[m.Status.NodeRef.Name] = m
+		}
+	}
+	var voting, learners, current int
+	var unhealthy []string
+	for _, member := range view.Etcd.Members {
+		if member.Name == removed && removed != "" {
+			continue
+		}
+		current++
+		if member.Name == "" {
+			learners++
+			unhealthy = append(unhealthy, fmt.Sprintf("%x (starting)", member.ID))
+			continue
+		}
+		if member.IsLearner {
+			learners++
+		} else {
+			voting++
+		}
+		if m, ok := byNode[member.Name]; ok {
+			if !conditions.IsTrue(m, kcpEtcdMemberHealthy) {
+				unhealthy = append(unhealthy, member.Name)
+			}
+		} else if len(member.Alarms) > 0 {
+			unhealthy = append(unhealthy, member.Name)
+		}
+	}
+	if current > 1 {
+		voting++
+		unhealthy = append(unhealthy, "new member (worst case)")
+	}
+	quorum := voting/2 + 1
+	if voting-len(unhealthy) < quorum {
+		return fmt.Sprintf("KCP projects %d voting members with %d unhealthy (%s) after adding the replacement; quorum needs %d",
+			voting, len(unhealthy), strings.Join(unhealthy, ", "), quorum)
+	}
+	if learners > 0 {
+		return "KCP waits for etcd learners to be promoted before scaling up"
+	}
+	return ""
+}
+
+func kcpEtcdManaged(cp *unstructured.Unstructured) bool {
+	_, found, _ := unstructured.NestedMap(cp.Object, "spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "external")
+	return !found
+}
+
+func kcpComponentConditions(managed bool) []string {
+	c := []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy}
+	if managed {
+		c = append(c, kcpEtcdPodHealthy)
+	}
+	return c
+}
+
+// kcpFullyHealthy is KCP's checkHealthiness: every Machine has a Node and all health conditions True.
+func kcpFullyHealthy(machines []*clusterv1.Machine, managed bool) bool {
+	conds := kcpComponentConditions(managed)
+	if managed {
+		conds = append(conds, kcpEtcdMemberHealthy)
+	}
+	for _, m := range machines {
+		if !m.Status.NodeRef.IsDefined() || !allTrue(m, conds...) {
+			return false
+		}
+	}
+	return true
+}
+
+func allTrue(m *clusterv1.Machine, types ...string) bool {
+	for _, t := range types {
+		if !conditions.IsTrue(m, t) {
+			return false
+		}
+	}
+	return true
+}
+
+var _ Adapter = KCP{}
+var _ Adapter = Generic{}
+
+// unstructuredConditionTrue reports whether status.conditions has type t with status True.
+func unstructuredConditionTrue(obj *unstructured.Unstructured, t string) bool {
+	list, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, item := range list {
+		c, ok := item.(map[string]interface{})
+		if ok && c["type"] == t {
+			return c["status"] == string(metav1.ConditionTrue)
+		}
+	}
+	return false
+}

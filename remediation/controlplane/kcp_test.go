@@ -1,0 +1,137 @@
+package controlplane
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/capr-io/capr/etcdutil"
+)
+
+func kcpObject(certificates bool) *unstructured.Unstructured {
+	status := "False"
+	if certificates {
+		status = "True"
+	}
+	return &unstructured.Unstructured{Object: map[string]interface{}{
+		"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlane",
+		"metadata": map[string]interface{}{"name": "kcp", "namespace": "ns"},
+		"spec":     map[string]interface{}{"replicas": int64(3)},
+		"status": map[string]interface{}{"conditions": []interface{}{
+			map[string]interface{}{"type": "CertificatesAvailable", "status": status},
+		}},
+	}}
+}
+
+// kcpMachine returns a control-plane Machine with KCP's health conditions; unhealthy lists the
+// conditions that are False.
+func kcpMachine(name string, unhealthy ...string) *clusterv1.Machine {
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: name}
+	bad := map[string]bool{}
+	for _, u := range unhealthy {
+		bad[u] = true
+	}
+	for _, c := range []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy, kcpEtcdPodHealthy, kcpEtcdMemberHealthy} {
+		status := metav1.ConditionTrue
+		if bad[c] {
+			status = metav1.ConditionFalse
+		}
+		m.Status.Conditions = append(m.Status.Conditions, metav1.Condition{Type: c, Status: status})
+	}
+	return m
+}
+
+func etcdState(names ...string) *etcdutil.State {
+	s := &etcdutil.State{}
+	for i, n := range names {
+		s.Members = append(s.Members, etcdutil.MemberStatus{ID: uint64(i + 1), Name: n, Healthy: true})
+	}
+	return s
+}
+
+func TestKCPScaleUpRefusal(t *testing.T) {
+	allPods := []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy, kcpEtcdPodHealthy, kcpEtcdMemberHealthy}
+	tests := []struct {
+		name         string
+		cp           *unstructured.Unstructured
+		machines     []*clusterv1.Machine
+		etcd         *etcdutil.State
+		afterRemoval bool
+		refused      string // substring; "" = KCP scales up
+	}{
+		{"all healthy: strict preflight passes", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c")}, etcdState("a", "b", "c"), false, ""},
+		{"certificates missing", kcpObject(false),
+			[]*clusterv1.Machine{kcpMachine("a")}, etcdState("a"), false, "CertificatesAvailable"},
+		{"a deleting Machine blocks scale up", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a"), func() *clusterv1.Machine {
+				m := kcpMachine("b")
+				m.DeletionTimestamp = ptr.To(metav1.NewTime(time.Now()))
+				return m
+			}()}, etcdState("a", "b"), false, "to be deleted"},
+		// The case that makes KCP delete-first: 3 members, the victim's node is down (its pods and its
+		// member look unhealthy to KCP). Projection: 4 voters, victim + new unhealthy → 2 < 3.
+		{"3 members, victim unhealthy: KCP refuses scale-up first", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}, etcdState("a", "b", "victim"), false, "quorum needs 3"},
+		{"3 members, victim unhealthy, after its member is removed: KCP scales up", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}, etcdState("a", "b", "victim"), true, ""},
+		{"5 members, victim unhealthy: projection 6 voters, 2 unhealthy → scale up", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c"), kcpMachine("d"), kcpMachine("victim", allPods...)},
+			etcdState("a", "b", "c", "d", "victim"), false, ""},
+		{"no Machine with healthy components", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a", kcpAPIServerPodHealthy), kcpMachine("b", kcpSchedulerPodHealthy)}, etcdState("a", "b"), false, "no control-plane Machine with all Kubernetes control plane components"},
+		{"learner present", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c", kcpEtcdMemberHealthy)}, func() *etcdutil.State {
+				s := etcdState("a", "b", "c", "d")
+				s.Members[3].IsLearner = true
+				return s
+			}(), false, "KCP"},
+		{"empty member list", kcpObject(true),
+			[]*clusterv1.Machine{kcpMachine("a", kcpEtcdMemberHealthy)}, &etcdutil.State{}, false, "member list is empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			view := ProviderView{ControlPlane: tt.cp, Machines: tt.machines, Victim: tt.machines[len(tt.machines)-1], Etcd: tt.etcd}
+			got := KCP{}.ScaleUpRefusal(view, tt.afterRemoval)
+			if tt.refused == "" {
+				g.Expect(got).To(BeEmpty())
+			} else {
+				g.Expect(got).To(ContainSubstring(tt.refused))
+			}
+		})
+	}
+}
+
+func TestKCPOrderIsRemoveFirstWhenKCPWouldRefuseScaleUpFirst(t *testing.T) {
+	g := NewWithT(t)
+	allPods := []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy, kcpEtcdPodHealthy, kcpEtcdMemberHealthy}
+	machines := []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}
+	view := ProviderView{ControlPlane: kcpObject(true), Machines: machines, Victim: machines[2], Etcd: etcdState("a", "b", "victim")}
+	d := ChooseOrder(OrderInput{
+		Initialized: true, Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy,
+		ProviderRefusesScaleUpNow:          KCP{}.ScaleUpRefusal(view, false),
+		ProviderRefusesScaleUpAfterRemoval: KCP{}.ScaleUpRefusal(view, true),
+	})
+	g.Expect(d.Order).To(BeEquivalentTo("RemoveMemberFirst"))
+	g.Expect(d.Reason).To(ContainSubstring("KCP projects"))
+}
+
+func TestKCPBeforeScaleUpSetsRemediationInProgress(t *testing.T) {
+	g := NewWithT(t)
+	cp := kcpObject(true)
+	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), 2)).To(Succeed())
+	g.Expect(cp.GetAnnotations()).To(HaveKeyWithValue(kcpRemediationInProgressAnnotation,
+		`{"machine":"victim","timestamp":"2026-01-02T03:04:05Z","retryCount":2}`))
+	g.Expect(AdapterFor(cp)).To(Equal(KCP{}))
+	other := &unstructured.Unstructured{}
+	other.SetAPIVersion("controlplane.cluster.x-k8s.io/v1alpha1")
+	other.SetKind("SandboxControlPlane")
+	g.Expect(AdapterFor(other)).To(Equal(Generic{}))
+}
