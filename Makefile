@@ -54,11 +54,13 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs and RBAC from the AP
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./controllers/... paths=./remediation/... output:rbac:dir=config/rbac
+	$(CONTROLLER_GEN) object paths=./test/sandbox/api/...
+	$(CONTROLLER_GEN) crd paths=./test/sandbox/api/... output:crd:artifacts:config=test/sandbox/config/crd
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are not up to date.
-	@if [ -n "$$(git status --porcelain -- api config 2>/dev/null)" ]; then \
-		git --no-pager diff -- api config; \
+	@if [ -n "$$(git status --porcelain -- api config test/sandbox/api test/sandbox/config 2>/dev/null)" ]; then \
+		git --no-pager diff -- api config test/sandbox/api test/sandbox/config; \
 		echo "Generated files are out of date: run 'make generate' and commit the result."; exit 1; fi
 
 .PHONY: lint

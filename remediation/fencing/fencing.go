@@ -1,0 +1,117 @@
+// Package fencing is the storage-fencing step of a remediation (design §7): before a Machine is
+// deleted, its node must no longer be able to write to shared storage. This package holds the
+// interface the remediators call and the policy logic; the NetworkFence, External and
+// OutOfServiceTaint backends are a separate issue, and until they exist they are reported as not
+// available, never silently skipped.
+package fencing
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// DefaultTimeout is spec.fencing.timeoutSeconds when unset.
+const DefaultTimeout = 300 * time.Second
+
+// Request is one fencing step.
+type Request struct {
+	Cluster *clusterv1.Cluster
+	Machine *clusterv1.Machine
+	// Node is the victim's Node name ("" when it never had one).
+	Node string
+	Spec *caprv1.FencingSpec
+	// Started is when the fencing step started (for the timeout).
+	Started time.Time
+}
+
+// Outcome of a fencing attempt.
+type Outcome int
+
+const (
+	// Fenced means every configured backend confirmed.
+	Fenced Outcome = iota
+	// Skipped means the policy is Disabled (or there is no Node to fence).
+	Skipped
+	// Waiting means some backend has not confirmed yet; ask again later.
+	Waiting
+	// GaveUp means BestEffort timed out: delete anyway, with a Warning event.
+	GaveUp
+)
+
+// Result is what the remediator records.
+type Result struct {
+	Outcome Outcome
+	Message string
+}
+
+// Fencer fences a Machine's node. Implementations must be idempotent: they are called again on every
+// reconcile until the outcome is final.
+type Fencer interface {
+	Fence(ctx context.Context, req Request) (Result, error)
+}
+
+// Backend is one fencing backend.
+type Backend interface {
+	// Fence returns done=true once the backend confirmed the node cannot write.
+	Fence(ctx context.Context, req Request, spec caprv1.FencingBackend) (done bool, message string, err error)
+}
+
+// PolicyFencer applies the policy (Disabled, BestEffort, Required) over the configured backends.
+type PolicyFencer struct {
+	// Backends by type; a configured type that is missing here is reported as not available.
+	Backends map[caprv1.FencingBackendType]Backend
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+// Fence implements Fencer.
+func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
+	spec := req.Spec
+	if spec == nil || spec.Policy == "" || spec.Policy == caprv1.FencingDisabled {
+		return Result{Outcome: Skipped, Message: "fencing policy is Disabled"}, nil
+	}
+	if req.Node == "" {
+		return Result{Outcome: Skipped, Message: "the Machine has no Node: nothing can write through it"}, nil
+	}
+	var waiting []string
+	for i, b := range spec.Backends {
+		impl, ok := p.Backends[b.Type]
+		if !ok {
+			waiting = append(waiting, fmt.Sprintf("backend %d (%s) is not available in this CAPR version", i, b.Type))
+			continue
+		}
+		done, msg, err := impl.Fence(ctx, req, b)
+		if err != nil {
+			waiting = append(waiting, fmt.Sprintf("backend %d (%s): %v", i, b.Type, err))
+			continue
+		}
+		if !done {
+			waiting = append(waiting, fmt.Sprintf("backend %d (%s): %s", i, b.Type, msg))
+		}
+	}
+	if len(waiting) == 0 {
+		return Result{Outcome: Fenced, Message: fmt.Sprintf("node %s fenced by every configured backend", req.Node)}, nil
+	}
+	now := time.Now
+	if p.Now != nil {
+		now = p.Now
+	}
+	timeout := DefaultTimeout
+	if spec.TimeoutSeconds != nil {
+		timeout = time.Duration(*spec.TimeoutSeconds) * time.Second
+	}
+	msg := strings.Join(waiting, "; ")
+	if spec.Policy == caprv1.FencingBestEffort && now().After(req.Started.Add(timeout)) {
+		return Result{Outcome: GaveUp, Message: fmt.Sprintf("fencing not confirmed within %s, deleting anyway (BestEffort): %s", timeout, msg)}, nil
+	}
+	if spec.Policy == caprv1.FencingRequired {
+		msg = "fencing is Required and not confirmed, the Machine is not deleted: " + msg
+	}
+	return Result{Outcome: Waiting, Message: msg}, nil
+}

@@ -1,0 +1,317 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
+	controlplanev1 "github.com/capr-io/capr/test/sandbox/api/controlplane/v1alpha1"
+	infrav1 "github.com/capr-io/capr/test/sandbox/api/infrastructure/v1alpha1"
+)
+
+// machineFinalizer keeps a sandbox Machine until its host (kubelet, etcd member, Node) is gone.
+const machineFinalizer = "sandbox.capr.io/machine"
+
+func ctrlConfigSkipNameValidation() config.Controller {
+	// Tests start several managers in one process (sandboxes, restarted controllers).
+	return config.Controller{SkipNameValidation: ptr.To(true)}
+}
+
+// controlPlaneReconciler is the sandbox control-plane provider: it keeps spec.replicas control-plane
+// Machines, one change at a time (like KCP it waits for a new Machine to be provisioned, or a deleted
+// one to be gone, before the next change), and picks the scale-down victim by the
+// cluster.x-k8s.io/delete-machine annotation first, then the oldest Machine.
+type controlPlaneReconciler struct {
+	s *Sandbox
+	c client.Client
+}
+
+func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cp := &controlplanev1.SandboxControlPlane{}
+	if err := r.c.Get(ctx, req.NamespacedName, cp); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	clusterName := cp.Labels[clusterv1.ClusterNameLabel]
+	list := &clusterv1.MachineList{}
+	if err := r.c.List(ctx, list, client.InNamespace(cp.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+		return ctrl.Result{}, err
+	}
+	machines := list.Items
+	ready, busy := 0, false
+	for _, m := range machines {
+		if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() {
+			busy = true
+		} else {
+			ready++
+		}
+	}
+	if err := r.updateStatus(ctx, cp, clusterName, int32(len(machines)), int32(ready)); err != nil {
+		return ctrl.Result{}, err
+	}
+	if busy {
+		return ctrl.Result{}, nil // a Machine event will bring us back
+	}
+	desired := int(ptr.Deref(cp.Spec.Replicas, 1))
+	switch {
+	case len(machines) < desired:
+		return ctrl.Result{}, r.createMachine(ctx, cp, clusterName)
+	case len(machines) > desired:
+		victim := pickScaleDownVictim(machines)
+		r.s.Log.Add(clusterName, "control-plane provider scales down: deleting Machine %s", victim.Name)
+		return ctrl.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, victim))
+	}
+	return ctrl.Result{}, nil
+}
+
+func pickScaleDownVictim(machines []clusterv1.Machine) *clusterv1.Machine {
+	sort.Slice(machines, func(i, j int) bool {
+		_, di := machines[i].Annotations[clusterv1.DeleteMachineAnnotation]
+		_, dj := machines[j].Annotations[clusterv1.DeleteMachineAnnotation]
+		if di != dj {
+			return di
+		}
+		if !machines[i].CreationTimestamp.Equal(&machines[j].CreationTimestamp) {
+			return machines[i].CreationTimestamp.Before(&machines[j].CreationTimestamp)
+		}
+		return machines[i].Name < machines[j].Name
+	})
+	return &machines[0]
+}
+
+func (r *controlPlaneReconciler) createMachine(ctx context.Context, cp *controlplanev1.SandboxControlPlane, clusterName string) error {
+	name := fmt.Sprintf("%s-%s", cp.Name, utilrand.String(5))
+	infra := &infrav1.SandboxMachine{ObjectMeta: metav1.ObjectMeta{Namespace: cp.Namespace, Name: name,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: clusterName}}}
+	if err := r.c.Create(ctx, infra); err != nil {
+		return fmt.Errorf("creating SandboxMachine: %w", err)
+	}
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cp.Namespace, Name: name, Labels: map[string]string{
+			clusterv1.ClusterNameLabel: clusterName, clusterv1.MachineControlPlaneLabel: "",
+		}},
+		Spec: clusterv1.MachineSpec{
+			ClusterName: clusterName,
+			Version:     cp.Spec.Version,
+			Bootstrap:   clusterv1.Bootstrap{DataSecretName: ptr.To(name + "-bootstrap")},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: infrav1.GroupVersion.Group, Kind: "SandboxMachine", Name: name,
+			},
+		},
+	}
+	if err := controllerutil.SetControllerReference(cp, m, r.c.Scheme()); err != nil {
+		return err
+	}
+	if err := r.c.Create(ctx, m); err != nil {
+		return fmt.Errorf("creating Machine: %w", err)
+	}
+	r.s.Log.Add(clusterName, "control-plane provider scales up: created Machine %s", name)
+	return nil
+}
+
+func (r *controlPlaneReconciler) updateStatus(ctx context.Context, cp *controlplanev1.SandboxControlPlane, clusterName string, replicas, ready int32) error {
+	base := cp.DeepCopy()
+	cp.Status.Replicas, cp.Status.ReadyReplicas = ptr.To(replicas), ptr.To(ready)
+	cp.Status.AvailableReplicas, cp.Status.UpToDateReplicas = ptr.To(ready), ptr.To(replicas)
+	cp.Status.Version = cp.Spec.Version
+	if ready > 0 && !ptr.Deref(cp.Status.Initialization.ControlPlaneInitialized, false) {
+		cp.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+		// CAPI's Cluster controller would mirror this onto the Cluster.
+		cluster := &clusterv1.Cluster{}
+		if err := r.c.Get(ctx, client.ObjectKey{Namespace: cp.Namespace, Name: clusterName}, cluster); err != nil {
+			return err
+		}
+		cbase := cluster.DeepCopy()
+		conditions.Set(cluster, metav1.Condition{Type: clusterv1.ClusterControlPlaneInitializedCondition, Status: metav1.ConditionTrue, Reason: "Initialized"})
+		cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+		if err := r.c.Status().Patch(ctx, cluster, client.MergeFrom(cbase)); err != nil {
+			return err
+		}
+	}
+	return r.c.Status().Patch(ctx, cp, client.MergeFrom(base))
+}
+
+// machineReconciler is the sandbox infrastructure provider plus the parts of CAPI's Machine
+// controller the sandbox needs: provisioning a Machine starts its kubelet stand-in and, for a
+// control-plane Machine, joins an etcd member (first member, or learner then promoted); it creates the
+// Node and the etcd-<node> Pod and sets the Machine's nodeRef. Deleting a Machine does what
+// `kubeadm reset` and CAPI's deletion do: remove the member if it is still there, stop it, delete the
+// Node, and (standing in for the garbage collector) the objects the Machine owns.
+type machineReconciler struct {
+	s *Sandbox
+	c client.Client
+}
+
+func (r *machineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	m := &clusterv1.Machine{}
+	if err := r.c.Get(ctx, req.NamespacedName, m); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if m.Spec.InfrastructureRef.Kind != "SandboxMachine" {
+		return ctrl.Result{}, nil
+	}
+	wc := r.s.cluster(m.Namespace, m.Spec.ClusterName)
+	if wc == nil {
+		return ctrl.Result{}, nil
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.teardown(ctx, wc, m)
+	}
+	if controllerutil.AddFinalizer(m, machineFinalizer) {
+		return ctrl.Result{}, r.c.Update(ctx, m)
+	}
+	if m.Status.NodeRef.IsDefined() {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, r.provision(ctx, wc, m)
+}
+
+func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, m *clusterv1.Machine) error {
+	node := m.Name
+	_, isCP := m.Labels[clusterv1.MachineControlPlaneLabel]
+	target := ""
+	if isCP {
+		if wc.Etcd.Endpoint(node) == "" {
+			if len(wc.Etcd.Endpoints()) == 0 {
+				if err := wc.Etcd.StartFirst(ctx, node); err != nil {
+					return err
+				}
+				r.s.Log.Add(wc.Name, "etcd member %s started (first member)", node)
+			} else {
+				r.s.Log.Add(wc.Name, "etcd member %s joining as a learner", node)
+				if err := wc.Etcd.Join(ctx, node); err != nil {
+					return err
+				}
+				r.s.Log.Add(wc.Name, "etcd member %s promoted to voter", node)
+			}
+		}
+		target = wc.Etcd.Endpoint(node)
+	}
+	r.s.mu.Lock()
+	k, ok := r.s.kubelets[node]
+	if !ok {
+		k = StartKubelet(target)
+		r.s.kubelets[node] = k
+	}
+	r.s.mu.Unlock()
+	host, port := k.Address()
+
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{"sandbox.capr.io/cluster": wc.Name}}}
+	if isCP {
+		n.Labels["node-role.kubernetes.io/control-plane"] = ""
+	}
+	if err := r.c.Create(ctx, n); err != nil && !isAlreadyExists(err) {
+		return fmt.Errorf("creating Node %s: %w", node, err)
+	}
+	now := metav1.Now()
+	n.Status = corev1.NodeStatus{
+		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: host}, {Type: corev1.NodeHostName, Address: host}},
+		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: port}},
+		Conditions:      []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastTransitionTime: now, LastHeartbeatTime: now}},
+	}
+	if err := r.c.Status().Update(ctx, n); err != nil {
+		return fmt.Errorf("setting Node %s status: %w", node, err)
+	}
+	if isCP {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: etcdutil.PodName(node), Labels: map[string]string{"component": "etcd"}},
+			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "etcd", Image: "registry.k8s.io/etcd:3.6.14"}}},
+		}
+		if err := r.c.Create(ctx, pod); err != nil && !isAlreadyExists(err) {
+			return fmt.Errorf("creating Pod %s: %w", pod.Name, err)
+		}
+		pbase := pod.DeepCopy()
+		pod.Status.Phase = corev1.PodRunning
+		if err := r.c.Status().Patch(ctx, pod, client.MergeFrom(pbase)); err != nil {
+			return fmt.Errorf("setting Pod %s running: %w", pod.Name, err)
+		}
+	}
+	infra := &infrav1.SandboxMachine{}
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.InfrastructureRef.Name}, infra); err == nil {
+		ibase := infra.DeepCopy()
+		infra.Spec.ProviderID = "sandbox://" + node
+		if err := r.c.Patch(ctx, infra, client.MergeFrom(ibase)); err != nil {
+			return err
+		}
+		infra.Status.Initialization.Provisioned = ptr.To(true)
+		infra.Status.Addresses = []clusterv1.MachineAddress{{Type: clusterv1.MachineInternalIP, Address: host}}
+		if err := r.c.Status().Patch(ctx, infra, client.MergeFrom(ibase)); err != nil {
+			return err
+		}
+	}
+	base := m.DeepCopy()
+	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: node}
+	m.Status.Phase = string(clusterv1.MachinePhaseRunning)
+	m.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
+	m.Status.Initialization.BootstrapDataSecretCreated = ptr.To(true)
+	conditions.Set(m, metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: metav1.ConditionTrue, Reason: "Provisioned"})
+	if err := r.c.Status().Patch(ctx, m, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("setting nodeRef of Machine %s: %w", m.Name, err)
+	}
+	r.s.Log.Add(wc.Name, "Machine %s provisioned: Node %s Ready", m.Name, node)
+	return nil
+}
+
+func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m *clusterv1.Machine) error {
+	if !controllerutil.ContainsFinalizer(m, machineFinalizer) {
+		return nil
+	}
+	node := m.Name
+	r.s.mu.Lock()
+	k := r.s.kubelets[node]
+	delete(r.s.kubelets, node)
+	r.s.mu.Unlock()
+	if k != nil {
+		k.Stop()
+	}
+	if _, isCP := m.Labels[clusterv1.MachineControlPlaneLabel]; isCP && wc.Etcd.Endpoint(node) != "" {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := wc.Etcd.Leave(lctx, node)
+		cancel()
+		if err != nil {
+			// As kubeadm reset: a member that cannot be removed (e.g. no quorum) is left to the
+			// operator; the process is stopped either way.
+			r.s.Log.Add(wc.Name, "etcd member %s could not be removed on teardown: %v", node, err)
+		}
+	}
+	for _, o := range []client.Object{
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: etcdutil.PodName(node)}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}},
+		&infrav1.SandboxMachine{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Spec.InfrastructureRef.Name}},
+	} {
+		if err := r.c.Delete(ctx, o); err != nil && !isNotFound(err) {
+			return fmt.Errorf("deleting %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	// Garbage collection stand-in: a MachineRemediation still owned by the Machine goes with it.
+	mr := &caprv1.MachineRemediation{}
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Name}, mr); err == nil {
+		for _, ref := range mr.OwnerReferences {
+			if ref.UID == m.UID {
+				if err := r.c.Delete(ctx, mr); err != nil && !isNotFound(err) {
+					return err
+				}
+			}
+		}
+	}
+	controllerutil.RemoveFinalizer(m, machineFinalizer)
+	if err := r.c.Update(ctx, m); err != nil {
+		return err
+	}
+	r.s.Log.Add(wc.Name, "Machine %s deleted (Node, kubelet and etcd process gone)", m.Name)
+	return nil
+}

@@ -1,0 +1,408 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/capr-io/capr/etcdutil"
+	capienv "github.com/capr-io/capr/test/envtest"
+	controlplanev1 "github.com/capr-io/capr/test/sandbox/api/controlplane/v1alpha1"
+	infrav1 "github.com/capr-io/capr/test/sandbox/api/infrastructure/v1alpha1"
+)
+
+// Sandbox is a management cluster on this machine with the sandbox providers running.
+type Sandbox struct {
+	Env    *capienv.Environment
+	Client client.Client
+
+	dir        string
+	etcdBinary string
+
+	mu       sync.Mutex
+	clusters map[types.NamespacedName]*WorkloadCluster
+	kubelets map[string]*Kubelet
+
+	// Log records what happened in the world, with times (timelines, benchmarks).
+	Log *EventLog
+
+	stopManager context.CancelFunc
+	managerDone chan error
+}
+
+// WorkloadCluster is one sandbox workload cluster.
+type WorkloadCluster struct {
+	Namespace string
+	Name      string
+	Etcd      *EtcdCluster
+}
+
+// Key returns the Cluster's key.
+func (w *WorkloadCluster) Key() client.ObjectKey {
+	return client.ObjectKey{Namespace: w.Namespace, Name: w.Name}
+}
+
+// AddToScheme registers the sandbox providers' types.
+func AddToScheme(s *kruntime.Scheme) error {
+	if err := infrav1.AddToScheme(s); err != nil {
+		return err
+	}
+	return controlplanev1.AddToScheme(s)
+}
+
+// CRDDir returns the sandbox providers' CRD directory.
+func CRDDir() (string, error) {
+	root, err := capienv.ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "test", "sandbox", "config", "crd"), nil
+}
+
+// Start starts the API server, etcd and the sandbox providers.
+func Start(ctx context.Context) (*Sandbox, error) {
+	crds, err := CRDDir()
+	if err != nil {
+		return nil, err
+	}
+	assets, err := capienv.AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	env, err := capienv.Start(capienv.Options{ExtraCRDDirs: []string{crds}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme}})
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "capr-sandbox-")
+	if err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	s := &Sandbox{
+		Env: env, Client: env.Client, dir: dir, etcdBinary: filepath.Join(assets, "etcd"),
+		clusters: map[types.NamespacedName]*WorkloadCluster{}, kubelets: map[string]*Kubelet{},
+		Log: &EventLog{},
+	}
+	if err := s.startProviders(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Sandbox) startProviders(ctx context.Context) error {
+	mgr, err := ctrl.NewManager(s.Env.Config, ctrl.Options{
+		Scheme:                  s.Env.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		GracefulShutdownTimeout: ptr.To(2 * time.Second),
+		Controller:              ctrlConfigSkipNameValidation(),
+	})
+	if err != nil {
+		return fmt.Errorf("creating the sandbox providers' manager: %w", err)
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-controlplane").
+		For(&controlplanev1.SandboxControlPlane{}).Owns(&clusterv1.Machine{}).
+		Complete(&controlPlaneReconciler{s: s, c: mgr.GetClient()}); err != nil {
+		return err
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-machine").
+		For(&clusterv1.Machine{}).WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(&machineReconciler{s: s, c: mgr.GetClient()}); err != nil {
+		return err
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	s.stopManager = cancel
+	s.managerDone = make(chan error, 1)
+	go func() { s.managerDone <- mgr.Start(mctx) }()
+	return nil
+}
+
+// Stop stops the providers, every etcd member and kubelet, and the API server.
+func (s *Sandbox) Stop() {
+	if s.stopManager != nil {
+		s.stopManager()
+		<-s.managerDone
+	}
+	s.mu.Lock()
+	for _, k := range s.kubelets {
+		k.Stop()
+	}
+	for _, c := range s.clusters {
+		c.Etcd.Stop()
+	}
+	s.mu.Unlock()
+	_ = s.Env.Stop()
+	_ = os.RemoveAll(s.dir)
+}
+
+func (s *Sandbox) cluster(namespace, name string) *WorkloadCluster {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clusters[types.NamespacedName{Namespace: namespace, Name: name}]
+}
+
+// ClusterSpec describes a sandbox workload cluster.
+type ClusterSpec struct {
+	Namespace    string
+	Name         string
+	ControlPlane int32
+	Workers      int
+}
+
+// CreateCluster creates a Cluster with a SandboxControlPlane of spec.ControlPlane replicas and
+// spec.Workers worker Machines, and waits until every Machine has a Node and every control-plane
+// Machine's etcd member votes.
+func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*WorkloadCluster, error) {
+	etcdDir := filepath.Join(s.dir, spec.Namespace+"-"+spec.Name)
+	if err := os.MkdirAll(etcdDir, 0o700); err != nil {
+		return nil, err
+	}
+	ec, err := NewEtcdCluster(etcdDir, s.etcdBinary)
+	if err != nil {
+		return nil, err
+	}
+	wc := &WorkloadCluster{Namespace: spec.Namespace, Name: spec.Name, Etcd: ec}
+	s.mu.Lock()
+	s.clusters[types.NamespacedName{Namespace: spec.Namespace, Name: spec.Name}] = wc
+	s.mu.Unlock()
+
+	c := s.Client
+	ns, name := spec.Namespace, spec.Name
+	labels := map[string]string{clusterv1.ClusterNameLabel: name}
+	objs := []client.Object{
+		&infrav1.SandboxCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}},
+		&infrav1.SandboxMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-cp", Labels: labels}},
+		&controlplanev1.SandboxControlPlane{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-cp", Labels: labels},
+			Spec: controlplanev1.SandboxControlPlaneSpec{
+				Replicas: ptr.To(spec.ControlPlane), Version: "v1.36.3",
+				MachineTemplate: controlplanev1.MachineTemplate{Spec: controlplanev1.MachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "SandboxMachineTemplate", Name: name + "-cp"},
+				}},
+			},
+		},
+		&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-etcd", Labels: labels},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{corev1.TLSCertKey: ec.caCertPEM, corev1.TLSPrivateKeyKey: ec.caKeyPEM},
+		},
+	}
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			return nil, fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	cluster := capienv.NewCluster(ns, name, clusterv1.ContractVersionedObjectReference{
+		APIGroup: controlplanev1.GroupVersion.Group, Kind: "SandboxControlPlane", Name: name + "-cp",
+	})
+	cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "SandboxCluster", Name: name}
+	if err := c.Create(ctx, cluster); err != nil {
+		return nil, fmt.Errorf("creating Cluster: %w", err)
+	}
+	if err := capienv.SetClusterReady(ctx, c, cluster, false); err != nil {
+		return nil, err
+	}
+	if err := capienv.CreateKubeconfigSecret(ctx, c, s.Env.Config, cluster); err != nil {
+		return nil, err
+	}
+	for i := range spec.Workers {
+		m := capienv.NewMachine(ns, name, fmt.Sprintf("%s-worker-%d", name, i), false)
+		if err := c.Create(ctx, m); err != nil {
+			return nil, fmt.Errorf("creating worker Machine: %w", err)
+		}
+	}
+	s.Log.Add(name, "Cluster %s created: %d control-plane Machines, %d workers", name, spec.ControlPlane, spec.Workers)
+	if err := s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 3*time.Minute); err != nil {
+		return nil, err
+	}
+	return wc, s.waitForWorkers(ctx, wc, spec.Workers)
+}
+
+// ControlPlaneMachines returns the cluster's control-plane Machines sorted by name.
+func (s *Sandbox) ControlPlaneMachines(ctx context.Context, wc *WorkloadCluster) ([]clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := s.Client.List(ctx, list, client.InNamespace(wc.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: wc.Name},
+		client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+		return nil, err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	return list.Items, nil
+}
+
+// WaitForControlPlane waits until the cluster has exactly n control-plane Machines, none deleting,
+// all with Nodes, and n healthy voting etcd members named after those Nodes.
+func (s *Sandbox) WaitForControlPlane(ctx context.Context, wc *WorkloadCluster, n int, timeout time.Duration) error {
+	return poll(ctx, timeout, func() (bool, string) {
+		machines, err := s.ControlPlaneMachines(ctx, wc)
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(machines) != n {
+			return false, fmt.Sprintf("%d control-plane Machines, want %d", len(machines), n)
+		}
+		for _, m := range machines {
+			if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() {
+				return false, "Machine " + m.Name + " is not provisioned or is deleting"
+			}
+		}
+		state, err := s.EtcdState(ctx, wc)
+		if err != nil {
+			return false, err.Error()
+		}
+		c := state.Counts()
+		if c.Voting != n || c.Healthy != n || c.Learners != 0 {
+			return false, fmt.Sprintf("etcd has %d voting (%d healthy), %d learners", c.Voting, c.Healthy, c.Learners)
+		}
+		for _, m := range machines {
+			if state.ByName(m.Status.NodeRef.Name) == nil {
+				return false, "no etcd member for " + m.Name
+			}
+		}
+		return true, ""
+	})
+}
+
+func (s *Sandbox) waitForWorkers(ctx context.Context, wc *WorkloadCluster, n int) error {
+	return poll(ctx, time.Minute, func() (bool, string) {
+		list := &clusterv1.MachineList{}
+		if err := s.Client.List(ctx, list, client.InNamespace(wc.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: wc.Name}); err != nil {
+			return false, err.Error()
+		}
+		ready := 0
+		for _, m := range list.Items {
+			if _, cp := m.Labels[clusterv1.MachineControlPlaneLabel]; !cp && m.Status.NodeRef.IsDefined() {
+				ready++
+			}
+		}
+		return ready == n, fmt.Sprintf("%d of %d workers provisioned", ready, n)
+	})
+}
+
+// EtcdState inspects the cluster's etcd directly (the ground truth, not through kubelets).
+func (s *Sandbox) EtcdState(ctx context.Context, wc *WorkloadCluster) (*etcdutil.State, error) {
+	ec := &etcdutil.Cluster{Connector: wc.Etcd.Direct(), CallTimeout: time.Second}
+	names := make([]string, 0)
+	for n := range wc.Etcd.Endpoints() {
+		if wc.Etcd.Running(n) {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	if len(names) == 0 {
+		return nil, errors.New("no etcd member is running")
+	}
+	return ec.Inspect(ctx, names)
+}
+
+// Faults.
+
+// KillEtcdMember kills the etcd process of a control-plane Machine's Node; kubelet and Node stay up.
+func (s *Sandbox) KillEtcdMember(wc *WorkloadCluster, node string) {
+	wc.Etcd.Kill(node)
+	s.Log.Add(wc.Name, "FAULT: etcd member %s killed (its node and kubelet stay up)", node)
+}
+
+// StopKubelet stops a Node's kubelet stand-in and its heartbeat (Ready=Unknown, as the node
+// lifecycle controller would set). Its etcd member keeps running but cannot be reached through the
+// API server any more.
+func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node string) error {
+	s.mu.Lock()
+	k := s.kubelets[node]
+	s.mu.Unlock()
+	if k != nil {
+		k.Stop()
+	}
+	s.Log.Add(wc.Name, "FAULT: kubelet on %s stopped (etcd there still runs)", node)
+	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
+}
+
+// StopHeartbeat makes a Node stop reporting (Ready=Unknown) while its etcd member stays healthy.
+func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {
+	s.Log.Add(wc.Name, "FAULT: node %s stopped reporting (Ready=Unknown), its etcd member is healthy", node)
+	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
+}
+
+// EventLog is a list of timestamped world events.
+type EventLog struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+// Event is one thing that happened.
+type Event struct {
+	Time    time.Time
+	Cluster string
+	Text    string
+}
+
+// Add records an event.
+func (l *EventLog) Add(cluster, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, Event{Time: time.Now(), Cluster: cluster, Text: fmt.Sprintf(format, args...)})
+}
+
+// Since returns the events of cluster recorded after t.
+func (l *EventLog) Since(cluster string, t time.Time) []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Event
+	for _, e := range l.events {
+		if e.Cluster == cluster && e.Time.After(t) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Find returns the time of the first event of cluster after t whose text contains substr.
+func (l *EventLog) Find(cluster string, t time.Time, substr string) (time.Time, bool) {
+	for _, e := range l.Since(cluster, t) {
+		if strings.Contains(e.Text, substr) {
+			return e.Time, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func poll(ctx context.Context, timeout time.Duration, cond func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, msg := cond()
+		if ok {
+			return nil
+		}
+		last = msg
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s: %s", timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s", ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+func isAlreadyExists(err error) bool { return apierrors.IsAlreadyExists(err) }

@@ -1,0 +1,66 @@
+package sandbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/capr-io/capr/etcdutil"
+	capienv "github.com/capr-io/capr/test/envtest"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+var sb *sandbox.Sandbox
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
+	var err error
+	sb, err = sandbox.Start(context.Background())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	sb.Stop()
+	os.Exit(code)
+}
+
+// TestPortForwardPathToRealEtcd reaches every member through the API server's pods/portforward and
+// the Node's kubelet stand-in, as KCP and CAPR do in production, then stops one kubelet: that member
+// keeps running (the direct view says healthy) but is unreachable through the API server.
+func TestPortForwardPathToRealEtcd(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, "pf")
+	g.Expect(err).NotTo(HaveOccurred())
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "pf", ControlPlane: 3, Workers: 1})
+	g.Expect(err).NotTo(HaveOccurred())
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	nodes := []string{}
+	for _, m := range machines {
+		nodes = append(nodes, m.Status.NodeRef.Name)
+	}
+	viaAPIServer := &etcdutil.Cluster{CallTimeout: 3 * time.Second, Connector: &etcdutil.PortForward{
+		RESTConfig: sb.Env.Config, TLS: wc.Etcd.ClientTLS(), DialTimeout: 3 * time.Second,
+	}}
+	state, err := viaAPIServer.Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3}))
+
+	g.Expect(sb.StopKubelet(ctx, wc, nodes[0])).To(Succeed())
+	state, err = viaAPIServer.Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(nodes[0]).Problem).To(Equal("unreachable"))
+	g.Expect(state.Counts().Healthy).To(Equal(2))
+	truth, err := sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(truth.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3}), "the member itself is still healthy")
+}
