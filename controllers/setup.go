@@ -15,6 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
+	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/remediation/fencing"
 )
 
 // ControllerName is the name CAPR's manager uses for its informers, user agent and events.
@@ -34,8 +37,18 @@ type Options struct {
 	// ConnectionRetryInterval overrides how often the ClusterCache retries an unreachable workload
 	// cluster (CAPI's default is 30s); 0 keeps the default.
 	ConnectionRetryInterval time.Duration
-	// EtcdMembers feeds the health checker's checks.etcdMember; nil disables that check.
+	// EtcdMembers overrides where the health checker's checks.etcdMember reads etcd from (tests);
+	// nil means the workload cluster's real etcd.
 	EtcdMembers machinehealthcheck.EtcdMemberSource
+	// RemediationConcurrency is the number of MachineRemediations reconciled at once.
+	RemediationConcurrency int
+	// EtcdDialTimeout and EtcdCallTimeout bound every etcd connection and call (KCP's defaults: 10s, 15s).
+	EtcdDialTimeout time.Duration
+	EtcdCallTimeout time.Duration
+	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends.
+	Fencer fencing.Fencer
+	// StepObserver sees every control-plane remediation step being issued and finishing.
+	StepObserver func(controlplane.StepEvent)
 }
 
 // Defaults fills unset options with CAPI-like defaults.
@@ -51,6 +64,18 @@ func (o *Options) Defaults() {
 	}
 	if o.ClusterCacheBurst == 0 {
 		o.ClusterCacheBurst = 30
+	}
+	if o.RemediationConcurrency == 0 {
+		o.RemediationConcurrency = 10
+	}
+	if o.EtcdDialTimeout == 0 {
+		o.EtcdDialTimeout = etcdutil.DefaultDialTimeout
+	}
+	if o.EtcdCallTimeout == 0 {
+		o.EtcdCallTimeout = etcdutil.DefaultCallTimeout
+	}
+	if o.Fencer == nil {
+		o.Fencer = &fencing.PolicyFencer{}
 	}
 }
 
@@ -68,6 +93,7 @@ func ManagerClientOptions() client.Options {
 // Setup is what SetupWithManager built, for callers that need the pieces (e.g. the sandbox).
 type Setup struct {
 	ClusterCache clustercache.ClusterCache
+	Etcd         *etcdutil.Workload
 }
 
 // SetupWithManager registers indexes, the ClusterCache and CAPR's controllers with mgr.
@@ -94,13 +120,30 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 			s.SetConnectionCreationRetryInterval(opts.ConnectionRetryInterval)
 		}
 	}
+	workload := &etcdutil.Workload{
+		SecretReader: mgr.GetAPIReader(), ClusterCache: cc,
+		DialTimeout: opts.EtcdDialTimeout, CallTimeout: opts.EtcdCallTimeout,
+	}
+	members := opts.EtcdMembers
+	if members == nil {
+		members = &etcdMemberSource{client: mgr.GetClient(), workload: workload}
+	}
 	if err := (&machinehealthcheck.Reconciler{
 		Client:           mgr.GetClient(),
 		ClusterCache:     cc,
-		EtcdMembers:      opts.EtcdMembers,
+		EtcdMembers:      members,
 		WatchFilterValue: opts.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.HealthCheckConcurrency}); err != nil {
 		return nil, err
 	}
-	return &Setup{ClusterCache: cc}, nil
+	if err := (&controlplane.Reconciler{
+		Client:           mgr.GetClient(),
+		Etcd:             workload,
+		Fencer:           opts.Fencer,
+		WatchFilterValue: opts.WatchFilterValue,
+		StepObserver:     opts.StepObserver,
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
+		return nil, err
+	}
+	return &Setup{ClusterCache: cc, Etcd: workload}, nil
 }

@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-
 )
 
 // KCP condition and annotation names (sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2),

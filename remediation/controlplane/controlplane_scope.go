@@ -1,0 +1,213 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
+)
+
+// scope is what one reconcile of a control-plane remediation works with. Everything in it is read
+// fresh from the world at the start of the reconcile; the MachineRemediation status only remembers
+// what cannot be re-read (the replicas before the scale-up, the Machines that existed then).
+type scope struct {
+	mr      *caprv1.MachineRemediation
+	machine *clusterv1.Machine
+	cluster *clusterv1.Cluster
+	helper  *patch.Helper
+
+	cp       *unstructured.Unstructured
+	adapter  Adapter
+	machines []*clusterv1.Machine // control-plane Machines of the cluster, sorted by name
+
+	etcd      *etcdutil.Cluster
+	etcdState *etcdutil.State
+	etcdErr   error
+}
+
+// victimNode is the victim's Node name, which is also its etcd member's name.
+func (s *scope) victimNode() string {
+	if s.mr.Status.ControlPlane != nil && s.mr.Status.ControlPlane.MemberName != "" {
+		return s.mr.Status.ControlPlane.MemberName
+	}
+	return s.machine.Status.NodeRef.Name
+}
+
+// nodes returns the Nodes to reach etcd through, the victim's last (it is the most likely to fail).
+func (s *scope) nodes() []string {
+	var out []string
+	victim := s.victimNode()
+	for _, m := range s.machines {
+		if m.Status.NodeRef.IsDefined() && m.Status.NodeRef.Name != victim {
+			out = append(out, m.Status.NodeRef.Name)
+		}
+	}
+	if victim != "" {
+		out = append(out, victim)
+	}
+	return out
+}
+
+// victimMember classifies the victim's etcd member in the current state.
+func victimMember(state *etcdutil.State, node string) VictimMember {
+	m := state.ByName(node)
+	switch {
+	case m == nil:
+		return VictimMissing
+	case m.IsLearner:
+		return VictimLearner
+	case m.Healthy:
+		return VictimHealthy
+	default:
+		return VictimUnhealthy
+	}
+}
+
+func (r *Reconciler) gather(ctx context.Context, s *scope) error {
+	if !s.cluster.Spec.ControlPlaneRef.IsDefined() {
+		return fmt.Errorf("cluster %s has no spec.controlPlaneRef", s.cluster.Name)
+	}
+	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, s.cluster.Spec.ControlPlaneRef, s.cluster.Namespace)
+	if err != nil {
+		return fmt.Errorf("reading the control plane of cluster %s: %w", s.cluster.Name, err)
+	}
+	s.cp = cp
+	s.adapter = AdapterFor(cp)
+	list := &clusterv1.MachineList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(s.cluster.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: s.cluster.Name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+		return fmt.Errorf("listing control-plane Machines: %w", err)
+	}
+	s.machines = nil
+	for i := range list.Items {
+		s.machines = append(s.machines, &list.Items[i])
+	}
+	sort.Slice(s.machines, func(i, j int) bool { return s.machines[i].Name < s.machines[j].Name })
+	return nil
+}
+
+// inspectEtcd reads the etcd state once per reconcile; errors are kept, never guessed around.
+func (r *Reconciler) inspectEtcd(ctx context.Context, s *scope) (*etcdutil.State, error) {
+	if s.etcdState != nil || s.etcdErr != nil {
+		return s.etcdState, s.etcdErr
+	}
+	if s.etcd == nil {
+		s.etcd, s.etcdErr = r.Etcd.ForCluster(ctx, s.cluster)
+		if s.etcdErr != nil {
+			return nil, s.etcdErr
+		}
+	}
+	s.etcdState, s.etcdErr = s.etcd.Inspect(ctx, s.nodes())
+	return s.etcdState, s.etcdErr
+}
+
+func initialized(cluster *clusterv1.Cluster) bool {
+	return conditions.IsTrue(cluster, clusterv1.ClusterControlPlaneInitializedCondition)
+}
+
+// lock returns who holds the control plane (nil when nobody).
+func lockOf(cp *unstructured.Unstructured) *caprv1.ControlPlaneLock {
+	v, ok := cp.GetAnnotations()[caprv1.RemediationInProgressAnnotation]
+	if !ok {
+		return nil
+	}
+	l := &caprv1.ControlPlaneLock{}
+	if err := json.Unmarshal([]byte(v), l); err != nil {
+		return &caprv1.ControlPlaneLock{MachineRemediation: "(unreadable: " + v + ")"}
+	}
+	return l
+}
+
+// takeLock writes the lock with optimistic locking, so that two remediations (or two controller
+// replicas) can never both hold the control plane.
+func (r *Reconciler) takeLock(ctx context.Context, s *scope, desired int32) error {
+	base := s.cp.DeepCopy()
+	value, err := json.Marshal(caprv1.ControlPlaneLock{MachineRemediation: s.mr.Name, DesiredReplicas: desired})
+	if err != nil {
+		return err
+	}
+	a := s.cp.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[caprv1.RemediationInProgressAnnotation] = string(value)
+	s.cp.SetAnnotations(a)
+	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("taking the control-plane remediation lock on %s %s: %w", s.cp.GetKind(), s.cp.GetName(), err)
+	}
+	return nil
+}
+
+// releaseLock removes the lock if this remediation holds it.
+func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
+	if s.cp == nil {
+		return nil
+	}
+	if l := lockOf(s.cp); l == nil || l.MachineRemediation != s.mr.Name {
+		return nil
+	}
+	base := s.cp.DeepCopy()
+	a := s.cp.GetAnnotations()
+	delete(a, caprv1.RemediationInProgressAnnotation)
+	s.cp.SetAnnotations(a)
+	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("releasing the control-plane remediation lock: %w", err)
+	}
+	return nil
+}
+
+// lockHolderActive reports whether the MachineRemediation named in a lock still runs.
+func (r *Reconciler) lockHolderActive(ctx context.Context, namespace string, l *caprv1.ControlPlaneLock) (bool, error) {
+	other := &caprv1.MachineRemediation{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: l.MachineRemediation}, other); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	return other.Status.Phase != caprv1.PhaseSucceeded && other.Status.Phase != caprv1.PhaseFailed, nil
+}
+
+// setReplicas patches the control plane's spec.replicas (idempotent).
+func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before func(*unstructured.Unstructured) error) error {
+	base := s.cp.DeepCopy()
+	if before != nil {
+		if err := before(s.cp); err != nil {
+			return err
+		}
+	}
+	if err := SetReplicas(s.cp, n); err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, s.cp, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("setting %s %s replicas to %d: %w", s.cp.GetKind(), s.cp.GetName(), n, err)
+	}
+	return nil
+}
+
+// remediationRecord reads the victim's remediation-for annotation.
+func remediationRecord(m *clusterv1.Machine) *caprv1.RemediationRecord {
+	v, ok := m.Annotations[caprv1.RemediationForAnnotation]
+	if !ok {
+		return nil
+	}
+	rec := &caprv1.RemediationRecord{}
+	if err := json.Unmarshal([]byte(v), rec); err != nil {
+		return &caprv1.RemediationRecord{Machine: "(unreadable)"}
+	}
+	return rec
+}
+
+func now() time.Time { return time.Now() }

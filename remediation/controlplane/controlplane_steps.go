@@ -1,0 +1,429 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation/fencing"
+)
+
+// stepResult is what one attempt at a step found.
+type stepResult struct {
+	// done: the step's effect is visible (or the step is not needed: skipped).
+	done    bool
+	skipped bool
+	message string
+	// waitReason, when set, is the Progressing reason while the step cannot proceed.
+	waitReason string
+	requeue    time.Duration
+}
+
+// currentStep is the first step of the plan that has not succeeded or been skipped.
+func currentStep(mr *caprv1.MachineRemediation) string {
+	if mr.Status.ControlPlane == nil {
+		return ""
+	}
+	for _, step := range StepsFor(mr.Status.ControlPlane.Order) {
+		rec := findStep(mr, step)
+		if rec == nil || (rec.Outcome != caprv1.OutcomeSucceeded && rec.Outcome != caprv1.OutcomeSkipped) {
+			return step
+		}
+	}
+	return ""
+}
+
+func findStep(mr *caprv1.MachineRemediation, name string) *caprv1.RemediationStep {
+	for i := range mr.Status.Steps {
+		if mr.Status.Steps[i].Name == name {
+			return &mr.Status.Steps[i]
+		}
+	}
+	return nil
+}
+
+// reconcileRunning makes sure the lock is still ours, then works on the current step.
+func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Result, error) {
+	l := lockOf(s.cp)
+	switch {
+	case l == nil:
+		// We crashed between releasing and recording, or someone removed it: take it back.
+		if err := r.takeLock(ctx, s, ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)); err != nil {
+			return ctrl.Result{}, err
+		}
+	case l.MachineRemediation != s.mr.Name:
+		setWaiting(s.mr, caprv1.AnotherRemediationInProgressReason, fmt.Sprintf(
+			"the control-plane lock is held by %s although this remediation is running; waiting for it to be released", l.MachineRemediation))
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
+	return r.runSteps(ctx, s)
+}
+
+// runSteps works on the current step: it records the step as started (persisted before anything is
+// issued), observes whether its effect is visible, and otherwise issues it again (every step is
+// idempotent). One step transition per reconcile keeps every transition observable from the API.
+func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error) {
+	step := currentStep(s.mr)
+	if step == "" {
+		return r.succeed(ctx, s)
+	}
+	rec := findStep(s.mr, step)
+	if rec == nil {
+		s.mr.Status.Steps = append(s.mr.Status.Steps, caprv1.RemediationStep{
+			Name: step, StartTime: ptr.To(metav1.Now()), Outcome: caprv1.OutcomeInProgress,
+		})
+		s.mr.Status.CurrentStep = step
+		conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.StepInProgressReason, Message: "step " + step})
+		if err := r.persist(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.event(s.mr, corev1.EventTypeNormal, EventStepStarted, "Step "+step+" started")
+		r.observe(s, step, false)
+		rec = findStep(s.mr, step)
+	}
+
+	res, err := r.runStep(ctx, s, step, rec)
+	rec = findStep(s.mr, step)
+	if err != nil {
+		s.mr.Status.LastError = err.Error()
+		rec.Message = err.Error()
+		return ctrl.Result{RequeueAfter: waitShort}, nil
+	}
+	rec.Message = res.message
+	if !res.done {
+		if res.waitReason != "" {
+			setWaiting(s.mr, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
+		} else {
+			conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionTrue,
+				Reason: caprv1.StepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
+		}
+		return ctrl.Result{RequeueAfter: max(res.requeue, 100*time.Millisecond)}, nil
+	}
+	rec.FinishTime = ptr.To(metav1.Now())
+	rec.Outcome = caprv1.OutcomeSucceeded
+	if res.skipped {
+		rec.Outcome = caprv1.OutcomeSkipped
+	}
+	s.mr.Status.LastError = ""
+	r.observe(s, step, true)
+	r.event(s.mr, corev1.EventTypeNormal, EventStepFinished, fmt.Sprintf("Step %s %s: %s", step, rec.Outcome, res.message))
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation step finished", "step", step, "outcome", rec.Outcome, "message", res.message)
+	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+}
+
+func (r *Reconciler) observe(s *scope, step string, done bool) {
+	if r.StepObserver != nil {
+		r.StepObserver(StepEvent{Remediation: types.NamespacedName{Namespace: s.mr.Namespace, Name: s.mr.Name}, Step: step, Done: done, Time: time.Now()})
+	}
+}
+
+func (r *Reconciler) runStep(ctx context.Context, s *scope, step string, rec *caprv1.RemediationStep) (stepResult, error) {
+	switch step {
+	case StepScaleUp:
+		return r.stepScaleUp(ctx, s)
+	case StepWaitForReplacement:
+		return r.stepWaitForReplacement(ctx, s)
+	case StepMoveLeader:
+		return r.stepMoveLeader(ctx, s)
+	case StepRemoveMember:
+		return r.stepRemoveMember(ctx, s)
+	case StepFence:
+		return r.stepFence(ctx, s, rec)
+	case StepDelete:
+		return r.stepDelete(ctx, s)
+	}
+	return stepResult{}, fmt.Errorf("unknown step %q", step)
+}
+
+// replacement returns the control-plane Machine created since the remediation started.
+func replacement(s *scope) *clusterv1.Machine {
+	before := map[string]bool{}
+	for _, n := range s.mr.Status.ControlPlane.MachinesBefore {
+		before[n] = true
+	}
+	for _, m := range s.machines {
+		if !before[m.Name] && m.Name != s.mr.Name && m.DeletionTimestamp.IsZero() {
+			return m
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, error) {
+	cps := s.mr.Status.ControlPlane
+	desired := ptr.Deref(cps.DesiredReplicas, 0)
+	current, err := Replicas(s.cp)
+	if err != nil {
+		return stepResult{}, err
+	}
+	if rep := replacement(s); rep != nil || current >= desired+1 {
+		msg := fmt.Sprintf("%s %s replicas %d → %d", s.cp.GetKind(), s.cp.GetName(), desired, desired+1)
+		if rep != nil {
+			msg += ", replacement Machine " + rep.Name
+		}
+		return stepResult{done: true, message: msg}, nil
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	}
+	// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
+	if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
+		c := state.Counts()
+		return stepResult{waitReason: caprv1.NotQuorumSafeReason, requeue: waitShort,
+			message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
+	}
+	afterRemoval := state.ByName(s.victimNode()) == nil
+	if refusal := s.adapter.ScaleUpRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}, afterRemoval); refusal != "" {
+		return stepResult{waitReason: caprv1.NotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
+	}
+	started := s.mr.Status.StartTime.Time
+	if err := r.setReplicas(ctx, s, desired+1, func(cp *unstructured.Unstructured) error {
+		return s.adapter.BeforeScaleUp(cp, s.mr.Name, started, cps.RetryCount)
+	}); err != nil {
+		return stepResult{}, err
+	}
+	return stepResult{message: fmt.Sprintf("raised replicas to %d", desired+1), requeue: 200 * time.Millisecond}, nil
+}
+
+func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (stepResult, error) {
+	rep := replacement(s)
+	if rep == nil {
+		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine", requeue: waitShort}, nil
+	}
+	s.mr.Status.ControlPlane.Replacement = rep.Name
+	if err := r.annotateReplacement(ctx, s, rep); err != nil {
+		return stepResult{}, err
+	}
+	if !rep.Status.NodeRef.IsDefined() {
+		return stepResult{message: fmt.Sprintf("waiting for replacement Machine %s to get a Node", rep.Name), requeue: waitShort}, nil
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	}
+	member := state.ByName(rep.Status.NodeRef.Name)
+	switch {
+	case member == nil:
+		return stepResult{message: fmt.Sprintf("waiting for the etcd member of %s to join", rep.Name), requeue: waitShort}, nil
+	case member.IsLearner:
+		return stepResult{message: fmt.Sprintf("the etcd member of %s is a learner, waiting for its promotion", rep.Name), requeue: waitShort}, nil
+	case !member.Healthy:
+		return stepResult{message: fmt.Sprintf("the etcd member of %s is %s", rep.Name, member.Problem), requeue: waitShort}, nil
+	}
+	return stepResult{done: true, message: fmt.Sprintf("replacement %s has Node %s and a healthy voting etcd member", rep.Name, rep.Status.NodeRef.Name)}, nil
+}
+
+// annotateReplacement records on the replacement which Machine it replaced, for retry limits.
+func (r *Reconciler) annotateReplacement(ctx context.Context, s *scope, rep *clusterv1.Machine) error {
+	if _, ok := rep.Annotations[caprv1.RemediationForAnnotation]; ok {
+		return nil
+	}
+	value, err := json.Marshal(caprv1.RemediationRecord{
+		Machine:    s.mr.Name,
+		Timestamp:  s.mr.Status.StartTime.UTC().Format(time.RFC3339),
+		RetryCount: s.mr.Status.ControlPlane.RetryCount,
+	})
+	if err != nil {
+		return err
+	}
+	base := rep.DeepCopy()
+	if rep.Annotations == nil {
+		rep.Annotations = map[string]string{}
+	}
+	rep.Annotations[caprv1.RemediationForAnnotation] = string(value)
+	if err := r.Client.Patch(ctx, rep, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("annotating replacement Machine %s: %w", rep.Name, err)
+	}
+	return nil
+}
+
+func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope) (stepResult, error) {
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	}
+	victim := state.ByName(s.victimNode())
+	switch {
+	case victim == nil:
+		return stepResult{done: true, skipped: true, message: "the victim's etcd member is not in the member list"}, nil
+	case state.LeaderID != victim.ID:
+		leader := state.ByID(state.LeaderID)
+		name := "none"
+		if leader != nil {
+			name = leader.Name
+		}
+		return stepResult{done: true, skipped: true, message: fmt.Sprintf("the leader is %s, not the victim", name)}, nil
+	case !victim.Reachable:
+		// The case that stalls KCP (#8465, #12711): MoveLeader must be sent to the leader, which
+		// cannot be reached. Removing it from another member is safe: etcd steps the leader down once
+		// the configuration change commits.
+		return stepResult{done: true, skipped: true, message: "the victim's member leads but its node cannot be reached; it is removed from another member and etcd steps the leader down"}, nil
+	}
+	target := leadershipTarget(state, s)
+	if target == nil {
+		return stepResult{waitReason: caprv1.NotQuorumSafeReason, message: "no healthy voting member to move leadership to", requeue: waitShort}, nil
+	}
+	if err := s.etcd.MoveLeader(ctx, victim.Name, target.ID); err != nil {
+		return stepResult{}, err
+	}
+	return stepResult{message: fmt.Sprintf("moving leadership from %s to %s", victim.Name, target.Name), requeue: 200 * time.Millisecond}, nil
+}
+
+// leadershipTarget prefers the replacement's member, then any other healthy voter.
+func leadershipTarget(state *etcdutil.State, s *scope) *etcdutil.MemberStatus {
+	if name := s.mr.Status.ControlPlane.Replacement; name != "" {
+		for _, m := range s.machines {
+			if m.Name == name {
+				if member := state.ByName(m.Status.NodeRef.Name); member != nil && member.Healthy && !member.IsLearner {
+					return member
+				}
+			}
+		}
+	}
+	for i := range state.Members {
+		m := &state.Members[i]
+		if m.Name != s.victimNode() && m.Healthy && !m.IsLearner {
+			return m
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult, error) {
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	}
+	victim := state.ByName(s.victimNode())
+	if victim == nil && s.mr.Status.ControlPlane.MemberID != "" {
+		if id, perr := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64); perr == nil {
+			victim = state.ByID(id)
+		}
+	}
+	if victim == nil {
+		c := state.Counts()
+		return stepResult{done: true, message: fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)}, nil
+	}
+	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
+	c := state.Counts()
+	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Healthy, Learner: victim.IsLearner}) {
+		return stepResult{waitReason: caprv1.NotQuorumSafeReason, requeue: waitShort, message: fmt.Sprintf(
+			"removing the member now is not quorum-safe (%d/%d voting members healthy, %d learners, victim %s)",
+			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Healthy])}, nil
+	}
+	var via []string
+	for _, m := range state.Members {
+		if m.ID != victim.ID && m.Healthy && !m.IsLearner {
+			via = append(via, m.Name)
+		}
+	}
+	if err := s.etcd.RemoveMember(ctx, victim.ID, via); err != nil {
+		// e.g. "unhealthy cluster": etcd refuses reconfiguration until every voter has been connected
+		// for a few seconds after the previous change. Retried on the next reconcile.
+		return stepResult{message: fmt.Sprintf("etcd refused the removal for now: %v", err), requeue: waitShort}, nil
+	}
+	return stepResult{message: fmt.Sprintf("removing member %s (%x) through %v", victim.Name, victim.ID, via), requeue: 200 * time.Millisecond}, nil
+}
+
+func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+	res, err := r.Fencer.Fence(ctx, fencing.Request{
+		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing, Started: rec.StartTime.Time,
+	})
+	if err != nil {
+		return stepResult{}, err
+	}
+	switch res.Outcome {
+	case fencing.Fenced:
+		return stepResult{done: true, message: res.Message}, nil
+	case fencing.Skipped:
+		return stepResult{done: true, skipped: true, message: res.Message}, nil
+	case fencing.GaveUp:
+		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, res.Message)
+		return stepResult{done: true, message: res.Message}, nil
+	default:
+		return stepResult{waitReason: caprv1.WaitingForPreconditionsReason, message: res.Message, requeue: 10 * time.Second}, nil
+	}
+}
+
+// stepDelete deletes the victim through the control-plane provider: annotate it
+// cluster.x-k8s.io/delete-machine and return replicas to N, so the provider's own scale-down removes
+// exactly this Machine. It is the only place a Machine is deleted, and it refuses unless the Fence
+// step finished (fence before delete).
+func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, error) {
+	fence := findStep(s.mr, StepFence)
+	if fence == nil || (fence.Outcome != caprv1.OutcomeSucceeded && fence.Outcome != caprv1.OutcomeSkipped) {
+		return stepResult{}, fmt.Errorf("refusing to delete Machine %s: the Fence step has not finished", s.mr.Name)
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted by the %s", s.mr.Name, s.adapter.Name())}, nil
+		}
+		return stepResult{}, err
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return stepResult{message: fmt.Sprintf("Machine %s is being deleted", m.Name), requeue: waitShort}, nil
+	}
+	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
+		base := m.DeepCopy()
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Annotations[clusterv1.DeleteMachineAnnotation] = "capr"
+		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
+			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
+		}
+	}
+	cps := s.mr.Status.ControlPlane
+	if cps.Order == caprv1.OrderReplace {
+		// Not initialized: nothing was scaled; delete it and the provider creates a new one.
+		if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
+		}
+		return stepResult{message: "deleted the Machine; the provider creates a new one", requeue: waitShort}, nil
+	}
+	desired := ptr.Deref(cps.DesiredReplicas, 0)
+	if current, err := Replicas(s.cp); err != nil {
+		return stepResult{}, err
+	} else if current != desired {
+		if err := r.setReplicas(ctx, s, desired, nil); err != nil {
+			return stepResult{}, err
+		}
+	}
+	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s", desired, s.adapter.Name(), m.Name), requeue: waitShort}, nil
+}
+
+// succeed ends the remediation: the victim is gone and the control plane back to N Machines.
+func (r *Reconciler) succeed(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if err := r.releaseLock(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	s.mr.Status.Phase = caprv1.PhaseSucceeded
+	s.mr.Status.CurrentStep = ""
+	s.mr.Status.CompletionTime = ptr.To(metav1.Now())
+	msg := fmt.Sprintf("Machine %s replaced", s.mr.Name)
+	if rep := s.mr.Status.ControlPlane.Replacement; rep != "" {
+		msg += " by " + rep
+	}
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionFalse, Reason: caprv1.RemediationSucceededReason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.SucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.RemediationSucceededReason, Message: msg})
+	r.event(s.mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation succeeded", "replacement", s.mr.Status.ControlPlane.Replacement)
+	return ctrl.Result{}, nil
+}

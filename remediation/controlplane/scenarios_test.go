@@ -1,0 +1,191 @@
+package controlplane_test
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// TestNodeNotReadyMemberHealthyScalesUpFirst: the Node stops reporting but its etcd member is
+// healthy. CAPR adds the replacement first and removes the healthy member only once the replacement
+// votes: the cluster never has fewer than three healthy voters.
+func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, 3, nil)
+	check := writeData(t, wc)
+	machines := controlPlane(g, wc)
+	victim := machines[1]
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer capr.Stop()
+	watch := sb.WatchQuorum(ctx, wc)
+
+	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
+	mr := waitRemediated(t, wc, victim.Name, 3)
+
+	samples, lost := watch.Stop()
+	g.Expect(samples).To(BeNumerically(">", 10))
+	g.Expect(lost).To(BeEmpty(), "etcd lost quorum during the remediation")
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderScaleUpFirst))
+	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.OrderScaleUpFirst)))
+	g.Expect(mr.Status.ControlPlane.Replacement).NotTo(BeEmpty())
+	g.Expect(memberNames(g, wc)).NotTo(ContainElement(victim.Status.NodeRef.Name))
+	g.Expect(memberNames(g, wc)).To(ContainElement(mr.Status.ControlPlane.Replacement))
+	check()
+	// The lock is released and replicas are back to 3.
+	cp := controlPlane(g, wc)
+	g.Expect(cp).To(HaveLen(3))
+	rep := getMachine(g, wc, mr.Status.ControlPlane.Replacement)
+	g.Expect(rep.Annotations).To(HaveKey(caprv1.RemediationForAnnotation))
+}
+
+// TestDeadMemberRemovesFirst: the victim's etcd process is dead (its Node is fine). Adding a voter
+// first would need 3 healthy of 4: CAPR removes the dead member first, then scales up.
+func TestDeadMemberRemovesFirst(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, 3, nil)
+	check := writeData(t, wc)
+	victim := controlPlane(g, wc)[0]
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer capr.Stop()
+	watch := sb.WatchQuorum(ctx, wc)
+
+	sb.KillEtcdMember(wc, victim.Status.NodeRef.Name)
+	mr := waitRemediated(t, wc, victim.Name, 3)
+
+	_, lost := watch.Stop()
+	g.Expect(lost).To(BeEmpty())
+	g.Expect(mr.Spec.Reason).To(Equal(caprv1.UnhealthyEtcdMemberReason))
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderRemoveMemberFirst))
+	g.Expect(mr.Status.ControlPlane.OrderReason).To(ContainSubstring("not quorum-safe"))
+	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.OrderRemoveMemberFirst)))
+	g.Expect(stepOutcome(mr, controlplane.StepMoveLeader)).To(Equal(caprv1.OutcomeSkipped))
+	check()
+}
+
+// TestLeaderWithUnreachableKubeletIsRemovedAnyway: the etcd leader's kubelet is down, so its member
+// (still running, still leading) cannot be reached through the API server and MoveLeader is
+// impossible — the case that stalls KCP. CAPR removes it from another member; etcd elects a new
+// leader and the cluster keeps quorum.
+func TestLeaderWithUnreachableKubeletIsRemovedAnyway(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, 3, nil)
+	check := writeData(t, wc)
+	state, err := sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	leaderNode := state.ByID(state.LeaderID).Name
+	var victim string
+	for _, m := range controlPlane(g, wc) {
+		if m.Status.NodeRef.Name == leaderNode {
+			victim = m.Name
+		}
+	}
+	g.Expect(victim).NotTo(BeEmpty())
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer capr.Stop()
+	watch := sb.WatchQuorum(ctx, wc)
+
+	g.Expect(sb.StopKubelet(ctx, wc, leaderNode)).To(Succeed())
+	mr := waitRemediated(t, wc, victim, 3)
+
+	_, lost := watch.Stop()
+	g.Expect(lost).To(BeEmpty())
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderRemoveMemberFirst))
+	for _, s := range mr.Status.Steps {
+		if s.Name == controlplane.StepMoveLeader {
+			g.Expect(s.Outcome).To(Equal(caprv1.OutcomeSkipped))
+			g.Expect(s.Message).To(ContainSubstring("cannot be reached"))
+		}
+	}
+	state, err = sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(leaderNode)).To(BeNil())
+	g.Expect(state.LeaderID).NotTo(BeZero())
+	check()
+}
+
+// TestFiveMembersTwoDeadAreRemediatedOneAtATime: two of five members die. Both Machines are marked
+// (the quorum-safe limit for 5 is 2) and remediated one after the other; the second waits.
+func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, 5, nil)
+	check := writeData(t, wc)
+	machines := controlPlane(g, wc)
+	a, b := machines[0], machines[3]
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer capr.Stop()
+	watch := sb.WatchQuorum(ctx, wc)
+
+	sb.KillEtcdMember(wc, a.Status.NodeRef.Name)
+	sb.KillEtcdMember(wc, b.Status.NodeRef.Name)
+
+	// While one runs, the other says it waits for it.
+	g.Eventually(func(g Gomega) {
+		ma, mb := getRemediation(g, wc, a.Name), getRemediation(g, wc, b.Name)
+		running, waiting := ma, mb
+		if mb.Status.Phase == caprv1.PhaseRunning {
+			running, waiting = mb, ma
+		}
+		g.Expect(running.Status.Phase).To(Equal(caprv1.PhaseRunning))
+		g.Expect(conditions.GetReason(waiting, caprv1.ProgressingCondition)).To(Equal(caprv1.AnotherRemediationInProgressReason))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+
+	ma := waitRemediated(t, wc, a.Name, 5)
+	mb := waitRemediated(t, wc, b.Name, 5)
+	_, lost := watch.Stop()
+	g.Expect(lost).To(BeEmpty())
+	first, second := ma, mb
+	if mb.Status.StartTime.Before(ma.Status.StartTime) {
+		first, second = mb, ma
+	}
+	g.Expect(first.Status.CompletionTime.Time).NotTo(BeTemporally(">", second.Status.StartTime.Time), "remediations overlapped")
+	check()
+}
+
+// TestQuorumLostDoesNothing: two of three members are dead. The health check does not request
+// remediation (2 > the quorum-safe limit of 1), and a request made by hand waits with a condition
+// that says quorum is lost and which members are down; nothing is scaled, removed or deleted.
+func TestQuorumLostDoesNothing(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, 3, nil)
+	machines := controlPlane(g, wc)
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer capr.Stop()
+
+	sb.KillEtcdMember(wc, machines[0].Status.NodeRef.Name)
+	sb.KillEtcdMember(wc, machines[1].Status.NodeRef.Name)
+	g.Eventually(func(g Gomega) {
+		mhc := &caprv1.MachineHealthCheck{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "cp"}, mhc)).To(Succeed())
+		g.Expect(conditions.GetReason(mhc, caprv1.RemediationAllowedCondition)).To(Equal(caprv1.ControlPlaneQuorumLimitReason))
+	}, time.Minute, 200*time.Millisecond).Should(Succeed())
+
+	manual := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: machines[0].Name},
+		Spec: caprv1.MachineRemediationSpec{Source: caprv1.SourceManual, Reason: caprv1.ManualRequestReason}}
+	g.Expect(sb.Client.Create(ctx, manual)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, wc, manual.Name)
+		c := conditions.Get(mr, caprv1.ProgressingCondition)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(caprv1.QuorumLostReason))
+		g.Expect(c.Message).To(ContainSubstring("lost quorum"))
+		g.Expect(c.Message).To(ContainSubstring(machines[1].Status.NodeRef.Name))
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.PhasePending))
+	}, time.Minute, 200*time.Millisecond).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		g.Expect(controlPlane(g, wc)).To(HaveLen(3))
+		g.Expect(memberNames(g, wc)).To(HaveLen(3))
+	}, 5*time.Second, 500*time.Millisecond).Should(Succeed())
+}

@@ -1,0 +1,175 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	capienv "github.com/capr-io/capr/test/envtest"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// These tests run CAPR against the sandbox: a real kube-apiserver and etcd for the management
+// cluster, and for every workload cluster a real etcd cluster with one member process per
+// control-plane Machine, reached through the API server's port-forward and kubelet stand-ins.
+
+var (
+	sb  *sandbox.Sandbox
+	ctx = context.Background()
+)
+
+const remediationTimeout = 3 * time.Minute
+
+func TestMain(m *testing.M) {
+	level := 2 // errors only
+	if os.Getenv("CAPR_TEST_VERBOSE") != "" {
+		level = -4
+	}
+	ctrl.SetLogger(zap.New(zap.Level(zapLevel(level))))
+	var err error
+	sb, err = sandbox.Start(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	sb.Stop()
+	os.Exit(code)
+}
+
+// newCluster creates a sandbox cluster in a fresh namespace with a CAPR health check on its control
+// plane: a Node not Ready for 2s, or an etcd member unhealthy for 10s, marks the Machine.
+func newCluster(t *testing.T, cp int32, mutate func(*caprv1.MachineHealthCheck)) *sandbox.WorkloadCluster {
+	t.Helper()
+	g := NewWithT(t)
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, "cp")
+	g.Expect(err).NotTo(HaveOccurred())
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: cp})
+	g.Expect(err).NotTo(HaveOccurred())
+	mhc := &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp"},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: wc.Name,
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](0),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](2)},
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](2)},
+				},
+				EtcdMember: &caprv1.EtcdMemberCheck{TimeoutSeconds: ptr.To[int32](10)},
+			},
+		},
+	}
+	if mutate != nil {
+		mutate(mhc)
+	}
+	g.Expect(sb.Client.Create(ctx, mhc)).To(Succeed())
+	return wc
+}
+
+func controlPlane(g Gomega, wc *sandbox.WorkloadCluster) []clusterv1.Machine {
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	return machines
+}
+
+func getRemediation(g Gomega, wc *sandbox.WorkloadCluster, name string) *caprv1.MachineRemediation {
+	mr := &caprv1.MachineRemediation{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, mr)).To(Succeed())
+	return mr
+}
+
+// waitRemediated waits for the remediation of victim to succeed and the control plane to be whole.
+func waitRemediated(t *testing.T, wc *sandbox.WorkloadCluster, victim string, n int) *caprv1.MachineRemediation {
+	t.Helper()
+	g := NewWithT(t)
+	var mr *caprv1.MachineRemediation
+	g.Eventually(func(g Gomega) {
+		mr = getRemediation(g, wc, victim)
+		if mr.Status.Phase == caprv1.PhaseFailed {
+			StopTrying(fmt.Sprintf("remediation failed: %v", mr.Status.Conditions)).Now()
+		}
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.PhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
+	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
+	g.Expect(sb.WaitForControlPlane(ctx, wc, n, time.Minute)).To(Succeed())
+	return mr
+}
+
+// writeData writes keys to the workload etcd before a fault, and returns a check that they are all
+// still readable (linearizably) afterwards.
+func writeData(t *testing.T, wc *sandbox.WorkloadCluster) func() {
+	t.Helper()
+	g := NewWithT(t)
+	cli, err := wc.Etcd.Client(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	for i := range 50 {
+		_, err := cli.Put(ctx, fmt.Sprintf("/data/%03d", i), fmt.Sprintf("value-%d", i))
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	_ = cli.Close()
+	return func() {
+		g := NewWithT(t)
+		g.Eventually(func(g Gomega) {
+			cli, err := wc.Etcd.Client(ctx)
+			g.Expect(err).NotTo(HaveOccurred())
+			defer func() { _ = cli.Close() }()
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			for i := range 50 {
+				resp, err := cli.Get(rctx, fmt.Sprintf("/data/%03d", i))
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(resp.Kvs).To(HaveLen(1))
+				g.Expect(string(resp.Kvs[0].Value)).To(Equal(fmt.Sprintf("value-%d", i)))
+			}
+		}, 30*time.Second, 500*time.Millisecond).Should(Succeed())
+	}
+}
+
+func stepOutcome(mr *caprv1.MachineRemediation, name string) caprv1.StepOutcome {
+	for _, s := range mr.Status.Steps {
+		if s.Name == name {
+			return s.Outcome
+		}
+	}
+	return ""
+}
+
+func stepNames(mr *caprv1.MachineRemediation) []string {
+	var out []string
+	for _, s := range mr.Status.Steps {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+func memberNames(g Gomega, wc *sandbox.WorkloadCluster) []string {
+	state, err := sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	var out []string
+	for _, m := range state.Members {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+func getMachine(g Gomega, wc *sandbox.WorkloadCluster, name string) *clusterv1.Machine {
+	m := &clusterv1.Machine{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, m)).To(Succeed())
+	return m
+}
+
+func zapLevel(l int) zapcore.Level { return zapcore.Level(l) }

@@ -1,0 +1,271 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/etcdutil"
+)
+
+// CAPR is a running CAPR manager (health checker and remediators) against the sandbox. Tests stop
+// and restart it to simulate crashes.
+type CAPR struct {
+	cancel context.CancelFunc
+	done   chan error
+	// Crash is the fault switch of this manager's client: once tripped, every API call fails, as if
+	// the process had been killed between two calls.
+	Crash *CrashSwitch
+}
+
+// CAPROptions configures StartCAPR.
+type CAPROptions struct {
+	controllers.Options
+	// CrashAfterWrites, when > 0, trips the crash switch after that many API writes.
+	CrashAfterWrites int64
+}
+
+// StartCAPR starts CAPR's manager with short etcd timeouts suited to the sandbox.
+func (s *Sandbox) StartCAPR(ctx context.Context, opts CAPROptions) (*CAPR, error) {
+	crash := &CrashSwitch{after: opts.CrashAfterWrites}
+	mgr, err := ctrl.NewManager(s.Env.Config, ctrl.Options{
+		Scheme:                  s.Env.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		Cache:                   controllers.ManagerCacheOptions(s.Env.Scheme, "", 10*time.Minute),
+		Client:                  controllers.ManagerClientOptions(),
+		GracefulShutdownTimeout: ptr.To(time.Second),
+		Controller:              ctrlConfigSkipNameValidation(),
+		NewClient: func(config *rest.Config, options client.Options) (client.Client, error) {
+			c, err := client.New(config, options)
+			if err != nil {
+				return nil, err
+			}
+			return &crashingClient{Client: c, crash: crash}, nil
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating CAPR manager: %w", err)
+	}
+	o := opts.Options
+	if o.ConnectionRetryInterval == 0 {
+		o.ConnectionRetryInterval = time.Second
+	}
+	if o.EtcdDialTimeout == 0 {
+		o.EtcdDialTimeout = 3 * time.Second
+	}
+	if o.EtcdCallTimeout == 0 {
+		o.EtcdCallTimeout = 3 * time.Second
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	if _, err := controllers.SetupWithManager(mctx, mgr, o); err != nil {
+		cancel()
+		return nil, err
+	}
+	crash.onTrip = cancel
+	c := &CAPR{cancel: cancel, done: make(chan error, 1), Crash: crash}
+	go func() { c.done <- mgr.Start(mctx) }()
+	return c, nil
+}
+
+// Stop stops the manager and waits for it.
+func (c *CAPR) Stop() {
+	c.cancel()
+	<-c.done
+}
+
+// Stopped reports whether the manager has stopped (e.g. after a crash).
+func (c *CAPR) Stopped() bool {
+	select {
+	case err := <-c.done:
+		c.done <- err
+		return true
+	default:
+		return false
+	}
+}
+
+// CrashSwitch kills a manager's API access: after it trips, every call fails and the manager stops.
+type CrashSwitch struct {
+	after   int64
+	writes  atomic.Int64
+	tripped atomic.Bool
+	onTrip  context.CancelFunc
+	once    sync.Once
+}
+
+// Trip simulates the process dying now.
+func (c *CrashSwitch) Trip() {
+	c.tripped.Store(true)
+	c.once.Do(func() {
+		if c.onTrip != nil {
+			c.onTrip()
+		}
+	})
+}
+
+// Writes returns the number of API writes so far.
+func (c *CrashSwitch) Writes() int64 { return c.writes.Load() }
+
+var errCrashed = errors.New("simulated crash: the controller process is gone")
+
+func (c *CrashSwitch) check(write bool) error {
+	if c.tripped.Load() {
+		return errCrashed
+	}
+	if write {
+		n := c.writes.Add(1)
+		if c.after > 0 && n > c.after {
+			c.Trip()
+			return errCrashed
+		}
+	}
+	return nil
+}
+
+// crashingClient fails every call once its switch has tripped.
+type crashingClient struct {
+	client.Client
+	crash *CrashSwitch
+}
+
+func (c *crashingClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := c.crash.check(false); err != nil {
+		return err
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c *crashingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.crash.check(false); err != nil {
+		return err
+	}
+	return c.Client.List(ctx, list, opts...)
+}
+
+func (c *crashingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if err := c.crash.check(true); err != nil {
+		return err
+	}
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+func (c *crashingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	if err := c.crash.check(true); err != nil {
+		return err
+	}
+	return c.Client.Delete(ctx, obj, opts...)
+}
+
+func (c *crashingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if err := c.crash.check(true); err != nil {
+		return err
+	}
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+func (c *crashingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	if err := c.crash.check(true); err != nil {
+		return err
+	}
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+func (c *crashingClient) Status() client.SubResourceWriter {
+	return &crashingStatus{SubResourceWriter: c.Client.Status(), crash: c.crash}
+}
+
+type crashingStatus struct {
+	client.SubResourceWriter
+	crash *CrashSwitch
+}
+
+func (c *crashingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	if err := c.crash.check(true); err != nil {
+		return err
+	}
+	return c.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+func (c *crashingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if err := c.crash.check(true); err != nil {
+		return err
+	}
+	return c.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// QuorumWatcher samples a workload cluster's real etcd throughout a scenario and records every
+// sample where fewer than a quorum of voting members were up. "Up" means the member process answers
+// (a leader election in progress is not quorum loss).
+type QuorumWatcher struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	mu      sync.Mutex
+	samples int
+	lost    []string
+}
+
+// WatchQuorum starts sampling.
+func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumWatcher {
+	wctx, cancel := context.WithCancel(ctx)
+	w := &QuorumWatcher{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for wctx.Err() == nil {
+			ec := &etcdutil.Cluster{CallTimeout: 500 * time.Millisecond, Connector: &etcdutil.Direct{
+				Endpoints: wc.Etcd.Endpoints(), TLS: wc.Etcd.ClientTLS(), DialTimeout: 500 * time.Millisecond}}
+			names := make([]string, 0)
+			for n := range wc.Etcd.Endpoints() {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			state, err := ec.Inspect(wctx, names)
+			if wctx.Err() != nil {
+				return
+			}
+			w.mu.Lock()
+			w.samples++
+			if err != nil {
+				w.lost = append(w.lost, fmt.Sprintf("%s: no member answered: %v", time.Now().Format(time.StampMilli), err))
+			} else {
+				voting, up := 0, 0
+				for _, m := range state.Members {
+					if !m.IsLearner {
+						voting++
+						if m.Reachable {
+							up++
+						}
+					}
+				}
+				if up < etcdutil.Quorum(voting) {
+					w.lost = append(w.lost, fmt.Sprintf("%s: %d of %d voting members up", time.Now().Format(time.StampMilli), up, voting))
+				}
+			}
+			w.mu.Unlock()
+			select {
+			case <-wctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return w
+}
+
+// Stop ends sampling and returns the number of samples and every sample without quorum.
+func (w *QuorumWatcher) Stop() (int, []string) {
+	w.cancel()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.samples, w.lost
+}
