@@ -85,6 +85,12 @@ func ManagerCacheOptions(scheme *runtime.Scheme, namespace string, syncPeriod ti
 	return setup.ManagerCacheOptions(scheme, ControllerName, namespace, syncPeriod)
 }
 
+// ManagerCacheOptionsNamed is ManagerCacheOptions for a manager with another name: informer names
+// must be unique in a process, which matters when tests start several managers.
+func ManagerCacheOptionsNamed(scheme *runtime.Scheme, name, namespace string, syncPeriod time.Duration) cache.Options {
+	return setup.ManagerCacheOptions(scheme, name, namespace, syncPeriod)
+}
+
 // ManagerClientOptions returns the manager's client options.
 func ManagerClientOptions() client.Options {
 	return setup.ManagerClientOptions()

@@ -42,7 +42,7 @@ func (s *Sandbox) StartCAPR(ctx context.Context, opts CAPROptions) (*CAPR, error
 	mgr, err := ctrl.NewManager(s.Env.Config, ctrl.Options{
 		Scheme:                  s.Env.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
-		Cache:                   controllers.ManagerCacheOptions(s.Env.Scheme, "", 10*time.Minute),
+		Cache:                   controllers.ManagerCacheOptionsNamed(s.Env.Scheme, fmt.Sprintf("capr-manager-%d", managerSeq.Add(1)), "", 10*time.Minute),
 		Client:                  controllers.ManagerClientOptions(),
 		GracefulShutdownTimeout: ptr.To(time.Second),
 		Controller:              ctrlConfigSkipNameValidation(),
@@ -116,6 +116,8 @@ func (c *CrashSwitch) Trip() {
 
 // Writes returns the number of API writes so far.
 func (c *CrashSwitch) Writes() int64 { return c.writes.Load() }
+
+var managerSeq atomic.Int64
 
 var errCrashed = errors.New("simulated crash: the controller process is gone")
 
