@@ -42,6 +42,9 @@ type options struct {
 	clusterCacheConcurrency int
 	clusterCacheQPS         float32
 	clusterCacheBurst       int
+	remediationConcurrency  int
+	etcdDialTimeout         time.Duration
+	etcdCallTimeout         time.Duration
 	managerOptions          flags.ManagerOptions
 	zap                     zap.Options
 }
@@ -60,6 +63,9 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&o.clusterCacheConcurrency, "clustercache-concurrency", 100, "Number of Clusters whose workload-cluster connections are reconciled at once.")
 	fs.Float32Var(&o.clusterCacheQPS, "clustercache-client-qps", 20, "Maximum queries per second to each workload cluster.")
 	fs.IntVar(&o.clusterCacheBurst, "clustercache-client-burst", 30, "Maximum burst of queries to each workload cluster.")
+	fs.IntVar(&o.remediationConcurrency, "machineremediation-concurrency", 10, "Number of MachineRemediations reconciled at once.")
+	fs.DurationVar(&o.etcdDialTimeout, "etcd-dial-timeout-duration", 10*time.Second, "Timeout for connecting to a workload cluster's etcd member (port-forward and gRPC).")
+	fs.DurationVar(&o.etcdCallTimeout, "etcd-call-timeout-duration", 15*time.Second, "Timeout for each call to a workload cluster's etcd.")
 	flags.AddManagerOptions(fs, &o.managerOptions)
 	zfs := flag.NewFlagSet("zap", flag.ExitOnError)
 	o.zap.BindFlags(zfs)
@@ -120,6 +126,9 @@ func run(ctx context.Context, o *options) error {
 		ClusterCacheConcurrency: o.clusterCacheConcurrency,
 		ClusterCacheQPS:         o.clusterCacheQPS,
 		ClusterCacheBurst:       o.clusterCacheBurst,
+		RemediationConcurrency:  o.remediationConcurrency,
+		EtcdDialTimeout:         o.etcdDialTimeout,
+		EtcdCallTimeout:         o.etcdCallTimeout,
 	}); err != nil {
 		return err
 	}

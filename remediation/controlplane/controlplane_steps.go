@@ -102,7 +102,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	if err != nil {
 		s.mr.Status.LastError = err.Error()
 		rec.Message = err.Error()
-		return ctrl.Result{RequeueAfter: waitShort}, nil
+		return ctrl.Result{RequeueAfter: waitShort}, nil //nolint:nilerr // recorded in the status (lastError, step message); the step is retried
 	}
 	rec.Message = res.message
 	if !res.done {
@@ -150,6 +150,16 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step string, rec *ca
 	return stepResult{}, fmt.Errorf("unknown step %q", step)
 }
 
+// etcdOrWait returns the etcd state, or the wait result that says etcd cannot be read (a step never
+// guesses without it).
+func (r *Reconciler) etcdOrWait(ctx context.Context, s *scope) (*etcdutil.State, *stepResult) {
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return nil, &stepResult{waitReason: caprv1.EtcdUnreachableReason, message: "cannot read etcd state: " + err.Error(), requeue: waitShort}
+	}
+	return state, nil
+}
+
 // replacement returns the control-plane Machine created since the remediation started.
 func replacement(s *scope) *clusterv1.Machine {
 	before := map[string]bool{}
@@ -178,9 +188,9 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		}
 		return stepResult{done: true, message: msg}, nil
 	}
-	state, err := r.inspectEtcd(ctx, s)
-	if err != nil {
-		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	state, wait := r.etcdOrWait(ctx, s)
+	if wait != nil {
+		return *wait, nil
 	}
 	// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
 	if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
@@ -213,9 +223,9 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	if !rep.Status.NodeRef.IsDefined() {
 		return stepResult{message: fmt.Sprintf("waiting for replacement Machine %s to get a Node", rep.Name), requeue: waitShort}, nil
 	}
-	state, err := r.inspectEtcd(ctx, s)
-	if err != nil {
-		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	state, wait := r.etcdOrWait(ctx, s)
+	if wait != nil {
+		return *wait, nil
 	}
 	member := state.ByName(rep.Status.NodeRef.Name)
 	switch {
@@ -254,9 +264,9 @@ func (r *Reconciler) annotateReplacement(ctx context.Context, s *scope, rep *clu
 }
 
 func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope) (stepResult, error) {
-	state, err := r.inspectEtcd(ctx, s)
-	if err != nil {
-		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	state, wait := r.etcdOrWait(ctx, s)
+	if wait != nil {
+		return *wait, nil
 	}
 	victim := state.ByName(s.victimNode())
 	switch {
@@ -306,9 +316,9 @@ func leadershipTarget(state *etcdutil.State, s *scope) *etcdutil.MemberStatus {
 }
 
 func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult, error) {
-	state, err := r.inspectEtcd(ctx, s)
-	if err != nil {
-		return stepResult{waitReason: caprv1.EtcdUnreachableReason, message: err.Error(), requeue: waitShort}, nil
+	state, wait := r.etcdOrWait(ctx, s)
+	if wait != nil {
+		return *wait, nil
 	}
 	victim := state.ByName(s.victimNode())
 	if victim == nil && s.mr.Status.ControlPlane.MemberID != "" {

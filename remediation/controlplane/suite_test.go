@@ -149,7 +149,7 @@ func stepOutcome(mr *caprv1.MachineRemediation, name string) caprv1.StepOutcome 
 }
 
 func stepNames(mr *caprv1.MachineRemediation) []string {
-	var out []string
+	out := make([]string, 0, len(mr.Status.Steps))
 	for _, s := range mr.Status.Steps {
 		out = append(out, s.Name)
 	}
@@ -159,7 +159,7 @@ func stepNames(mr *caprv1.MachineRemediation) []string {
 func memberNames(g Gomega, wc *sandbox.WorkloadCluster) []string {
 	state, err := sb.EtcdState(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
-	var out []string
+	out := make([]string, 0, len(state.Members))
 	for _, m := range state.Members {
 		out = append(out, m.Name)
 	}

@@ -226,8 +226,9 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 		for wctx.Err() == nil {
 			ec := &etcdutil.Cluster{CallTimeout: 500 * time.Millisecond, Connector: &etcdutil.Direct{
 				Endpoints: wc.Etcd.Endpoints(), TLS: wc.Etcd.ClientTLS(), DialTimeout: 500 * time.Millisecond}}
-			names := make([]string, 0)
-			for n := range wc.Etcd.Endpoints() {
+			endpoints := wc.Etcd.Endpoints()
+			names := make([]string, 0, len(endpoints))
+			for n := range endpoints {
 				names = append(names, n)
 			}
 			sort.Strings(names)

@@ -44,7 +44,7 @@ func TestPortForwardPathToRealEtcd(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	machines, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
-	nodes := []string{}
+	nodes := make([]string, 0, len(machines))
 	for _, m := range machines {
 		nodes = append(nodes, m.Status.NodeRef.Name)
 	}

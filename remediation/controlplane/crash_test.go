@@ -1,0 +1,125 @@
+package controlplane_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/utils/ptr"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// crashPoint says when the first controller dies.
+type crashPoint struct {
+	name string
+	// afterStepEvent > 0: at the n-th step boundary (a step issued, or its effect seen).
+	afterStepEvent int64
+	// afterWrites > 0: after that many API writes (any point between two API calls).
+	afterWrites int64
+}
+
+// TestCrashSafety kills the controller at every step boundary of a scale-up-first remediation in
+// turn, and at random points between API calls, then starts a new one. Every run must complete with
+// exactly one new Machine and exactly the victim's member removed, without losing quorum.
+func TestCrashSafety(t *testing.T) {
+	wc := newCluster(t, 3, nil)
+	check := writeData(t, wc)
+	steps := int64(len(controlplane.StepsFor(caprv1.OrderScaleUpFirst)))
+	var points []crashPoint
+	for n := int64(1); n <= 2*steps; n++ {
+		points = append(points, crashPoint{name: fmt.Sprintf("step boundary %02d", n), afterStepEvent: n})
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("random crash points use seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	for range 3 {
+		points = append(points, crashPoint{name: "random write", afterWrites: 1 + rng.Int64N(30)})
+	}
+	for i, p := range points {
+		victimIndex := i % 3
+		t.Run(p.name, func(t *testing.T) {
+			t.Logf("crash point %+v", p)
+			crashRun(t, wc, victimIndex, p)
+		})
+		if t.Failed() {
+			break
+		}
+	}
+	check()
+}
+
+func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p crashPoint) {
+	g := NewWithT(t)
+	before := controlPlane(g, wc)
+	victim := before[victimIndex]
+	victimNode := victim.Status.NodeRef.Name
+	start := time.Now()
+
+	var first atomic.Pointer[sandbox.CAPR]
+	var events atomic.Int64
+	opts := sandbox.CAPROptions{CrashAfterWrites: p.afterWrites}
+	if p.afterStepEvent > 0 {
+		opts.Options = controllers.Options{StepObserver: func(e controlplane.StepEvent) {
+			if e.Remediation.Name == victim.Name && events.Add(1) == p.afterStepEvent {
+				if c := first.Load(); c != nil {
+					c.Crash.Trip()
+				}
+			}
+		}}
+	}
+	c1, err := sb.StartCAPR(ctx, opts)
+	g.Expect(err).NotTo(HaveOccurred())
+	first.Store(c1)
+	watch := sb.WatchQuorum(ctx, wc)
+	g.Expect(sb.StopHeartbeat(ctx, wc, victimNode)).To(Succeed())
+
+	g.Eventually(func() bool { return c1.Stopped() }, remediationTimeout, 100*time.Millisecond).Should(BeTrue(), "the first controller never reached its crash point")
+	c1.Stop()
+	c2, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer c2.Stop()
+	mr := waitRemediated(t, wc, victim.Name, 3)
+	_, lost := watch.Stop()
+	g.Expect(lost).To(BeEmpty(), "etcd lost quorum")
+
+	after := controlPlane(g, wc)
+	beforeNames := make([]string, 0, len(before))
+	afterNames := make([]string, 0, len(after))
+	for _, m := range before {
+		beforeNames = append(beforeNames, m.Name)
+	}
+	for _, m := range after {
+		afterNames = append(afterNames, m.Name)
+	}
+	var added []string
+	for _, n := range afterNames {
+		if !slices.Contains(beforeNames, n) {
+			added = append(added, n)
+		}
+	}
+	g.Expect(added).To(HaveLen(1), "exactly one new Machine: before %v after %v", beforeNames, afterNames)
+	g.Expect(afterNames).NotTo(ContainElement(victim.Name))
+	created := 0
+	for _, e := range sb.Log.Since(wc.Name, start) {
+		if strings.Contains(e.Text, "scales up: created Machine") {
+			created++
+		}
+	}
+	g.Expect(created).To(Equal(1), "the control plane was scaled up more than once")
+	members := memberNames(g, wc)
+	g.Expect(members).To(HaveLen(3))
+	g.Expect(members).NotTo(ContainElement(victimNode))
+	g.Expect(members).To(ContainElement(added[0]))
+	g.Expect(mr.Status.ControlPlane.Replacement).To(Equal(added[0]))
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderScaleUpFirst), "the crash points are this order's step boundaries")
+	g.Expect(ptr.Deref(mr.Status.ControlPlane.DesiredReplicas, 0)).To(BeEquivalentTo(3))
+}
