@@ -144,6 +144,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 	}
 	if err := (&controlplane.Reconciler{
 		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
 		Etcd:             workload,
 		Fencer:           opts.Fencer,
 		WatchFilterValue: opts.WatchFilterValue,

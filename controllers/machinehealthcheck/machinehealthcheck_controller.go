@@ -2,7 +2,9 @@ package machinehealthcheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sort"
 	"time"
 
@@ -36,6 +38,10 @@ const Finalizer = "remediation.cluster.x-k8s.io/machinehealthcheck"
 // unreachableRequeue is how often an unreachable workload cluster is looked at again, on top of the
 // ClusterCache's own reconnect events.
 const unreachableRequeue = 30 * time.Second
+
+// etcdPollInterval is how often etcd member health is read when checks.etcdMember is set (etcd
+// changes produce no Kubernetes events to react to).
+const etcdPollInterval = 5 * time.Second
 
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machinehealthchecks;machinehealthchecks/status;machinehealthchecks/finalizers,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations,verbs=get;list;watch;create;delete
@@ -267,6 +273,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err := kerrors.NewAggregate(errs); err != nil {
 		return ctrl.Result{}, err
 	}
+	// etcd is not watched: when the etcd member check is on, look again regularly.
+	if cfg.etcdMemberTimeout > 0 && cpTargets > 0 && (next == 0 || next > etcdPollInterval) {
+		next = etcdPollInterval
+	}
 	return ctrl.Result{RequeueAfter: next}, nil
 }
 
@@ -321,6 +331,9 @@ func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine
 		return nil
 	}
 	if err := patchMark(ctx, r.Client, m, after); err != nil {
+		if apierrors.IsNotFound(errors.Unwrap(err)) || strings.Contains(err.Error(), "not found") {
+			return nil // deleted meanwhile: nothing to mark
+		}
 		return err
 	}
 	*m = *after

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,7 +19,6 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/paused"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -70,7 +70,10 @@ type StepEvent struct {
 // Reconciler drives control-plane MachineRemediations.
 type Reconciler struct {
 	Client client.Client
-	Etcd   EtcdProvider
+	// APIReader reads the MachineRemediation and the control-plane object live: the remediation's
+	// own durable state must never be read stale from a cache (it would redo a step it already did).
+	APIReader client.Reader
+	Etcd      EtcdProvider
 	Fencer fencing.Fencer
 
 	// WatchFilterValue is the label value used to filter events prior to reconciliation.
@@ -83,8 +86,8 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Client == nil || r.Etcd == nil || r.Fencer == nil {
-		return errors.New("client, Etcd and Fencer must not be nil")
+	if r.Client == nil || r.APIReader == nil || r.Etcd == nil || r.Fencer == nil {
+		return errors.New("client, APIReader, Etcd and Fencer must not be nil")
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("capr-controlplane-remediation").
@@ -122,9 +125,9 @@ func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object)
 
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
 // patch of owned conditions → pending / running.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	mr := &caprv1.MachineRemediation{}
-	if err := r.Client.Get(ctx, req.NamespacedName, mr); err != nil {
+	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
 		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, nil
 		}
@@ -154,13 +157,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		clusterName = mr.Status.ControlPlane.ClusterName
 	}
 
-	helper, err := patch.NewHelper(mr, r.Client)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	s := &scope{mr: mr, machine: machine, helper: helper}
+	s := &scope{mr: mr, base: mr.DeepCopy(), machine: machine}
 	defer func() {
-		if err := r.persist(ctx, s); err != nil {
+		err := r.persist(ctx, s)
+		switch {
+		case apierrors.IsConflict(err):
+			// Someone wrote first: read again and redo from the new state (nothing was issued on
+			// the basis of an unrecorded change, see persist).
+			log.V(2).Info("MachineRemediation changed while being written, reconciling again")
+			res = ctrl.Result{RequeueAfter: 100 * time.Millisecond}
+		case err != nil:
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
@@ -178,11 +184,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, fmt.Errorf("reading Cluster %s: %w", clusterName, err)
 	}
 	s.cluster = cluster
-	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, mr); err != nil || isPaused || requeue {
-		return ctrl.Result{}, err
-	}
-	// EnsurePausedCondition may have patched the object: start a fresh helper from it.
-	if s.helper, err = patch.NewHelper(mr, r.Client); err != nil {
+	isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, mr)
+	// EnsurePausedCondition may have patched the object: what it wrote is the new base.
+	s.base = mr.DeepCopy()
+	if err != nil || isPaused || requeue {
 		return ctrl.Result{}, err
 	}
 	if err := r.gather(ctx, s); err != nil {
@@ -198,21 +203,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	return r.reconcilePending(ctx, s)
 }
 
-// persist writes the MachineRemediation's status and our conditions, then starts a new patch helper
-// from what was written: steps call it before issuing an action, so that the action is recorded
-// before it happens.
+// persist writes what changed in the MachineRemediation since it was read (metadata, then status),
+// with optimistic locking: a write based on an outdated view fails instead of undoing a newer one.
+// Steps call it before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	s.mr.Status.ObservedGeneration = s.mr.Generation
-	if err := s.helper.Patch(ctx, s.mr, patch.WithOwnedConditions{Conditions: []string{
-		caprv1.ProgressingCondition, caprv1.SucceededCondition, clusterv1.PausedCondition,
-	}}); err != nil {
-		return fmt.Errorf("writing MachineRemediation status: %w", err)
+	if !equality.Semantic.DeepEqual(s.base.ObjectMeta, s.mr.ObjectMeta) {
+		if err := r.Client.Patch(ctx, s.mr, client.MergeFromWithOptions(s.base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return fmt.Errorf("writing MachineRemediation metadata: %w", err)
+		}
+		s.base.ObjectMeta = *s.mr.ObjectMeta.DeepCopy()
 	}
-	h, err := patch.NewHelper(s.mr, r.Client)
-	if err != nil {
-		return err
+	if !equality.Semantic.DeepEqual(s.base.Status, s.mr.Status) {
+		status := s.mr.Status.DeepCopy()
+		if err := r.Client.Status().Patch(ctx, s.mr, client.MergeFromWithOptions(s.base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return fmt.Errorf("writing MachineRemediation status: %w", err)
+		}
+		s.mr.Status = *status
 	}
-	s.helper = h
+	s.base = s.mr.DeepCopy()
 	return nil
 }
 
@@ -360,6 +369,9 @@ func (r *Reconciler) firstCandidate(ctx context.Context, s *scope, state *etcdut
 	}
 	var cands []Candidate
 	for _, other := range list.Items {
+		if other.Name == s.mr.Name {
+			other = *s.mr // the live copy, not the cached one
+		}
 		m, ok := byName[other.Name]
 		if !ok || (other.Status.Phase != "" && other.Status.Phase != caprv1.PhasePending) || !m.DeletionTimestamp.IsZero() {
 			continue

@@ -12,7 +12,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -23,10 +22,11 @@ import (
 // fresh from the world at the start of the reconcile; the MachineRemediation status only remembers
 // what cannot be re-read (the replicas before the scale-up, the Machines that existed then).
 type scope struct {
-	mr      *caprv1.MachineRemediation
+	mr *caprv1.MachineRemediation
+	// base is the MachineRemediation as last read or written; persist sends the difference.
+	base    *caprv1.MachineRemediation
 	machine *clusterv1.Machine
 	cluster *clusterv1.Cluster
-	helper  *patch.Helper
 
 	cp       *unstructured.Unstructured
 	adapter  Adapter
@@ -79,7 +79,8 @@ func (r *Reconciler) gather(ctx context.Context, s *scope) error {
 	if !s.cluster.Spec.ControlPlaneRef.IsDefined() {
 		return fmt.Errorf("cluster %s has no spec.controlPlaneRef", s.cluster.Name)
 	}
-	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, s.cluster.Spec.ControlPlaneRef, s.cluster.Namespace)
+	// Read live: the lock and the replicas CAPR set must be seen as written.
+	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.APIReader, s.cluster.Spec.ControlPlaneRef, s.cluster.Namespace)
 	if err != nil {
 		return fmt.Errorf("reading the control plane of cluster %s: %w", s.cluster.Name, err)
 	}
@@ -171,7 +172,7 @@ func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
 // lockHolderActive reports whether the MachineRemediation named in a lock still runs.
 func (r *Reconciler) lockHolderActive(ctx context.Context, namespace string, l *caprv1.ControlPlaneLock) (bool, error) {
 	other := &caprv1.MachineRemediation{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: l.MachineRemediation}, other); err != nil {
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: l.MachineRemediation}, other); err != nil {
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -139,7 +140,7 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step string, rec *ca
 	case StepWaitForReplacement:
 		return r.stepWaitForReplacement(ctx, s)
 	case StepMoveLeader:
-		return r.stepMoveLeader(ctx, s)
+		return r.stepMoveLeader(ctx, s, rec)
 	case StepRemoveMember:
 		return r.stepRemoveMember(ctx, s)
 	case StepFence:
@@ -263,7 +264,7 @@ func (r *Reconciler) annotateReplacement(ctx context.Context, s *scope, rep *clu
 	return nil
 }
 
-func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope) (stepResult, error) {
+func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
 	state, wait := r.etcdOrWait(ctx, s)
 	if wait != nil {
 		return *wait, nil
@@ -277,6 +278,9 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope) (stepResult, 
 		name := "none"
 		if leader != nil {
 			name = leader.Name
+		}
+		if strings.HasPrefix(rec.Message, movingLeadership) {
+			return stepResult{done: true, message: fmt.Sprintf("leadership moved, the leader is now %s", name)}, nil
 		}
 		return stepResult{done: true, skipped: true, message: fmt.Sprintf("the leader is %s, not the victim", name)}, nil
 	case !victim.Reachable:
@@ -292,8 +296,10 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope) (stepResult, 
 	if err := s.etcd.MoveLeader(ctx, victim.Name, target.ID); err != nil {
 		return stepResult{}, err
 	}
-	return stepResult{message: fmt.Sprintf("moving leadership from %s to %s", victim.Name, target.Name), requeue: 200 * time.Millisecond}, nil
+	return stepResult{message: fmt.Sprintf("%s from %s to %s", movingLeadership, victim.Name, target.Name), requeue: 200 * time.Millisecond}, nil
 }
+
+const movingLeadership = "moving leadership"
 
 // leadershipTarget prefers the replacement's member, then any other healthy voter.
 func leadershipTarget(state *etcdutil.State, s *scope) *etcdutil.MemberStatus {

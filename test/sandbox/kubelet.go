@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,10 +32,13 @@ type Kubelet struct {
 // StartKubelet starts a kubelet stand-in forwarding etcd-pod port 2379 to target.
 func StartKubelet(target string) *Kubelet {
 	k := &Kubelet{target: target}
-	k.server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	k.server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		portforward.ServePortForward(w, req, k, "", "", &portforward.V4Options{},
 			5*time.Minute, remotecommand.DefaultStreamCreationTimeout, []string{portforward.ProtocolV1Name})
 	}))
+	// Handshakes cut by a stopped kubelet are the fault being injected, not news.
+	k.server.Config.ErrorLog = log.New(io.Discard, "", 0)
+	k.server.StartTLS()
 	return k
 }
 

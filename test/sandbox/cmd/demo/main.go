@@ -1,7 +1,9 @@
-// Command demo runs CAPR on the sandbox: a real kube-apiserver and etcd started on this machine,
-// a Cluster with three control-plane Machines and two workers, and a CAPR MachineHealthCheck. It
-// breaks a worker's Node, shows the health checker marking it and requesting remediation, heals the
-// Node and shows the mark cleared. It exits by itself and leaves nothing running.
+// Command demo runs CAPR on the sandbox (`make demo`): a real kube-apiserver and etcd for the
+// management cluster, a workload cluster whose control plane is a real etcd cluster of one member
+// process per Machine (reached through the API server's port-forward and kubelet stand-ins), and
+// CAPR's health checker and control-plane remediator. It breaks one control-plane Machine, prints
+// the remediation step by step with the etcd member table, then a summary, and exits, leaving
+// nothing running.
 package main
 
 import (
@@ -11,8 +13,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,19 +28,105 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
-	capienv "github.com/capr-io/capr/test/envtest"
+	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/sandbox"
 )
 
+// scenario is one way of breaking the control plane.
+type scenario struct {
+	description  string
+	controlPlane int32
+	// break injects the fault and returns the Machines expected to be remediated.
+	inject func(ctx context.Context, d *demo) ([]string, error)
+	// quorumLost scenarios end when CAPR reports that it will not act.
+	quorumLost bool
+}
+
+var scenarios = map[string]scenario{
+	"node-notready": {
+		description:  "a control-plane Node stops reporting (kubelet/containerd/network) while its etcd member stays healthy",
+		controlPlane: 3,
+		inject: func(ctx context.Context, d *demo) ([]string, error) {
+			m := d.machines[1]
+			return []string{m.Name}, d.sb.StopHeartbeat(ctx, d.wc, m.Status.NodeRef.Name)
+		},
+	},
+	"member-dead": {
+		description:  "a control-plane Machine's etcd member crashes (its Node stays Ready)",
+		controlPlane: 3,
+		inject: func(_ context.Context, d *demo) ([]string, error) {
+			m := d.machines[0]
+			d.sb.KillEtcdMember(d.wc, m.Status.NodeRef.Name)
+			return []string{m.Name}, nil
+		},
+	},
+	"leader-kubelet-down": {
+		description:  "the kubelet on the etcd leader's Node dies: the leader runs but cannot be reached through the API server (the case that stalls KCP)",
+		controlPlane: 3,
+		inject: func(ctx context.Context, d *demo) ([]string, error) {
+			state, err := d.sb.EtcdState(ctx, d.wc)
+			if err != nil {
+				return nil, err
+			}
+			leader := state.ByID(state.LeaderID)
+			if leader == nil {
+				return nil, errors.New("no etcd leader")
+			}
+			for _, m := range d.machines {
+				if m.Status.NodeRef.Name == leader.Name {
+					return []string{m.Name}, d.sb.StopKubelet(ctx, d.wc, leader.Name)
+				}
+			}
+			return nil, errors.New("no Machine for the leader")
+		},
+	},
+	"two-of-five": {
+		description:  "two of five etcd members crash at once: both are remediated, one at a time",
+		controlPlane: 5,
+		inject: func(_ context.Context, d *demo) ([]string, error) {
+			a, b := d.machines[0], d.machines[3]
+			d.sb.KillEtcdMember(d.wc, a.Status.NodeRef.Name)
+			d.sb.KillEtcdMember(d.wc, b.Status.NodeRef.Name)
+			return []string{a.Name, b.Name}, nil
+		},
+	},
+	"quorum-lost": {
+		description:  "two of three etcd members crash: quorum is lost, CAPR does nothing automatic and says why",
+		controlPlane: 3,
+		quorumLost:   true,
+		inject: func(ctx context.Context, d *demo) ([]string, error) {
+			a, b := d.machines[0], d.machines[1]
+			d.sb.KillEtcdMember(d.wc, a.Status.NodeRef.Name)
+			d.sb.KillEtcdMember(d.wc, b.Status.NodeRef.Name)
+			// The health check refuses to request it (quorum-safe limit); a person asks.
+			mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: d.wc.Namespace, Name: a.Name},
+				Spec: caprv1.MachineRemediationSpec{Source: caprv1.SourceManual, Reason: caprv1.ManualRequestReason}}
+			return []string{a.Name}, d.sb.Client.Create(ctx, mr)
+		},
+	},
+}
+
 func main() {
-	timeout := flag.Duration("timeout", 3*time.Minute, "Give up after this long.")
+	name := flag.String("scenario", "node-notready", "Scenario: "+strings.Join(scenarioNames(), ", "))
+	timeout := flag.Duration("timeout", 5*time.Minute, "Give up after this long.")
+	verbose := flag.Bool("verbose", false, "Also print the controllers' logs.")
 	flag.Parse()
-	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
+	sc, ok := scenarios[*name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "unknown scenario %q; choose one of: %s\n", *name, strings.Join(scenarioNames(), ", "))
+		os.Exit(2)
+	}
+	// The demo prints its own timeline; controller logs go to stderr only with --verbose.
+	if *verbose {
+		ctrl.SetLogger(zap.New(zap.Level(zapcore.InfoLevel)))
+	} else {
+		ctrl.SetLogger(logr.Discard())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	err := run(ctx)
+	err := run(ctx, *name, sc)
 	cancel()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
@@ -42,163 +134,229 @@ func main() {
 	}
 }
 
-type timeline struct{ start time.Time }
-
-func (t *timeline) say(format string, args ...any) {
-	fmt.Printf("[%6.2fs] %s\n", time.Since(t.start).Seconds(), fmt.Sprintf(format, args...))
+func scenarioNames() []string {
+	var out []string
+	for n := range scenarios {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
-func run(ctx context.Context) error {
-	tl := &timeline{start: time.Now()}
-	tl.say("Starting kube-apiserver %s and etcd (management cluster; it also serves as the workload cluster)", "v1.36.3")
-	env, err := capienv.Start(capienv.Options{})
+type demo struct {
+	start    time.Time
+	sb       *sandbox.Sandbox
+	wc       *sandbox.WorkloadCluster
+	machines []clusterv1.Machine
+
+	mu    sync.Mutex
+	steps []controlplane.StepEvent
+}
+
+func (d *demo) say(format string, args ...any) {
+	fmt.Printf("[%6.2fs] %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (d *demo) table(ctx context.Context) {
+	state, err := d.sb.EtcdState(ctx, d.wc)
+	if err != nil {
+		fmt.Printf("           (etcd state unavailable: %v)\n", err)
+		return
+	}
+	for _, line := range strings.Split(strings.TrimRight(state.Table(), "\n"), "\n") {
+		fmt.Println("           " + line)
+	}
+}
+
+func run(ctx context.Context, name string, sc scenario) error {
+	d := &demo{start: time.Now()}
+	d.say("Scenario %q: %s", name, sc.description)
+	d.say("Starting kube-apiserver v1.36.3 and etcd v3.6.14 (management cluster) and the sandbox providers")
+	sb, err := sandbox.Start(ctx)
 	if err != nil {
 		return err
 	}
+	d.sb = sb
 	defer func() {
-		tl.say("Stopping the API server and etcd")
-		_ = env.Stop()
+		d.say("Stopping every etcd member, kubelet stand-in, the API server and etcd")
+		sb.Stop()
 	}()
-	c := env.Client
-
-	mgrCtx, stopMgr := context.WithCancel(ctx)
-	defer stopMgr()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache:                   controllers.ManagerCacheOptions(env.Scheme, "", 10*time.Minute),
-		Client:                  controllers.ManagerClientOptions(),
-		GracefulShutdownTimeout: ptr.To(2 * time.Second),
-	})
-	if err != nil {
-		return fmt.Errorf("creating manager: %w", err)
-	}
-	if _, err := controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{ConnectionRetryInterval: 2 * time.Second}); err != nil {
+	ns := "demo"
+	if err := sb.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return err
 	}
-	mgrDone := make(chan error, 1)
-	go func() { mgrDone <- mgr.Start(mgrCtx) }()
-	defer func() { stopMgr(); <-mgrDone }()
-	tl.say("CAPR manager started (health checker)")
-
-	ns, err := capienv.CreateNamespace(ctx, c, "demo")
+	d.say("Creating cluster %s/wc: %d control-plane Machines (one real etcd member each) and 2 workers", ns, sc.controlPlane)
+	d.wc, err = sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, Workers: 2})
 	if err != nil {
 		return err
 	}
-	cluster := capienv.NewCluster(ns, "demo", clusterv1.ContractVersionedObjectReference{})
-	if err := c.Create(ctx, cluster); err != nil {
-		return fmt.Errorf("creating Cluster: %w", err)
-	}
-	if err := capienv.SetClusterReady(ctx, c, cluster, true); err != nil {
+	if d.machines, err = sb.ControlPlaneMachines(ctx, d.wc); err != nil {
 		return err
 	}
-	if err := capienv.CreateKubeconfigSecret(ctx, c, env.Config, cluster); err != nil {
-		return err
-	}
-	names := []string{"cp-0", "cp-1", "cp-2", "worker-0", "worker-1"}
-	for _, name := range names {
-		m := capienv.NewMachine(ns, cluster.Name, name, name[:2] == "cp")
-		if err := c.Create(ctx, m); err != nil {
-			return fmt.Errorf("creating Machine %s: %w", name, err)
-		}
-		if err := capienv.CreateNode(ctx, c, capienv.NewNode(ns+"-"+name, corev1.ConditionTrue, time.Now())); err != nil {
-			return err
-		}
-		if err := capienv.SetMachineNode(ctx, c, m, ns+"-"+name); err != nil {
-			return err
-		}
-	}
-	tl.say("Cluster %s/%s created: 3 control-plane Machines, 2 workers, all Nodes Ready", ns, cluster.Name)
+	d.say("Cluster ready; etcd members:")
+	d.table(ctx)
 
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "workers"},
+	if err := sb.Client.Create(ctx, healthCheck(ns, d.wc.Name)); err != nil {
+		return err
+	}
+	d.say("CAPR MachineHealthCheck created for the control plane: Node not Ready for 3s, or etcd member unhealthy for 10s")
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{StepObserver: func(e controlplane.StepEvent) {
+		d.mu.Lock()
+		d.steps = append(d.steps, e)
+		d.mu.Unlock()
+	}}})
+	if err != nil {
+		return err
+	}
+	defer capr.Stop()
+	d.say("CAPR started (health checker + control-plane remediator)")
+
+	faultAt := time.Now()
+	victims, err := sc.inject(ctx, d)
+	if err != nil {
+		return err
+	}
+	d.say("FAULT injected; Machine(s) to remediate: %s", strings.Join(victims, ", "))
+	d.table(ctx)
+	return d.follow(ctx, sc, victims, faultAt)
+}
+
+func healthCheck(ns, cluster string) *caprv1.MachineHealthCheck {
+	return &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "control-plane"},
 		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: cluster.Name,
-			Selector: caprv1.MachineSelector{MatchExpressions: []caprv1.MachineSelectorRequirement{
-				{Key: clusterv1.MachineControlPlaneLabel, Operator: metav1.LabelSelectorOpDoesNotExist},
-			}},
-			Checks: caprv1.MachineHealthCheckChecks{UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-				{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](3)},
-				{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](3)},
-			}},
+			ClusterName: cluster,
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](0),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](3)},
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](3)},
+				},
+				EtcdMember: &caprv1.EtcdMemberCheck{TimeoutSeconds: ptr.To[int32](10)},
+			},
 		},
 	}
-	if err := c.Create(ctx, mhc); err != nil {
-		return fmt.Errorf("creating MachineHealthCheck: %w", err)
-	}
-	tl.say("MachineHealthCheck %q created: a worker is unhealthy when its Node is not Ready for 3s", mhc.Name)
-	if err := waitFor(ctx, func() (bool, error) {
-		cur := &caprv1.MachineHealthCheck{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(mhc), cur); err != nil {
-			return false, err
-		}
-		return ptr.Deref(cur.Status.CurrentHealthy, 0) == 2, nil
-	}); err != nil {
-		return fmt.Errorf("waiting for the health check to see 2 healthy workers: %w", err)
-	}
-	tl.say("Health check sees 2 of 2 workers healthy")
-
-	victim := "worker-1"
-	if err := capienv.SetNodeReady(ctx, c, ns+"-"+victim, corev1.ConditionUnknown); err != nil {
-		return err
-	}
-	tl.say("Broke %s: its Node stopped reporting (Ready=Unknown)", victim)
-	var mark caprv1.MarkRecord
-	if err := waitFor(ctx, func() (bool, error) {
-		m := &clusterv1.Machine{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, m); err != nil {
-			return false, err
-		}
-		v, ok := m.Annotations[caprv1.UnhealthyAnnotation]
-		if !ok {
-			return false, nil
-		}
-		return true, json.Unmarshal([]byte(v), &mark)
-	}); err != nil {
-		return fmt.Errorf("waiting for %s to be marked: %w", victim, err)
-	}
-	tl.say("Marked %s unhealthy: reason=%s, %q", victim, mark.Reason, mark.Message)
-	if err := waitFor(ctx, func() (bool, error) {
-		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, &caprv1.MachineRemediation{}) == nil, nil
-	}); err != nil {
-		return fmt.Errorf("waiting for the MachineRemediation of %s: %w", victim, err)
-	}
-	tl.say("MachineRemediation %s/%s created (remediators act on it; it stays Pending while nothing irreversible is done)", ns, victim)
-
-	if err := capienv.SetNodeReady(ctx, c, ns+"-"+victim, corev1.ConditionTrue); err != nil {
-		return err
-	}
-	tl.say("Healed %s: its Node is Ready again", victim)
-	if err := waitFor(ctx, func() (bool, error) {
-		m := &clusterv1.Machine{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, m); err != nil {
-			return false, err
-		}
-		_, marked := m.Annotations[caprv1.UnhealthyAnnotation]
-		withdrawn := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, &caprv1.MachineRemediation{}) != nil
-		return !marked && conditions.IsTrue(m, caprv1.MachineHealthCheckSucceededCondition) && withdrawn, nil
-	}); err != nil {
-		return fmt.Errorf("waiting for the mark of %s to be cleared: %w", victim, err)
-	}
-	tl.say("Mark cleared on %s and its Pending MachineRemediation withdrawn", victim)
-	tl.say("Demo finished: detected, marked, requested, healed, cleared")
-	return nil
 }
 
-func waitFor(ctx context.Context, cond func() (bool, error)) error {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+// follow prints what happens until every victim is remediated and the control plane is whole (or,
+// for quorum loss, until CAPR says it will not act).
+func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultAt time.Time) error {
+	seenLog := faultAt
+	marked := map[string]time.Time{}
+	printedSteps := 0
+	lastWait := map[string]string{}
+	phase := map[string]caprv1.RemediationPhase{}
+	done := map[string]bool{}
 	for {
-		ok, err := cond()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
 		select {
 		case <-ctx.Done():
-			return errors.New("timed out")
-		case <-tick.C:
+			return fmt.Errorf("timed out waiting for the remediation")
+		case <-time.After(100 * time.Millisecond):
 		}
+		for _, e := range d.sb.Log.Since(d.wc.Name, seenLog) {
+			d.say("world: %s", e.Text)
+			seenLog = e.Time
+		}
+		d.mu.Lock()
+		newSteps := d.steps[printedSteps:]
+		printedSteps = len(d.steps)
+		d.mu.Unlock()
+		for _, e := range newSteps {
+			mr := &caprv1.MachineRemediation{}
+			msg := ""
+			if d.sb.Client.Get(ctx, client.ObjectKey{Namespace: e.Remediation.Namespace, Name: e.Remediation.Name}, mr) == nil {
+				for _, s := range mr.Status.Steps {
+					if s.Name == e.Step {
+						msg = s.Message
+					}
+				}
+			}
+			if e.Done {
+				d.say("step %-18s done   (%s) %s", e.Step, e.Remediation.Name, msg)
+				d.table(ctx)
+			} else {
+				d.say("step %-18s issued (%s)", e.Step, e.Remediation.Name)
+			}
+		}
+		for _, v := range victims {
+			m := &clusterv1.Machine{}
+			if _, ok := marked[v]; !ok && d.sb.Client.Get(ctx, client.ObjectKey{Namespace: d.wc.Namespace, Name: v}, m) == nil {
+				if rec, ok := m.Annotations[caprv1.UnhealthyAnnotation]; ok {
+					mark := caprv1.MarkRecord{}
+					_ = json.Unmarshal([]byte(rec), &mark)
+					marked[v] = time.Now()
+					d.say("DETECTED and MARKED %s: %s (%s)", v, mark.Reason, mark.Message)
+				}
+			}
+			mr := &caprv1.MachineRemediation{}
+			if d.sb.Client.Get(ctx, client.ObjectKey{Namespace: d.wc.Namespace, Name: v}, mr) != nil {
+				continue
+			}
+			if mr.Status.Phase != phase[v] {
+				phase[v] = mr.Status.Phase
+				switch mr.Status.Phase {
+				case caprv1.PhaseRunning:
+					d.say("REMEDIATION of %s started, order %s: %s", v, mr.Status.ControlPlane.Order, mr.Status.ControlPlane.OrderReason)
+				case caprv1.PhaseSucceeded:
+					d.say("REMEDIATION of %s succeeded: replaced by %s", v, mr.Status.ControlPlane.Replacement)
+					done[v] = true
+				case caprv1.PhaseFailed:
+					return fmt.Errorf("remediation of %s failed: %s", v, mr.Status.LastError)
+				}
+			}
+			if c := conditions.Get(mr, caprv1.ProgressingCondition); c != nil && c.Status == metav1.ConditionFalse && c.Reason != caprv1.RemediationSucceededReason {
+				if lastWait[v] != c.Message {
+					lastWait[v] = c.Message
+					d.say("%s waits (%s): %s", v, c.Reason, c.Message)
+				}
+				if sc.quorumLost && c.Reason == caprv1.QuorumLostReason {
+					d.table(ctx)
+					d.say("CAPR did nothing automatic: quorum is lost; the Machine stays, no member is removed, no replica changes")
+					return nil
+				}
+			}
+		}
+		if len(done) == len(victims) {
+			if err := d.sb.WaitForControlPlane(ctx, d.wc, int(sc.controlPlane), time.Minute); err != nil {
+				return err
+			}
+			d.say("CONTROL PLANE WHOLE AGAIN: %d control-plane Machines, %d healthy voting etcd members", sc.controlPlane, sc.controlPlane)
+			d.table(ctx)
+			d.summary(faultAt, marked)
+			return nil
+		}
+	}
+}
+
+func (d *demo) summary(faultAt time.Time, marked map[string]time.Time) {
+	fmt.Println()
+	fmt.Println("Summary (seconds):")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	byMR := map[string][]controlplane.StepEvent{}
+	var order []string
+	for _, e := range d.steps {
+		if _, ok := byMR[e.Remediation.Name]; !ok {
+			order = append(order, e.Remediation.Name)
+		}
+		byMR[e.Remediation.Name] = append(byMR[e.Remediation.Name], e)
+	}
+	for _, name := range order {
+		fmt.Printf("  %s\n", name)
+		if t, ok := marked[name]; ok {
+			fmt.Printf("    %-22s %6.2f\n", "fault → marked", t.Sub(faultAt).Seconds())
+		}
+		issued := map[string]time.Time{}
+		var last time.Time
+		for _, e := range byMR[name] {
+			if !e.Done {
+				issued[e.Step] = e.Time
+				continue
+			}
+			fmt.Printf("    %-22s %6.2f\n", e.Step, e.Time.Sub(issued[e.Step]).Seconds())
+			last = e.Time
+		}
+		fmt.Printf("    %-22s %6.2f\n", "fault → replaced", last.Sub(faultAt).Seconds())
 	}
 }
