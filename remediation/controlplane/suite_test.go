@@ -52,7 +52,7 @@ func TestMain(m *testing.M) {
 
 // newCluster creates a sandbox cluster in a fresh namespace with a CAPR health check on its control
 // plane: a Node not Ready for 2s, or an etcd member unhealthy for 10s, marks the Machine.
-func newCluster(t *testing.T, cp int32, mutate func(*caprv1.MachineHealthCheck)) *sandbox.WorkloadCluster {
+func newCluster(t testing.TB, cp int32, mutate func(*caprv1.MachineHealthCheck)) *sandbox.WorkloadCluster {
 	t.Helper()
 	g := NewWithT(t)
 	ns, err := capienv.CreateNamespace(ctx, sb.Client, "cp")

@@ -1,0 +1,100 @@
+package controlplane_test
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// BenchmarkControlPlaneStepLatency measures the controller's own added latency per step of a
+// scale-up-first remediation on the sandbox: the time between the world being ready for a step and
+// CAPR issuing it (or seeing it done). What the providers and etcd take themselves is not counted.
+//
+//	ScaleUp       remediation requested (MachineRemediation created) → ScaleUp issued
+//	MoveLeader    replacement Node Ready and its member promoted      → MoveLeader issued
+//	RemoveMember  leadership move seen                                 → RemoveMember issued
+//	Fence         member removal seen                                  → Fence issued
+//	Delete        fencing seen                                         → Delete issued
+//	Done          Machine gone                                         → Delete seen done
+func BenchmarkControlPlaneStepLatency(b *testing.B) {
+	totals := map[string]time.Duration{}
+	for range b.N {
+		for k, v := range stepLatencyRun(b) {
+			totals[k] += v
+		}
+	}
+	for _, k := range []string{"ScaleUp", "MoveLeader", "RemoveMember", "Fence", "Delete", "Done"} {
+		b.ReportMetric(float64(totals[k].Microseconds())/1000/float64(b.N), "ms/"+k)
+	}
+}
+
+func stepLatencyRun(b *testing.B) map[string]time.Duration {
+	b.StopTimer()
+	g := NewWithT(b)
+	wc := newCluster(b, 3, nil)
+	victim := controlPlane(g, wc)[1]
+
+	var mu sync.Mutex
+	issued, done := map[string]time.Time{}, map[string]time.Time{}
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{StepObserver: func(e controlplane.StepEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Done {
+			done[e.Step] = e.Time
+		} else {
+			issued[e.Step] = e.Time
+		}
+	}}})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer capr.Stop()
+	start := time.Now()
+	b.StartTimer()
+	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
+
+	var requested time.Time
+	g.Eventually(func() bool {
+		if requested.IsZero() && sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim.Name}, &caprv1.MachineRemediation{}) == nil {
+			requested = time.Now()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		_, ok := done[controlplane.StepDelete]
+		return ok
+	}, remediationTimeout, 10*time.Millisecond).Should(BeTrue())
+	b.StopTimer()
+
+	var promoted, provisioned, deleted time.Time
+	for _, e := range sb.Log.Since(wc.Name, start) {
+		switch {
+		case strings.Contains(e.Text, "promoted to voter"):
+			promoted = e.Time
+		case strings.Contains(e.Text, "provisioned"):
+			provisioned = e.Time
+		case strings.Contains(e.Text, "Machine "+victim.Name+" deleted"):
+			deleted = e.Time
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	ready := promoted
+	if provisioned.After(ready) {
+		ready = provisioned
+	}
+	return map[string]time.Duration{
+		"ScaleUp":      issued[controlplane.StepScaleUp].Sub(requested),
+		"MoveLeader":   issued[controlplane.StepMoveLeader].Sub(ready),
+		"RemoveMember": issued[controlplane.StepRemoveMember].Sub(done[controlplane.StepMoveLeader]),
+		"Fence":        issued[controlplane.StepFence].Sub(done[controlplane.StepRemoveMember]),
+		"Delete":       issued[controlplane.StepDelete].Sub(done[controlplane.StepFence]),
+		"Done":         done[controlplane.StepDelete].Sub(deleted),
+	}
+}
