@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -84,6 +84,11 @@ type EtcdMemberHealth struct {
 // Reconcile implements the reconcile skeleton: get → cluster → patch helper → paused → deferred
 // patch of owned conditions → reconcileNormal / reconcileDelete.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	defer func() {
+		if ctx.Err() != nil {
+			reterr = nil // shutting down: whoever runs next starts from the API's state
+		}
+	}()
 	mhc := &caprv1.MachineHealthCheck{}
 	if err := r.Client.Get(ctx, req.NamespacedName, mhc); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -48,6 +48,9 @@ func stepLatencyRun(b *testing.B) map[string]time.Duration {
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{StepObserver: func(e controlplane.StepEvent) {
 		mu.Lock()
 		defer mu.Unlock()
+		if e.Remediation.Name != victim.Name {
+			return
+		}
 		if e.Done {
 			done[e.Step] = e.Time
 		} else {
@@ -71,6 +74,9 @@ func stepLatencyRun(b *testing.B) map[string]time.Duration {
 		return ok
 	}, remediationTimeout, 10*time.Millisecond).Should(BeTrue())
 	b.StopTimer()
+	g.Eventually(func(g Gomega) {
+		g.Expect(getRemediation(g, wc, victim.Name).Status.Phase).To(Equal(caprv1.PhaseSucceeded))
+	}, remediationTimeout, 50*time.Millisecond).Should(Succeed())
 
 	var promoted, provisioned, deleted time.Time
 	for _, e := range sb.Log.Since(wc.Name, start) {

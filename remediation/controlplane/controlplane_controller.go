@@ -74,7 +74,7 @@ type Reconciler struct {
 	// own durable state must never be read stale from a cache (it would redo a step it already did).
 	APIReader client.Reader
 	Etcd      EtcdProvider
-	Fencer fencing.Fencer
+	Fencer    fencing.Fencer
 
 	// WatchFilterValue is the label value used to filter events prior to reconciliation.
 	WatchFilterValue string
@@ -161,6 +161,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	defer func() {
 		err := r.persist(ctx, s)
 		switch {
+		case ctx.Err() != nil:
+			// Shutting down: nothing unrecorded was issued (see persist); the next run continues.
+			reterr = nil
 		case apierrors.IsConflict(err):
 			// Someone wrote first: read again and redo from the new state (nothing was issued on
 			// the basis of an unrecorded change, see persist).

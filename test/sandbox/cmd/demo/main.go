@@ -135,7 +135,7 @@ func main() {
 }
 
 func scenarioNames() []string {
-	var out []string
+	out := make([]string, 0, len(scenarios))
 	for n := range scenarios {
 		out = append(out, n)
 	}
