@@ -214,8 +214,12 @@ func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, 
 	if isCP {
 		n.Labels["node-role.kubernetes.io/control-plane"] = ""
 	}
-	if err := r.c.Create(ctx, n); err != nil && !isAlreadyExists(err) {
-		return fmt.Errorf("creating Node %s: %w", node, err)
+	firstTime := true
+	if err := r.c.Create(ctx, n); err != nil {
+		if !isAlreadyExists(err) {
+			return fmt.Errorf("creating Node %s: %w", node, err)
+		}
+		firstTime = false // a second pass from a stale cache: already provisioned
 	}
 	now := metav1.Now()
 	n.Status = corev1.NodeStatus{
@@ -262,7 +266,9 @@ func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, 
 	if err := r.c.Status().Patch(ctx, m, client.MergeFrom(base)); err != nil {
 		return fmt.Errorf("setting nodeRef of Machine %s: %w", m.Name, err)
 	}
-	r.s.Log.Add(wc.Name, "Machine %s provisioned: Node %s Ready", m.Name, node)
+	if firstTime {
+		r.s.Log.Add(wc.Name, "Machine %s provisioned: Node %s Ready", m.Name, node)
+	}
 	return nil
 }
 

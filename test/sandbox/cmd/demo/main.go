@@ -154,7 +154,18 @@ type demo struct {
 }
 
 func (d *demo) say(format string, args ...any) {
-	fmt.Printf("[%6.2fs] %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
+	d.sayAt(time.Now(), format, args...)
+}
+
+func (d *demo) sayAt(t time.Time, format string, args ...any) {
+	fmt.Printf("[%6.2fs] %s\n", t.Sub(d.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// line is something to print at the time it happened.
+type line struct {
+	at    time.Time
+	text  string
+	table bool
 }
 
 func (d *demo) table(ctx context.Context) {
@@ -254,8 +265,9 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 			return fmt.Errorf("timed out waiting for the remediation")
 		case <-time.After(100 * time.Millisecond):
 		}
+		var lines []line
 		for _, e := range d.sb.Log.Since(d.wc.Name, seenLog) {
-			d.say("world: %s", e.Text)
+			lines = append(lines, line{at: e.Time, text: "world: " + e.Text})
 			seenLog = e.Time
 		}
 		d.mu.Lock()
@@ -273,10 +285,17 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 				}
 			}
 			if e.Done {
-				d.say("step %-18s done   (%s) %s", e.Step, e.Remediation.Name, msg)
-				d.table(ctx)
+				lines = append(lines, line{at: e.Time, text: fmt.Sprintf("step %-18s done   (%s) %s", e.Step, e.Remediation.Name, msg), table: true})
 			} else {
-				d.say("step %-18s issued (%s)", e.Step, e.Remediation.Name)
+				lines = append(lines, line{at: e.Time, text: fmt.Sprintf("step %-18s issued (%s)", e.Step, e.Remediation.Name)})
+			}
+		}
+		sort.SliceStable(lines, func(i, j int) bool { return lines[i].at.Before(lines[j].at) })
+		for i, l := range lines {
+			d.sayAt(l.at, "%s", l.text)
+			// The member table after the last step seen in this round shows the state it left.
+			if l.table && !slicesContainTableAfter(lines[i+1:]) {
+				d.table(ctx)
 			}
 		}
 		for _, v := range victims {
@@ -359,4 +378,13 @@ func (d *demo) summary(faultAt time.Time, marked map[string]time.Time) {
 		}
 		fmt.Printf("    %-22s %6.2f\n", "fault → replaced", last.Sub(faultAt).Seconds())
 	}
+}
+
+func slicesContainTableAfter(rest []line) bool {
+	for _, l := range rest {
+		if l.table {
+			return true
+		}
+	}
+	return false
 }
