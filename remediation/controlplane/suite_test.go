@@ -9,9 +9,6 @@ import (
 
 	. "github.com/onsi/gomega"
 	"go.uber.org/zap/zapcore"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -59,21 +56,7 @@ func newCluster(t testing.TB, cp int32, mutate func(*caprv1.MachineHealthCheck))
 	g.Expect(err).NotTo(HaveOccurred())
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: cp})
 	g.Expect(err).NotTo(HaveOccurred())
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: wc.Name,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](2)},
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](2)},
-				},
-				EtcdMember: &caprv1.EtcdMemberCheck{TimeoutSeconds: ptr.To[int32](10)},
-			},
-		},
-	}
+	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
 	if mutate != nil {
 		mutate(mhc)
 	}

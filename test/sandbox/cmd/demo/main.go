@@ -22,7 +22,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -207,7 +206,7 @@ func run(ctx context.Context, name string, sc scenario) error {
 	d.say("Cluster ready; etcd members:")
 	d.table(ctx)
 
-	if err := sb.Client.Create(ctx, healthCheck(ns, d.wc.Name)); err != nil {
+	if err := sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "control-plane", d.wc.Name, 3)); err != nil {
 		return err
 	}
 	d.say("CAPR MachineHealthCheck created for the control plane: Node not Ready for 3s, or etcd member unhealthy for 10s")
@@ -230,24 +229,6 @@ func run(ctx context.Context, name string, sc scenario) error {
 	d.say("FAULT injected; Machine(s) to remediate: %s", strings.Join(victims, ", "))
 	d.table(ctx)
 	return d.follow(ctx, sc, victims, faultAt)
-}
-
-func healthCheck(ns, cluster string) *caprv1.MachineHealthCheck {
-	return &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "control-plane"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: cluster,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](3)},
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](3)},
-				},
-				EtcdMember: &caprv1.EtcdMemberCheck{TimeoutSeconds: ptr.To[int32](10)},
-			},
-		},
-	}
 }
 
 // follow prints what happens until every victim is remediated and the control plane is whole (or,
