@@ -189,8 +189,10 @@ type MachineRemediationStatus struct {
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 
 // MachineRemediation is the remediation of one Machine: same name and namespace as the Machine,
-// owned by it. Its status is the durable state of the sequence, so a controller restart continues
-// where it stopped; `kubectl get machineremediations -A` is the operator's dashboard.
+// owned by it while Pending. Once the remediation starts it is re-owned by the Cluster, so that its
+// record outlives the Machine it deletes. Its status is the durable state of the sequence, so a
+// controller restart continues where it stopped; `kubectl get machineremediations -A` is the
+// operator's dashboard.
 type MachineRemediation struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
