@@ -1,5 +1,9 @@
 package v1alpha1
 
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
 // Annotations and labels of the mark (design §4) and of the control-plane sequence (design §6).
 const (
 	// UnhealthyAnnotation is the mark the health checker writes on an unhealthy Machine. Its value is
@@ -8,16 +12,16 @@ const (
 	// never clears a mark it did not write.
 	UnhealthyAnnotation = "remediation.cluster.x-k8s.io/unhealthy"
 
-	// RemediationForAnnotation is set on the replacement Machine created by a control-plane remediation.
+	// RemediationRecordAnnotation is set on the replacement Machine created by a control-plane remediation.
 	// Its value is a JSON RemediationRecord; it carries the retry count across remediations exactly as
 	// KCP's controlplane.cluster.x-k8s.io/remediation-for annotation does.
-	RemediationForAnnotation = "remediation.cluster.x-k8s.io/remediation-for"
+	RemediationRecordAnnotation = "remediation.cluster.x-k8s.io/remediation-for"
 
-	// RemediationInProgressAnnotation is set on a cluster's control-plane object while a control-plane
+	// ControlPlaneLockAnnotation is set on a cluster's control-plane object while a control-plane
 	// remediation holds it. Its value is the name of the MachineRemediation holding it. Writing it with
 	// optimistic locking is what makes "one control-plane remediation per cluster at a time" hold even
 	// with several controller replicas or after a crash.
-	RemediationInProgressAnnotation = "remediation.cluster.x-k8s.io/remediation-in-progress"
+	ControlPlaneLockAnnotation = "remediation.cluster.x-k8s.io/remediation-in-progress"
 )
 
 // MarkRecord is the JSON value of UnhealthyAnnotation.
@@ -27,23 +31,23 @@ type MarkRecord struct {
 	// Message says in a sentence what failed.
 	Message string `json:"message,omitempty"`
 	// Since is when the Machine was first found unhealthy (RFC 3339).
-	Since string `json:"since,omitempty"`
+	Since metav1.Time `json:"since,omitempty"`
 	// Checker is "<namespace>/<name>" of the MachineHealthCheck that wrote the mark, or anything else
 	// (e.g. "manual") for a mark written by a person.
 	Checker string `json:"checker,omitempty"`
 }
 
-// RemediationRecord is the JSON value of RemediationForAnnotation.
+// RemediationRecord is the JSON value of RemediationRecordAnnotation.
 type RemediationRecord struct {
 	// Machine is the name of the Machine that was remediated.
 	Machine string `json:"machine"`
-	// Timestamp is when that remediation started (RFC 3339, UTC).
-	Timestamp string `json:"timestamp"`
+	// Timestamp is when that remediation started (RFC 3339, UTC), as KCP's RemediationData.Timestamp.
+	Timestamp metav1.Time `json:"timestamp"`
 	// RetryCount is how many remediations in a row this chain of replacements has seen.
 	RetryCount int32 `json:"retryCount"`
 }
 
-// ControlPlaneLock is the JSON value of RemediationInProgressAnnotation.
+// ControlPlaneLock is the JSON value of ControlPlaneLockAnnotation.
 type ControlPlaneLock struct {
 	// MachineRemediation is the name of the MachineRemediation holding the control plane.
 	MachineRemediation string `json:"machineRemediation"`
@@ -129,17 +133,25 @@ type FencingSpec struct {
 	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
 }
 
-// ControlPlaneOrder is the ordering policy of a control-plane remediation (design §6).
-// +kubebuilder:validation:Enum=Auto;RemoveMemberFirst
+// ControlPlaneOrder is the order of a control-plane remediation (design §6). The spec's ordering
+// policy takes Auto or RemoveMemberFirst; the status records the order actually followed
+// (ScaleUpFirst, RemoveMemberFirst or Replace).
 type ControlPlaneOrder string
 
 const (
-	// ControlPlaneOrderAuto chooses from real etcd state: scale up first when the victim's member is
-	// healthy (or scaling up first is quorum-safe), otherwise remove the victim's member first.
+	// ControlPlaneOrderAuto (policy only) chooses from real etcd state: scale up first when the victim's
+	// member is healthy (or scaling up first is quorum-safe), otherwise remove the victim's member first.
 	ControlPlaneOrderAuto ControlPlaneOrder = "Auto"
-	// ControlPlaneOrderRemoveMemberFirst always removes the victim's member before scaling up, for
-	// infrastructures without spare capacity for a surge Machine (e.g. a fixed pool of bare-metal hosts).
+	// ControlPlaneOrderRemoveMemberFirst removes the victim's member before scaling up. As a policy it
+	// is for infrastructures without spare capacity for a surge Machine (e.g. a fixed pool of
+	// bare-metal hosts).
 	ControlPlaneOrderRemoveMemberFirst ControlPlaneOrder = "RemoveMemberFirst"
+	// ControlPlaneOrderScaleUpFirst (status only) scales up, waits for the new member to vote, then
+	// removes the victim's member.
+	ControlPlaneOrderScaleUpFirst ControlPlaneOrder = "ScaleUpFirst"
+	// ControlPlaneOrderReplace (status only) deletes the Machine and lets the provider recreate it
+	// (the control plane is not initialized yet).
+	ControlPlaneOrderReplace ControlPlaneOrder = "Replace"
 )
 
 // ControlPlaneRemediationSpec holds the control-plane remediation options. Retry fields have KCP's
@@ -167,6 +179,7 @@ type ControlPlaneRemediationSpec struct {
 	// order is the ordering policy: Auto (default) or RemoveMemberFirst.
 	// +optional
 	// +kubebuilder:default=Auto
+	// +kubebuilder:validation:Enum=Auto;RemoveMemberFirst
 	Order ControlPlaneOrder `json:"order,omitempty"`
 }
 

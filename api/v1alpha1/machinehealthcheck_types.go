@@ -8,52 +8,52 @@ import (
 
 // MachineHealthCheck conditions and reasons.
 const (
-	// RemediationAllowedCondition is True when the number of unhealthy targets is within the
+	// MachineHealthCheckRemediationAllowedCondition is True when the number of unhealthy targets is within the
 	// configured limits (triggerIf and, for control-plane targets, the quorum-safe limit).
-	RemediationAllowedCondition = "RemediationAllowed"
-	// RemediationAllowedReason is used when remediation is allowed.
-	RemediationAllowedReason = "RemediationAllowed"
-	// TooManyUnhealthyReason is used when triggerIf short-circuits remediation.
-	TooManyUnhealthyReason = "TooManyUnhealthy"
-	// ControlPlaneQuorumLimitReason is used when more control-plane Machines are unhealthy than the
+	MachineHealthCheckRemediationAllowedCondition = "RemediationAllowed"
+	// MachineHealthCheckRemediationAllowedReason is used when remediation is allowed.
+	MachineHealthCheckRemediationAllowedReason = "RemediationAllowed"
+	// MachineHealthCheckTooManyUnhealthyReason is used when triggerIf short-circuits remediation.
+	MachineHealthCheckTooManyUnhealthyReason = "TooManyUnhealthy"
+	// MachineHealthCheckControlPlaneQuorumLimitReason is used when more control-plane Machines are unhealthy than the
 	// quorum-safe limit floor((N-1)/2) allows.
-	ControlPlaneQuorumLimitReason = "ControlPlaneQuorumLimit"
+	MachineHealthCheckControlPlaneQuorumLimitReason = "ControlPlaneQuorumLimit"
 
-	// WorkloadClusterReachableCondition is False when the workload cluster's API server cannot be
+	// MachineHealthCheckWorkloadClusterReachableCondition is False when the workload cluster's API server cannot be
 	// reached; no new Machine is marked while it is False.
-	WorkloadClusterReachableCondition = "WorkloadClusterReachable"
-	// WorkloadClusterReachableReason is used when the workload cluster can be reached.
-	WorkloadClusterReachableReason = "Reachable"
-	// WorkloadClusterUnreachableReason is used when the workload cluster cannot be reached.
-	WorkloadClusterUnreachableReason = "Unreachable"
-	// WorkloadClusterNotInitializedReason is used before the control plane is initialized.
-	WorkloadClusterNotInitializedReason = "ControlPlaneNotInitialized"
+	MachineHealthCheckWorkloadClusterReachableCondition = "WorkloadClusterReachable"
+	// MachineHealthCheckWorkloadClusterReachableReason is used when the workload cluster can be reached.
+	MachineHealthCheckWorkloadClusterReachableReason = "Reachable"
+	// MachineHealthCheckWorkloadClusterUnreachableReason is used when the workload cluster cannot be reached.
+	MachineHealthCheckWorkloadClusterUnreachableReason = "Unreachable"
+	// MachineHealthCheckControlPlaneNotInitializedReason is used before the control plane is initialized.
+	MachineHealthCheckControlPlaneNotInitializedReason = "ControlPlaneNotInitialized"
 
-	// PausedCondition mirrors CAPI's Paused condition.
-	PausedCondition = "Paused"
+	// MachineHealthCheckPausedCondition mirrors CAPI's Paused condition.
+	MachineHealthCheckPausedCondition = "Paused"
 )
 
 // Machine condition owned by the health checker, and its reasons (design §4). The type is qualified
 // so that it never collides with CAPI's HealthCheckSucceeded: KCP and MachineSets act on that one, and
 // writing it would make them remediate in parallel with CAPR.
 const (
-	// MachineHealthCheckSucceededCondition is the health checker's verdict on a Machine.
-	MachineHealthCheckSucceededCondition = "remediation.cluster.x-k8s.io/HealthCheckSucceeded"
+	// MachineCAPRHealthCheckSucceededCondition is the health checker's verdict on a Machine.
+	MachineCAPRHealthCheckSucceededCondition = "remediation.cluster.x-k8s.io/HealthCheckSucceeded"
 
-	// HealthCheckSucceededReason is used when the Machine is healthy.
-	HealthCheckSucceededReason = "HealthCheckSucceeded"
-	// NodeDeletedReason is used when the Machine's Node no longer exists.
-	NodeDeletedReason = "NodeDeleted"
-	// NodeStartupTimeoutReason is used when no Node appeared within nodeStartupTimeoutSeconds.
-	NodeStartupTimeoutReason = "NodeStartupTimeout"
-	// UnhealthyNodeReason is used when a Node condition matched for longer than its timeout.
-	UnhealthyNodeReason = "UnhealthyNode"
-	// UnhealthyMachineReason is used when a Machine condition matched for longer than its timeout.
-	UnhealthyMachineReason = "UnhealthyMachine"
-	// UnhealthyEtcdMemberReason is used when the Machine's etcd member failed checks.etcdMember.
-	UnhealthyEtcdMemberReason = "UnhealthyEtcdMember"
-	// ManualRequestReason is used for cluster.x-k8s.io/remediate-machine or a hand-written mark.
-	ManualRequestReason = "ManualRequest"
+	// MachineCAPRHealthCheckSucceededReason is used when the Machine is healthy.
+	MachineCAPRHealthCheckSucceededReason = "HealthCheckSucceeded"
+	// MachineCAPRHealthCheckNodeDeletedReason is used when the Machine's Node no longer exists.
+	MachineCAPRHealthCheckNodeDeletedReason = "NodeDeleted"
+	// MachineCAPRHealthCheckNodeStartupTimeoutReason is used when no Node appeared within nodeStartupTimeoutSeconds.
+	MachineCAPRHealthCheckNodeStartupTimeoutReason = "NodeStartupTimeout"
+	// MachineCAPRHealthCheckUnhealthyNodeReason is used when a Node condition matched for longer than its timeout.
+	MachineCAPRHealthCheckUnhealthyNodeReason = "UnhealthyNode"
+	// MachineCAPRHealthCheckUnhealthyMachineReason is used when a Machine condition matched for longer than its timeout.
+	MachineCAPRHealthCheckUnhealthyMachineReason = "UnhealthyMachine"
+	// MachineCAPRHealthCheckUnhealthyEtcdMemberReason is used when the Machine's etcd member failed checks.etcdMember.
+	MachineCAPRHealthCheckUnhealthyEtcdMemberReason = "UnhealthyEtcdMember"
+	// MachineCAPRHealthCheckManualRequestReason is used for cluster.x-k8s.io/remediate-machine or a hand-written mark.
+	MachineCAPRHealthCheckManualRequestReason = "ManualRequest"
 )
 
 // Events.

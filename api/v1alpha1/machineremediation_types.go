@@ -9,13 +9,13 @@ import (
 type RemediationSource string
 
 const (
-	// SourceHealthCheck is CAPR's own MachineHealthCheck.
-	SourceHealthCheck RemediationSource = "HealthCheck"
-	// SourceCAPIMachineHealthCheck is CAPI's MachineHealthCheck through spec.remediation.templateRef.
+	// MachineRemediationSourceHealthCheck is CAPR's own MachineHealthCheck.
+	MachineRemediationSourceHealthCheck RemediationSource = "HealthCheck"
+	// MachineRemediationSourceCAPIMachineHealthCheck is CAPI's MachineHealthCheck through spec.remediation.templateRef.
 	// CAPI copies the template's spec, so this is also what an unset source means.
-	SourceCAPIMachineHealthCheck RemediationSource = "CAPIMachineHealthCheck"
-	// SourceManual is a person.
-	SourceManual RemediationSource = "Manual"
+	MachineRemediationSourceCAPIMachineHealthCheck RemediationSource = "CAPIMachineHealthCheck"
+	// MachineRemediationSourceManual is a person.
+	MachineRemediationSourceManual RemediationSource = "Manual"
 )
 
 // MachineRemediationSpec is what to remediate and how. The Machine is the one with the same name
@@ -49,36 +49,55 @@ type MachineRemediationSpec struct {
 type RemediationPhase string
 
 const (
-	// PhasePending means not started yet, waiting for its preconditions (the reason is in the Progressing
+	// MachineRemediationPhasePending means not started yet, waiting for its preconditions (the reason is in the Progressing
 	// condition). Nothing irreversible has been done and the request may still be withdrawn.
-	PhasePending RemediationPhase = "Pending"
-	// PhaseRunning means the sequence has started; it will be completed even if the Machine recovers.
-	PhaseRunning RemediationPhase = "Running"
-	// PhaseSucceeded means the Machine was replaced.
-	PhaseSucceeded RemediationPhase = "Succeeded"
-	// PhaseFailed means CAPR gave up (e.g. maxRetry); a person must act. The reason is in the conditions.
-	PhaseFailed RemediationPhase = "Failed"
+	MachineRemediationPhasePending RemediationPhase = "Pending"
+	// MachineRemediationPhaseRunning means the sequence has started; it will be completed even if the Machine recovers.
+	MachineRemediationPhaseRunning RemediationPhase = "Running"
+	// MachineRemediationPhaseSucceeded means the Machine was replaced.
+	MachineRemediationPhaseSucceeded RemediationPhase = "Succeeded"
+	// MachineRemediationPhaseFailed means CAPR gave up (e.g. maxRetry); a person must act. The reason is in the conditions.
+	MachineRemediationPhaseFailed RemediationPhase = "Failed"
 )
 
 // StepOutcome is the outcome of one step.
 type StepOutcome string
 
 const (
-	// OutcomeInProgress means the step was issued and its effect is not yet visible.
-	OutcomeInProgress StepOutcome = "InProgress"
-	// OutcomeSucceeded means the step's effect is visible.
-	OutcomeSucceeded StepOutcome = "Succeeded"
-	// OutcomeSkipped means the step was not needed (e.g. fencing Disabled, leader already elsewhere).
-	OutcomeSkipped StepOutcome = "Skipped"
-	// OutcomeFailed means the step failed; the message says why.
-	OutcomeFailed StepOutcome = "Failed"
+	// StepOutcomeInProgress means the step was issued and its effect is not yet visible.
+	StepOutcomeInProgress StepOutcome = "InProgress"
+	// StepOutcomeSucceeded means the step's effect is visible.
+	StepOutcomeSucceeded StepOutcome = "Succeeded"
+	// StepOutcomeSkipped means the step was not needed (e.g. fencing Disabled, leader already elsewhere).
+	StepOutcomeSkipped StepOutcome = "Skipped"
+	// StepOutcomeFailed means the step failed; the message says why.
+	StepOutcomeFailed StepOutcome = "Failed"
+)
+
+// StepName names one step of a remediation sequence.
+type StepName string
+
+// Steps of a control-plane remediation (design §6), in the order ScaleUpFirst runs them.
+const (
+	// StepScaleUp raises the control plane's replicas by one so that the provider creates the replacement.
+	StepScaleUp StepName = "ScaleUp"
+	// StepWaitForReplacement waits until the replacement has a Node and a healthy voting etcd member.
+	StepWaitForReplacement StepName = "WaitForReplacement"
+	// StepMoveLeader moves etcd leadership off the victim's member (skipped when it does not lead).
+	StepMoveLeader StepName = "MoveLeader"
+	// StepRemoveMember removes the victim's etcd member.
+	StepRemoveMember StepName = "RemoveMember"
+	// StepFence fences the victim's storage (design §7).
+	StepFence StepName = "Fence"
+	// StepDelete deletes the victim through its control-plane provider.
+	StepDelete StepName = "Delete"
 )
 
 // RemediationStep records one step of the sequence.
 type RemediationStep struct {
 	// name of the step, e.g. ScaleUp, WaitForReplacement, MoveLeader, RemoveMember, Fence, Delete.
 	// +required
-	Name string `json:"name"`
+	Name StepName `json:"name"`
 	// startTime is when the step was started.
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
@@ -93,18 +112,6 @@ type RemediationStep struct {
 	Message string `json:"message,omitempty"`
 }
 
-// ControlPlaneOrderChosen is the order a control-plane remediation follows.
-type ControlPlaneOrderChosen string
-
-const (
-	// OrderScaleUpFirst scales up, waits for the new member to vote, then removes the victim's member.
-	OrderScaleUpFirst ControlPlaneOrderChosen = "ScaleUpFirst"
-	// OrderRemoveMemberFirst removes the victim's member, then scales up.
-	OrderRemoveMemberFirst ControlPlaneOrderChosen = "RemoveMemberFirst"
-	// OrderReplace deletes and lets the provider recreate (control plane not initialized yet).
-	OrderReplace ControlPlaneOrderChosen = "Replace"
-)
-
 // ControlPlaneRemediationStatus is what a control-plane remediation must remember across restarts:
 // everything else is re-read from the world (etcd, Machines, Nodes).
 type ControlPlaneRemediationStatus struct {
@@ -113,7 +120,7 @@ type ControlPlaneRemediationStatus struct {
 	ClusterName string `json:"clusterName,omitempty"`
 	// order is the order chosen from etcd state and why.
 	// +optional
-	Order ControlPlaneOrderChosen `json:"order,omitempty"`
+	Order ControlPlaneOrder `json:"order,omitempty"`
 	// orderReason says why that order was chosen.
 	// +optional
 	OrderReason string `json:"orderReason,omitempty"`
@@ -147,7 +154,7 @@ type MachineRemediationStatus struct {
 	Phase RemediationPhase `json:"phase,omitempty"`
 	// currentStep is the step being worked on.
 	// +optional
-	CurrentStep string `json:"currentStep,omitempty"`
+	CurrentStep StepName `json:"currentStep,omitempty"`
 	// steps are the steps taken so far, in order.
 	// +optional
 	// +listType=atomic
@@ -262,34 +269,34 @@ type MachineRemediationTemplateList struct {
 
 // MachineRemediation conditions and reasons.
 const (
-	// ProgressingCondition is True while the remediation moves, False while it waits; the message
+	// MachineRemediationProgressingCondition is True while the remediation moves, False while it waits; the message
 	// says why it waits.
-	ProgressingCondition = "Progressing"
-	// SucceededCondition is True when the Machine was replaced.
-	SucceededCondition = "Succeeded"
+	MachineRemediationProgressingCondition = "Progressing"
+	// MachineRemediationSucceededCondition is True when the Machine was replaced.
+	MachineRemediationSucceededCondition = "Succeeded"
 
-	// WaitingForPreconditionsReason: a precondition is not met (the message names it).
-	WaitingForPreconditionsReason = "WaitingForPreconditions"
-	// QuorumLostReason: etcd has lost quorum; nothing automatic is done.
-	QuorumLostReason = "QuorumLost"
-	// NotQuorumSafeReason: the next step would not be quorum-safe now.
-	NotQuorumSafeReason = "NotQuorumSafe"
-	// AnotherRemediationInProgressReason: another control-plane remediation of the cluster holds it.
-	AnotherRemediationInProgressReason = "AnotherRemediationInProgress"
-	// RetryLimitReason: maxRetry was reached.
-	RetryLimitReason = "RetryLimitReached"
-	// RetryPeriodReason: waiting for retryPeriodSeconds.
-	RetryPeriodReason = "WaitingForRetryPeriod"
-	// EtcdUnreachableReason: etcd state could not be read; CAPR never guesses.
-	EtcdUnreachableReason = "EtcdUnreachable"
-	// StepInProgressReason: a step was issued and its effect is awaited.
-	StepInProgressReason = "StepInProgress"
-	// NoRemediatorReason: no remediator handles this Machine yet.
-	NoRemediatorReason = "NoRemediator"
-	// RemediationSucceededReason: done.
-	RemediationSucceededReason = "RemediationSucceeded"
-	// CannotRemediateReason: the Machine cannot be remediated (message says why).
-	CannotRemediateReason = "CannotRemediate"
+	// MachineRemediationWaitingForPreconditionsReason: a precondition is not met (the message names it).
+	MachineRemediationWaitingForPreconditionsReason = "WaitingForPreconditions"
+	// MachineRemediationQuorumLostReason: etcd has lost quorum; nothing automatic is done.
+	MachineRemediationQuorumLostReason = "QuorumLost"
+	// MachineRemediationNotQuorumSafeReason: the next step would not be quorum-safe now.
+	MachineRemediationNotQuorumSafeReason = "NotQuorumSafe"
+	// MachineRemediationAnotherRemediationInProgressReason: another control-plane remediation of the cluster holds it.
+	MachineRemediationAnotherRemediationInProgressReason = "AnotherRemediationInProgress"
+	// MachineRemediationRetryLimitReachedReason: maxRetry was reached.
+	MachineRemediationRetryLimitReachedReason = "RetryLimitReached"
+	// MachineRemediationWaitingForRetryPeriodReason: waiting for retryPeriodSeconds.
+	MachineRemediationWaitingForRetryPeriodReason = "WaitingForRetryPeriod"
+	// MachineRemediationEtcdUnreachableReason: etcd state could not be read; CAPR never guesses.
+	MachineRemediationEtcdUnreachableReason = "EtcdUnreachable"
+	// MachineRemediationStepInProgressReason: a step was issued and its effect is awaited.
+	MachineRemediationStepInProgressReason = "StepInProgress"
+	// MachineRemediationNoRemediatorReason: no remediator handles this Machine yet.
+	MachineRemediationNoRemediatorReason = "NoRemediator"
+	// MachineRemediationSucceededReason: done.
+	MachineRemediationSucceededReason = "RemediationSucceeded"
+	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
+	MachineRemediationCannotRemediateReason = "CannotRemediate"
 )
 
 func init() {

@@ -113,7 +113,7 @@ func TestBadHealthCheckIsRefusedNamingTheField(t *testing.T) {
 			m.Spec.Checks.UnhealthyMachineConditions = []caprv1.UnhealthyMachineCondition{{Type: "HealthCheckSucceeded", Status: metav1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)}}
 		}, "spec.checks.unhealthyMachineConditions[0].type", "must not be a condition written by remediation"},
 		{"machine condition collides with CAPR's own condition", func(m *caprv1.MachineHealthCheck) {
-			m.Spec.Checks.UnhealthyMachineConditions = []caprv1.UnhealthyMachineCondition{{Type: caprv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)}}
+			m.Spec.Checks.UnhealthyMachineConditions = []caprv1.UnhealthyMachineCondition{{Type: caprv1.MachineCAPRHealthCheckSucceededCondition, Status: metav1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)}}
 		}, "spec.checks.unhealthyMachineConditions[0].type", "must not be a condition written by remediation"},
 		{"machine condition OwnerRemediated", func(m *caprv1.MachineHealthCheck) {
 			m.Spec.Checks.UnhealthyMachineConditions = []caprv1.UnhealthyMachineCondition{{Type: "OwnerRemediated", Status: metav1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)}}

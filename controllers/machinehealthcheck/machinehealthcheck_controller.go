@@ -2,10 +2,8 @@ package machinehealthcheck
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -119,7 +117,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 
 	defer func() {
 		opts := []patch.Option{patch.WithOwnedConditions{Conditions: []string{
-			caprv1.PausedCondition, caprv1.RemediationAllowedCondition, caprv1.WorkloadClusterReachableCondition,
+			caprv1.MachineHealthCheckPausedCondition, caprv1.MachineHealthCheckRemediationAllowedCondition, caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
 		}}}
 		if reterr == nil {
 			opts = append(opts, patch.WithStatusObservedGeneration{})
@@ -164,11 +162,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 			r.setUnreachable(mhc, err)
 			return ctrl.Result{RequeueAfter: unreachableRequeue}, nil
 		}
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.WorkloadClusterReachableCondition, Status: metav1.ConditionTrue,
-			Reason: caprv1.WorkloadClusterReachableReason})
+		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineHealthCheckWorkloadClusterReachableReason})
 	} else {
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.WorkloadClusterReachableCondition, Status: metav1.ConditionFalse,
-			Reason:  caprv1.WorkloadClusterNotInitializedReason,
+		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionFalse,
+			Reason:  caprv1.MachineHealthCheckControlPlaneNotInitializedReason,
 			Message: "The control plane is not initialized yet: only control-plane Machines are checked, for node startup"})
 	}
 
@@ -309,7 +307,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		}
 		after := m.DeepCopy()
 		delete(after.Annotations, caprv1.UnhealthyAnnotation)
-		conditions.Delete(after, caprv1.MachineHealthCheckSucceededCondition)
+		conditions.Delete(after, caprv1.MachineCAPRHealthCheckSucceededCondition)
 		if err := patchMark(ctx, r.Client, m, after); err != nil {
 			errs = append(errs, err)
 			continue
@@ -336,7 +334,7 @@ func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine
 		return nil
 	}
 	if err := patchMark(ctx, r.Client, m, after); err != nil {
-		if apierrors.IsNotFound(errors.Unwrap(err)) || strings.Contains(err.Error(), "not found") {
+		if apierrors.IsNotFound(err) {
 			return nil // deleted meanwhile: nothing to mark
 		}
 		return err
@@ -406,15 +404,15 @@ func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {
 }
 
 func (r *Reconciler) setUnreachable(mhc *caprv1.MachineHealthCheck, err error) {
-	if c := conditions.Get(mhc, caprv1.WorkloadClusterReachableCondition); c == nil || c.Status != metav1.ConditionFalse ||
-		c.Reason != caprv1.WorkloadClusterUnreachableReason {
+	if c := conditions.Get(mhc, caprv1.MachineHealthCheckWorkloadClusterReachableCondition); c == nil || c.Status != metav1.ConditionFalse ||
+		c.Reason != caprv1.MachineHealthCheckWorkloadClusterUnreachableReason {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventWorkloadClusterUnreachable, "HealthCheck",
 			"Workload cluster %s cannot be reached; no Machine is marked until it can: %v", mhc.Spec.ClusterName, err)
 	}
 	conditions.Set(mhc, metav1.Condition{
-		Type:    caprv1.WorkloadClusterReachableCondition,
+		Type:    caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
 		Status:  metav1.ConditionFalse,
-		Reason:  caprv1.WorkloadClusterUnreachableReason,
+		Reason:  caprv1.MachineHealthCheckWorkloadClusterUnreachableReason,
 		Message: fmt.Sprintf("Workload cluster cannot be reached, no Machine is marked until it can: %v", err),
 	})
 }
@@ -423,16 +421,16 @@ func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, trigg
 	switch {
 	case !trigger.allowed:
 		mhc.Status.RemediationsAllowed = ptr.To(int32(0))
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.RemediationAllowedCondition, Status: metav1.ConditionFalse,
-			Reason: caprv1.TooManyUnhealthyReason, Message: trigger.message})
+		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+			Reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, Message: trigger.message})
 	case !cp.allowed:
 		mhc.Status.RemediationsAllowed = ptr.To(int32(trigger.remaining))
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.RemediationAllowedCondition, Status: metav1.ConditionFalse,
-			Reason: caprv1.ControlPlaneQuorumLimitReason, Message: cp.message})
+		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+			Reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, Message: cp.message})
 	default:
 		mhc.Status.RemediationsAllowed = ptr.To(int32(trigger.remaining))
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.RemediationAllowedCondition, Status: metav1.ConditionTrue,
-			Reason: caprv1.RemediationAllowedReason})
+		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineHealthCheckRemediationAllowedReason})
 	}
 	if restricted > 0 {
 		msg := trigger.message

@@ -145,7 +145,7 @@ func markOf(g Gomega, ns, name string) (*caprv1.MarkRecord, *metav1.Condition) {
 		rec = &caprv1.MarkRecord{}
 		g.Expect(json.Unmarshal([]byte(v), rec)).To(Succeed())
 	}
-	return rec, conditions.Get(m, caprv1.MachineHealthCheckSucceededCondition)
+	return rec, conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
 }
 
 func remediationExists(ns, name string) bool {
@@ -183,20 +183,20 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		rec, cond := markOf(g, f.ns, "sick")
 		g.Expect(rec).NotTo(BeNil())
-		g.Expect(rec.Reason).To(Equal(caprv1.UnhealthyNodeReason))
+		g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
 		g.Expect(rec.Checker).To(Equal(f.ns + "/hc"))
-		g.Expect(rec.Since).NotTo(BeEmpty())
+		g.Expect(rec.Since.IsZero()).To(BeFalse())
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-		g.Expect(cond.Reason).To(Equal(caprv1.UnhealthyNodeReason))
+		g.Expect(cond.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
 		g.Expect(cond.Message).To(ContainSubstring("Condition Ready on Node is reporting status False"))
 	}, eventually, poll).Should(Succeed())
 
 	g.Eventually(func(g Gomega) {
 		mr := &caprv1.MachineRemediation{}
 		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "sick"}, mr)).To(Succeed())
-		g.Expect(mr.Spec.Source).To(Equal(caprv1.SourceHealthCheck))
-		g.Expect(mr.Spec.Reason).To(Equal(caprv1.UnhealthyNodeReason))
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
+		g.Expect(mr.Spec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
 		g.Expect(mr.OwnerReferences).To(ContainElement(HaveField("Name", "sick")))
 		g.Expect(mr.Labels).To(HaveKeyWithValue(machinehealthcheck.HealthCheckLabel, "hc"))
 	}, eventually, poll).Should(Succeed())
@@ -211,8 +211,8 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 		g.Expect(mhc.Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(1)))
 		g.Expect(mhc.Status.Targets).To(Equal([]string{"healthy", "sick"}))
 		g.Expect(mhc.Status.UnhealthyMachines).To(Equal([]string{"sick"}))
-		g.Expect(conditions.IsTrue(mhc, caprv1.RemediationAllowedCondition)).To(BeTrue())
-		g.Expect(conditions.IsTrue(mhc, caprv1.WorkloadClusterReachableCondition)).To(BeTrue())
+		g.Expect(conditions.IsTrue(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(BeTrue())
+		g.Expect(conditions.IsTrue(mhc, caprv1.MachineHealthCheckWorkloadClusterReachableCondition)).To(BeTrue())
 		g.Expect(eventsFor(g, f.ns, "sick", caprv1.EventMachineMarkedUnhealthy)).NotTo(BeEmpty())
 	}, eventually, poll).Should(Succeed())
 	g.Expect(remediationExists(f.ns, "healthy")).To(BeFalse())
@@ -247,7 +247,7 @@ func TestRunningRemediationIsNotWithdrawn(t *testing.T) {
 	mr := &caprv1.MachineRemediation{}
 	g.Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr) }, eventually, poll).Should(Succeed())
 	// A remediator started it: from here on it must finish even if the Machine recovers.
-	mr.Status.Phase = caprv1.PhaseRunning
+	mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
 	g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
 
 	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m", corev1.ConditionTrue)).To(Succeed())
@@ -273,10 +273,10 @@ func TestShortCircuitMarksButDoesNotRequest(t *testing.T) {
 	})
 	g.Eventually(func(g Gomega) {
 		mhc := getHealthCheck(g, f.ns)
-		cond := conditions.Get(mhc, caprv1.RemediationAllowedCondition)
+		cond := conditions.Get(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-		g.Expect(cond.Reason).To(Equal(caprv1.TooManyUnhealthyReason))
+		g.Expect(cond.Reason).To(Equal(caprv1.MachineHealthCheckTooManyUnhealthyReason))
 		g.Expect(cond.Message).To(ContainSubstring("total: 3, unhealthy: 2"))
 		g.Expect(mhc.Status.RemediationsAllowed).To(HaveValue(BeEquivalentTo(0)))
 		for _, name := range []string{"b", "c"} {
@@ -299,7 +299,7 @@ func TestUnhealthyInRange(t *testing.T) {
 		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[2-3]"}
 	})
 	g.Eventually(func(g Gomega) {
-		cond := conditions.Get(getHealthCheck(g, f.ns), caprv1.RemediationAllowedCondition)
+		cond := conditions.Get(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationAllowedCondition)
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
 		g.Expect(cond.Message).To(ContainSubstring("unhealthyInRange: [2-3]"))
@@ -348,7 +348,7 @@ func TestNodeStartupTimeoutAndMissingNode(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "gone")
 		g.Expect(rec).NotTo(BeNil())
-		g.Expect(rec.Reason).To(Equal(caprv1.NodeDeletedReason))
+		g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckNodeDeletedReason))
 	}, eventually, poll).Should(Succeed())
 	// Within its 30s startup window the Node-less Machine is neither healthy nor marked.
 	rec, cond := markOf(g, f.ns, "no-node")
@@ -377,7 +377,7 @@ func TestManualRequests(t *testing.T) {
 		for _, name := range []string{"annotated", "hand-marked"} {
 			_, cond := markOf(g, f.ns, name)
 			g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(cond.Reason).To(Equal(caprv1.ManualRequestReason))
+			g.Expect(cond.Reason).To(Equal(caprv1.MachineCAPRHealthCheckManualRequestReason))
 			g.Expect(remediationExists(f.ns, name)).To(BeTrue())
 		}
 	}, eventually, poll).Should(Succeed())
@@ -432,7 +432,7 @@ func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
 	f.machine(g, "sick", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
 	f.healthCheck(g, nil)
 	g.Eventually(func(g Gomega) {
-		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.PausedCondition)).To(BeTrue())
+		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckPausedCondition)).To(BeTrue())
 	}, eventually, poll).Should(Succeed())
 	g.Consistently(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "sick")
@@ -467,10 +467,10 @@ func TestUnreachableWorkloadClusterMarksNothing(t *testing.T) {
 	}
 	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
 	g.Eventually(func(g Gomega) {
-		cond := conditions.Get(getHealthCheck(g, ns), caprv1.WorkloadClusterReachableCondition)
+		cond := conditions.Get(getHealthCheck(g, ns), caprv1.MachineHealthCheckWorkloadClusterReachableCondition)
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-		g.Expect(cond.Reason).To(Equal(caprv1.WorkloadClusterUnreachableReason))
+		g.Expect(cond.Reason).To(Equal(caprv1.MachineHealthCheckWorkloadClusterUnreachableReason))
 		g.Expect(eventsFor(g, ns, "hc", caprv1.EventWorkloadClusterUnreachable)).NotTo(BeEmpty())
 	}, eventually, poll).Should(Succeed())
 	g.Consistently(func(g Gomega) {
@@ -509,7 +509,7 @@ func TestControlPlaneQuorumSafeLimit(t *testing.T) {
 				mhc := getHealthCheck(g, f.ns)
 				g.Expect(mhc.Status.ControlPlaneUnhealthyLimit).To(HaveValue(BeEquivalentTo((tt.replicas - 1) / 2)))
 				g.Expect(mhc.Status.UnhealthyMachines).To(HaveLen(tt.unhealthy))
-				cond := conditions.Get(mhc, caprv1.RemediationAllowedCondition)
+				cond := conditions.Get(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)
 				g.Expect(cond).NotTo(BeNil())
 				if tt.allowed {
 					g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
@@ -518,7 +518,7 @@ func TestControlPlaneQuorumSafeLimit(t *testing.T) {
 					}
 				} else {
 					g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-					g.Expect(cond.Reason).To(Equal(caprv1.ControlPlaneQuorumLimitReason))
+					g.Expect(cond.Reason).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
 				}
 			}, eventually, poll).Should(Succeed())
 			if !tt.allowed {
@@ -550,7 +550,7 @@ func TestTemplateRefToMachineRemediationTemplate(t *testing.T) {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr)).To(Succeed())
 		g.Expect(mr.Spec.ControlPlane).NotTo(BeNil())
 		g.Expect(mr.Spec.ControlPlane.MaxRetry).To(HaveValue(BeEquivalentTo(2)))
-		g.Expect(mr.Spec.Source).To(Equal(caprv1.SourceHealthCheck))
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
 		g.Expect(mr.Annotations).To(HaveKeyWithValue(clusterv1.TemplateClonedFromNameAnnotation, "tmpl"))
 	}, eventually, poll).Should(Succeed())
 }
@@ -577,7 +577,7 @@ func TestEtcdMemberCheck(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "cp-1")
 		g.Expect(rec).NotTo(BeNil())
-		g.Expect(rec.Reason).To(Equal(caprv1.UnhealthyEtcdMemberReason))
+		g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason))
 		g.Expect(rec.Message).To(ContainSubstring("alarmed (NOSPACE)"))
 		g.Expect(remediationExists(f.ns, "cp-1")).To(BeTrue())
 	}, eventually, poll).Should(Succeed())

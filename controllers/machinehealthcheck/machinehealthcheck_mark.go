@@ -2,12 +2,12 @@ package machinehealthcheck
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,21 +45,17 @@ func setMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time)
 
 	// The annotation is ours to write unless a person (or another tool) wrote it.
 	if _, foreign := foreignMark(m, checker); !foreign {
-		since := now.UTC().Format(time.RFC3339)
-		if current, ok := ownMark(m, checker); ok && current.Since != "" {
+		since := metav1.NewTime(now.UTC().Truncate(time.Second))
+		if current, ok := ownMark(m, checker); ok && !current.Since.IsZero() {
 			since = current.Since
 		}
-		value, _ := json.Marshal(caprv1.MarkRecord{Reason: ev.reason, Message: ev.message, Since: since, Checker: checker})
-		if m.Annotations[caprv1.UnhealthyAnnotation] != string(value) {
-			if m.Annotations == nil {
-				m.Annotations = map[string]string{}
-			}
-			m.Annotations[caprv1.UnhealthyAnnotation] = string(value)
-			changed = true
+		rec := caprv1.MarkRecord{Reason: ev.reason, Message: ev.message, Since: since, Checker: checker}
+		if value, err := rec.Marshal(); err == nil && m.Annotations[caprv1.UnhealthyAnnotation] != value {
+			changed = annotations.AddAnnotations(m, map[string]string{caprv1.UnhealthyAnnotation: value}) || changed
 		}
 	}
 	cond := metav1.Condition{
-		Type:    caprv1.MachineHealthCheckSucceededCondition,
+		Type:    caprv1.MachineCAPRHealthCheckSucceededCondition,
 		Status:  metav1.ConditionFalse,
 		Reason:  ev.reason,
 		Message: ev.message,
@@ -86,9 +82,9 @@ func clearMark(m *clusterv1.Machine, checker string) markChange {
 		changed = true
 	}
 	cond := metav1.Condition{
-		Type:   caprv1.MachineHealthCheckSucceededCondition,
+		Type:   caprv1.MachineCAPRHealthCheckSucceededCondition,
 		Status: metav1.ConditionTrue,
-		Reason: caprv1.HealthCheckSucceededReason,
+		Reason: caprv1.MachineCAPRHealthCheckSucceededReason,
 	}
 	if !hasSameCondition(m, cond) {
 		conditions.Set(m, cond)
@@ -110,7 +106,7 @@ func isMarked(m *clusterv1.Machine, checker string) bool {
 	if _, ok := ownMark(m, checker); ok {
 		return true
 	}
-	c := conditions.Get(m, caprv1.MachineHealthCheckSucceededCondition)
+	c := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
 	return c != nil && c.Status == metav1.ConditionFalse
 }
 
@@ -125,8 +121,8 @@ func ownMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool) {
 	if !ok {
 		return nil, false
 	}
-	rec := &caprv1.MarkRecord{}
-	if err := json.Unmarshal([]byte(value), rec); err != nil || rec.Checker != checker {
+	rec, err := caprv1.MarkRecordFromAnnotation(value)
+	if err != nil || rec.Checker != checker {
 		return nil, false
 	}
 	return rec, true
@@ -139,7 +135,7 @@ func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Ma
 	if err != nil {
 		return fmt.Errorf("creating patch helper for Machine %s: %w", before.Name, err)
 	}
-	if err := helper.Patch(ctx, after, patch.WithOwnedConditions{Conditions: []string{caprv1.MachineHealthCheckSucceededCondition}}); err != nil {
+	if err := helper.Patch(ctx, after, patch.WithOwnedConditions{Conditions: []string{caprv1.MachineCAPRHealthCheckSucceededCondition}}); err != nil {
 		return fmt.Errorf("patching mark on Machine %s: %w", before.Name, err)
 	}
 	return nil

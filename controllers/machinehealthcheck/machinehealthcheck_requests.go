@@ -86,7 +86,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		mr := &caprv1.MachineRemediation{
 			ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace},
 			Spec: caprv1.MachineRemediationSpec{
-				Source:       caprv1.SourceHealthCheck,
+				Source:       caprv1.MachineRemediationSourceHealthCheck,
 				Reason:       ev.reason,
 				Message:      truncate(ev.message, 10240),
 				Fencing:      mhc.Spec.Remediation.Fencing.DeepCopy(),
@@ -135,7 +135,7 @@ func (r *Reconciler) requestFromTemplate(ctx context.Context, mhc *caprv1.Machin
 	}
 	if obj.GroupVersionKind() == caprv1.GroupVersion.WithKind("MachineRemediation") {
 		for field, value := range map[string]string{
-			"source": string(caprv1.SourceHealthCheck), "reason": ev.reason, "message": truncate(ev.message, 10240),
+			"source": string(caprv1.MachineRemediationSourceHealthCheck), "reason": ev.reason, "message": truncate(ev.message, 10240),
 		} {
 			if err := unstructured.SetNestedField(obj.Object, value, "spec", field); err != nil {
 				return nil, fmt.Errorf("setting spec.%s: %w", field, err)
@@ -155,7 +155,7 @@ func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHea
 	if !ok || obj.GetLabels()[HealthCheckLabel] != mhc.Name || !obj.GetDeletionTimestamp().IsZero() {
 		return nil
 	}
-	if mr, ok := obj.(*caprv1.MachineRemediation); ok && mr.Status.Phase != "" && mr.Status.Phase != caprv1.PhasePending {
+	if mr, ok := obj.(*caprv1.MachineRemediation); ok && mr.Status.Phase != "" && mr.Status.Phase != caprv1.MachineRemediationPhasePending {
 		return nil
 	}
 	err := r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})

@@ -1,7 +1,6 @@
 package machinehealthcheck
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -87,10 +86,10 @@ func foreignMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool
 	if !ok {
 		return nil, false
 	}
-	rec := &caprv1.MarkRecord{}
-	if err := json.Unmarshal([]byte(value), rec); err != nil {
+	rec, err := caprv1.MarkRecordFromAnnotation(value)
+	if err != nil {
 		// A mark that is not JSON is still a request by a person; keep its text as the message.
-		return &caprv1.MarkRecord{Reason: caprv1.ManualRequestReason, Message: value}, true
+		return &caprv1.MarkRecord{Reason: caprv1.MachineCAPRHealthCheckManualRequestReason, Message: value}, true
 	}
 	if rec.Checker == checker {
 		return nil, false
@@ -106,7 +105,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 
 	// Requests by a person come first and need no timeout.
 	if annotations.HasRemediateMachine(m) {
-		return evaluation{verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason,
+		return evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason,
 			message: "Machine has the " + clusterv1.RemediateMachineAnnotation + " annotation"}
 	}
 	if rec, ok := foreignMark(m, cfg.checker); ok {
@@ -114,7 +113,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 		if msg == "" {
 			msg = "Machine was marked unhealthy by " + orDefault(rec.Checker, "hand")
 		}
-		return evaluation{verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason, message: msg}
+		return evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason, message: msg}
 	}
 
 	// Workers are not checked before the control plane is up; control-plane Machines are, so that
@@ -149,7 +148,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 		}
 		timeout := seconds(c.TimeoutSeconds)
 		if expired, remaining := timedOut(cond.LastTransitionTime.Time, timeout, now); expired {
-			fail(caprv1.UnhealthyMachineReason, fmt.Sprintf("Condition %s on Machine is reporting status %s for more than %s", c.Type, c.Status, timeout))
+			fail(caprv1.MachineCAPRHealthCheckUnhealthyMachineReason, fmt.Sprintf("Condition %s on Machine is reporting status %s for more than %s", c.Type, c.Status, timeout))
 		} else {
 			wait(remaining)
 		}
@@ -158,13 +157,13 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 	// Node checks.
 	switch {
 	case t.nodeMissing:
-		fail(caprv1.NodeDeletedReason, fmt.Sprintf("Node %s has been deleted", m.Status.NodeRef.Name))
+		fail(caprv1.MachineCAPRHealthCheckNodeDeletedReason, fmt.Sprintf("Node %s has been deleted", m.Status.NodeRef.Name))
 	case t.node == nil:
 		if cfg.nodeStartupTimeout > 0 {
 			start := latest(m.CreationTimestamp.Time, cluster.infrastructureReadyTime, cluster.controlPlaneInitTime,
 				conditionTime(m, clusterv1.MachineInfrastructureReadyCondition))
 			if expired, remaining := timedOut(start, cfg.nodeStartupTimeout, now); expired {
-				fail(caprv1.NodeStartupTimeoutReason, fmt.Sprintf("Health check failed: Node failed to report startup in %s", cfg.nodeStartupTimeout))
+				fail(caprv1.MachineCAPRHealthCheckNodeStartupTimeoutReason, fmt.Sprintf("Health check failed: Node failed to report startup in %s", cfg.nodeStartupTimeout))
 			} else {
 				wait(remaining)
 			}
@@ -177,7 +176,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 			}
 			timeout := seconds(c.TimeoutSeconds)
 			if expired, remaining := timedOut(cond.LastTransitionTime.Time, timeout, now); expired {
-				fail(caprv1.UnhealthyNodeReason, fmt.Sprintf("Condition %s on Node is reporting status %s for more than %s", c.Type, c.Status, timeout))
+				fail(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, fmt.Sprintf("Condition %s on Node is reporting status %s for more than %s", c.Type, c.Status, timeout))
 			} else {
 				wait(remaining)
 			}
@@ -187,7 +186,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 	// etcd member (control-plane Machines only, when configured and observed).
 	if cfg.etcdMemberTimeout > 0 && t.etcd != nil && !t.etcd.healthy && isControlPlane(m) {
 		if expired, remaining := timedOut(t.etcd.since, cfg.etcdMemberTimeout, now); expired {
-			fail(caprv1.UnhealthyEtcdMemberReason, fmt.Sprintf("etcd member is %s for more than %s", t.etcd.problem, cfg.etcdMemberTimeout))
+			fail(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason, fmt.Sprintf("etcd member is %s for more than %s", t.etcd.problem, cfg.etcdMemberTimeout))
 		} else {
 			wait(remaining)
 		}

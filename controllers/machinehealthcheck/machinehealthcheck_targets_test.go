@@ -72,16 +72,16 @@ func TestEvaluate(t *testing.T) {
 	}{
 		{name: "healthy node", target: target{machine: machine(false), node: node(ready)}, verdict: verdictHealthy},
 		{name: "Ready=False past timeout", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 301*time.Second))},
-			verdict: verdictUnhealthy, reason: caprv1.UnhealthyNodeReason},
+			verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason},
 		{name: "Ready=False exactly at timeout is not yet unhealthy", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 300*time.Second))},
 			verdict: verdictPending, nextCheck: time.Second},
 		{name: "Ready=Unknown within timeout requeues at expiry", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionUnknown, 100*time.Second))},
 			verdict: verdictPending, nextCheck: 201 * time.Second},
 		{name: "zero timeout condition is immediate", target: target{machine: machine(false), node: node(ready, nodeCond("DiskPressure", corev1.ConditionTrue, time.Millisecond))},
-			verdict: verdictUnhealthy, reason: caprv1.UnhealthyNodeReason},
+			verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason},
 		{name: "condition with another status is ignored", target: target{machine: machine(false), node: node(ready, nodeCond("DiskPressure", corev1.ConditionFalse, time.Hour))},
 			verdict: verdictHealthy},
-		{name: "node deleted", target: target{machine: machine(false), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.NodeDeletedReason},
+		{name: "node deleted", target: target{machine: machine(false), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason},
 		{name: "no node within startup timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 			m.CreationTimestamp = metav1.NewTime(now.Add(-9 * time.Minute))
@@ -89,7 +89,7 @@ func TestEvaluate(t *testing.T) {
 		{name: "no node past startup timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 			m.CreationTimestamp = metav1.NewTime(now.Add(-11 * time.Minute))
-		})}, verdict: verdictUnhealthy, reason: caprv1.NodeStartupTimeoutReason},
+		})}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeStartupTimeoutReason},
 		{name: "startup timeout counts from the latest of machine and cluster readiness", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 		})}, cluster: clusterFacts{infrastructureReady: true, infrastructureReadyTime: now.Add(-5 * time.Minute),
@@ -100,36 +100,36 @@ func TestEvaluate(t *testing.T) {
 		})}, config: func(c *checkConfig) { c.nodeStartupTimeout = 0 }, verdict: verdictPending},
 		{name: "machine condition past timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute))}}
-		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.UnhealthyMachineReason},
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyMachineReason},
 		{name: "machine condition within timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-30 * time.Second))}}
 		}), node: node(ready)}, verdict: verdictPending, nextCheck: 31 * time.Second},
 		{name: "machine and node failures: machine reason wins, messages merged", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute))}}
-		}), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.UnhealthyMachineReason},
+		}), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyMachineReason},
 		{name: "remediate-machine annotation is immediate", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
-		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason},
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason},
 		{name: "hand-written mark is a request", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"x","checker":"bob"}`}
-		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason},
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason},
 		{name: "hand-written non-JSON mark is a request", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: "broken disk"}
-		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.ManualRequestReason},
+		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason},
 		{name: "own mark is not a request: health decides", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"UnhealthyNode","checker":"ns/hc"}`}
 		}), node: node(ready)}, verdict: verdictHealthy},
 		{name: "worker before control plane init is not checked", target: target{machine: machine(false), nodeMissing: true},
 			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictPending},
 		{name: "control-plane machine before init is checked", target: target{machine: machine(true), nodeMissing: true},
-			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictUnhealthy, reason: caprv1.NodeDeletedReason},
+			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason},
 		{name: "infrastructure not ready: not checked", target: target{machine: machine(true), nodeMissing: true},
 			cluster: clusterFacts{controlPlaneInitialized: true}, verdict: verdictPending},
 		{name: "deleting machine with a healthy node is pending", target: target{machine: machine(false, func(m *clusterv1.Machine) {
 			m.DeletionTimestamp = ptr.To(metav1.NewTime(now))
 		}), node: node(ready)}, verdict: verdictPending},
 		{name: "etcd member unhealthy past timeout", target: target{machine: machine(true), node: node(ready),
-			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-3 * time.Minute)}}, verdict: verdictUnhealthy, reason: caprv1.UnhealthyEtcdMemberReason},
+			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-3 * time.Minute)}}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason},
 		{name: "etcd member unhealthy within timeout", target: target{machine: machine(true), node: node(ready),
 			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Minute)}}, verdict: verdictPending, nextCheck: time.Minute + time.Second},
 		{name: "etcd check ignores workers", target: target{machine: machine(false), node: node(ready),
@@ -161,19 +161,19 @@ func TestEvaluate(t *testing.T) {
 
 func TestApplyMark(t *testing.T) {
 	g := NewWithT(t)
-	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.UnhealthyNodeReason, message: "Ready=False"}
+	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Ready=False"}
 	m := machine(false)
 
 	g.Expect(applyMark(m, unhealthy, "ns/hc", now)).To(Equal(markSet))
 	rec, ok := ownMark(m, "ns/hc")
 	g.Expect(ok).To(BeTrue())
-	g.Expect(rec.Since).To(Equal(now.Format(time.RFC3339)))
+	g.Expect(rec.Since.UTC().Format(time.RFC3339)).To(Equal(now.UTC().Format(time.RFC3339)))
 	// Same verdict later: nothing to write, since is kept.
 	g.Expect(applyMark(m, unhealthy, "ns/hc", now.Add(time.Minute))).To(Equal(markUnchanged))
 	// New reason: updated, since kept.
-	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.NodeDeletedReason, message: "gone"}, "ns/hc", now.Add(time.Minute))).To(Equal(markUpdated))
+	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason, message: "gone"}, "ns/hc", now.Add(time.Minute))).To(Equal(markUpdated))
 	rec, _ = ownMark(m, "ns/hc")
-	g.Expect(rec.Since).To(Equal(now.Format(time.RFC3339)))
+	g.Expect(rec.Since.UTC().Format(time.RFC3339)).To(Equal(now.UTC().Format(time.RFC3339)))
 	// Pending leaves the mark alone.
 	g.Expect(applyMark(m, evaluation{verdict: verdictPending}, "ns/hc", now)).To(Equal(markUnchanged))
 	// Healthy clears it.

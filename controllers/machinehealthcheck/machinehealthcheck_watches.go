@@ -2,7 +2,6 @@ package machinehealthcheck
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -187,9 +186,8 @@ func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.C
 	if err != nil || !found {
 		return limitDecision{limit: 0, message: "Remediation of control-plane Machines is not allowed: the control plane has no spec.replicas"}
 	}
-	if v, ok := cp.GetAnnotations()[caprv1.RemediationInProgressAnnotation]; ok {
-		rec := caprv1.ControlPlaneLock{}
-		if json.Unmarshal([]byte(v), &rec) == nil && rec.DesiredReplicas > 0 {
+	if v, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; ok {
+		if rec, err := caprv1.ControlPlaneLockFromAnnotation(v); err == nil && rec.DesiredReplicas > 0 {
 			replicas = int64(rec.DesiredReplicas)
 		}
 	}

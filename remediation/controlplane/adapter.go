@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -38,7 +40,7 @@ type ProviderView struct {
 
 // AdapterFor returns the adapter for a control-plane object's kind.
 func AdapterFor(cp *unstructured.Unstructured) Adapter {
-	if cp.GroupVersionKind().Group == "controlplane.cluster.x-k8s.io" && cp.GetKind() == "KubeadmControlPlane" {
+	if cp.GroupVersionKind().Group == controlplanev1.GroupVersion.Group && cp.GetKind() == "KubeadmControlPlane" {
 		return KCP{}
 	}
 	return Generic{}

@@ -44,7 +44,7 @@ func stepLatencyRun(b *testing.B) map[string]time.Duration {
 	victim := controlPlane(g, wc)[1]
 
 	var mu sync.Mutex
-	issued, done := map[string]time.Time{}, map[string]time.Time{}
+	issued, done := map[caprv1.StepName]time.Time{}, map[caprv1.StepName]time.Time{}
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{StepObserver: func(e controlplane.StepEvent) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -70,12 +70,12 @@ func stepLatencyRun(b *testing.B) map[string]time.Duration {
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		_, ok := done[controlplane.StepDelete]
+		_, ok := done[caprv1.StepDelete]
 		return ok
 	}, remediationTimeout, 10*time.Millisecond).Should(BeTrue())
 	b.StopTimer()
 	g.Eventually(func(g Gomega) {
-		g.Expect(getRemediation(g, wc, victim.Name).Status.Phase).To(Equal(caprv1.PhaseSucceeded))
+		g.Expect(getRemediation(g, wc, victim.Name).Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded))
 	}, remediationTimeout, 50*time.Millisecond).Should(Succeed())
 
 	var promoted, provisioned, deleted time.Time
@@ -96,11 +96,11 @@ func stepLatencyRun(b *testing.B) map[string]time.Duration {
 		ready = provisioned
 	}
 	return map[string]time.Duration{
-		"ScaleUp":      issued[controlplane.StepScaleUp].Sub(requested),
-		"MoveLeader":   issued[controlplane.StepMoveLeader].Sub(ready),
-		"RemoveMember": issued[controlplane.StepRemoveMember].Sub(done[controlplane.StepMoveLeader]),
-		"Fence":        issued[controlplane.StepFence].Sub(done[controlplane.StepRemoveMember]),
-		"Delete":       issued[controlplane.StepDelete].Sub(done[controlplane.StepFence]),
-		"Done":         done[controlplane.StepDelete].Sub(deleted),
+		"ScaleUp":      issued[caprv1.StepScaleUp].Sub(requested),
+		"MoveLeader":   issued[caprv1.StepMoveLeader].Sub(ready),
+		"RemoveMember": issued[caprv1.StepRemoveMember].Sub(done[caprv1.StepMoveLeader]),
+		"Fence":        issued[caprv1.StepFence].Sub(done[caprv1.StepRemoveMember]),
+		"Delete":       issued[caprv1.StepDelete].Sub(done[caprv1.StepFence]),
+		"Done":         done[caprv1.StepDelete].Sub(deleted),
 	}
 }

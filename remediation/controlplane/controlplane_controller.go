@@ -57,7 +57,7 @@ type EtcdProvider interface {
 // StepEvent is reported to StepObserver when a step is issued or seen done.
 type StepEvent struct {
 	Remediation types.NamespacedName
-	Step        string
+	Step        caprv1.StepName
 	// Done is false when the step is issued, true when its effect was seen.
 	Done bool
 	Time time.Time
@@ -133,7 +133,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineRemediation: %w", err)
 	}
-	if mr.Status.Phase == caprv1.PhaseSucceeded || mr.Status.Phase == caprv1.PhaseFailed || !mr.DeletionTimestamp.IsZero() {
+	if mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded || mr.Status.Phase == caprv1.MachineRemediationPhaseFailed || !mr.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("Machine", klog.KRef(mr.Namespace, mr.Name))
@@ -145,7 +145,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("reading Machine: %w", machineErr)
 	}
 	machineGone := apierrors.IsNotFound(machineErr)
-	if machineGone && mr.Status.Phase != caprv1.PhaseRunning {
+	if machineGone && mr.Status.Phase != caprv1.MachineRemediationPhaseRunning {
 		// Nothing was started and there is nothing left to remediate.
 		return ctrl.Result{}, nil
 	}
@@ -176,9 +176,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	if !machineGone && !util.IsControlPlaneMachine(machine) {
 		if mr.Status.Phase == "" {
-			mr.Status.Phase = caprv1.PhasePending
+			mr.Status.Phase = caprv1.MachineRemediationPhasePending
 		}
-		setWaiting(mr, caprv1.NoRemediatorReason, "This Machine is not a control-plane Machine; worker remediation is not handled by this CAPR version")
+		setWaiting(mr, caprv1.MachineRemediationNoRemediatorReason, "This Machine is not a control-plane Machine; worker remediation is not handled by this CAPR version")
 		return ctrl.Result{}, nil
 	}
 
@@ -194,13 +194,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	if err := r.gather(ctx, s); err != nil {
-		setWaiting(mr, caprv1.WaitingForPreconditionsReason, err.Error())
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	if machineGone {
 		return r.reconcileMachineGone(ctx, s)
 	}
-	if mr.Status.Phase == caprv1.PhaseRunning {
+	if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
 		return r.reconcileRunning(ctx, s)
 	}
 	return r.reconcilePending(ctx, s)
@@ -232,10 +232,10 @@ func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Result, error) {
 	mr, m := s.mr, s.machine
 	if mr.Status.Phase == "" {
-		mr.Status.Phase = caprv1.PhasePending
+		mr.Status.Phase = caprv1.MachineRemediationPhasePending
 	}
 	if !m.DeletionTimestamp.IsZero() {
-		setWaiting(mr, caprv1.WaitingForPreconditionsReason, "the Machine is already being deleted")
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, "the Machine is already being deleted")
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 
@@ -243,9 +243,9 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 	retry := CheckRetryLimits(remediationRecord(m), mr.Spec.ControlPlane, now())
 	switch {
 	case retry.GiveUp:
-		return r.fail(ctx, s, caprv1.RetryLimitReason, retry.Message)
+		return r.fail(ctx, s, caprv1.MachineRemediationRetryLimitReachedReason, retry.Message)
 	case !retry.WaitUntil.IsZero():
-		setWaiting(mr, caprv1.RetryPeriodReason, retry.Message)
+		setWaiting(mr, caprv1.MachineRemediationWaitingForRetryPeriodReason, retry.Message)
 		return ctrl.Result{RequeueAfter: time.Until(retry.WaitUntil) + time.Second}, nil
 	}
 
@@ -256,7 +256,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 			return ctrl.Result{}, err
 		}
 		if active {
-			setWaiting(mr, caprv1.AnotherRemediationInProgressReason, fmt.Sprintf(
+			setWaiting(mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
 				"the remediation of control-plane Machine %s is in progress; control-plane Machines are remediated one at a time", l.MachineRemediation))
 			return ctrl.Result{RequeueAfter: waitLong}, nil
 		}
@@ -264,7 +264,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 
 	desired, err := Replicas(s.cp)
 	if err != nil {
-		setWaiting(mr, caprv1.WaitingForPreconditionsReason, err.Error())
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == mr.Name && l.DesiredReplicas > 0 {
@@ -279,14 +279,14 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 	if in.Initialized {
 		for _, other := range s.machines {
 			if other.Name != m.Name && (!other.Status.NodeRef.IsDefined() || !other.DeletionTimestamp.IsZero()) {
-				setWaiting(mr, caprv1.WaitingForPreconditionsReason, fmt.Sprintf(
+				setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf(
 					"control-plane Machine %s is still provisioning or being deleted", other.Name))
 				return ctrl.Result{RequeueAfter: waitShort}, nil
 			}
 		}
 		state, err = r.inspectEtcd(ctx, s)
 		if err != nil {
-			setWaiting(mr, caprv1.EtcdUnreachableReason, fmt.Sprintf("cannot read etcd state, nothing is done without it: %v", err))
+			setWaiting(mr, caprv1.MachineRemediationEtcdUnreachableReason, fmt.Sprintf("cannot read etcd state, nothing is done without it: %v", err))
 			return ctrl.Result{RequeueAfter: waitLong}, nil
 		}
 		in.Counts = state.Counts()
@@ -294,7 +294,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 		if first, err := r.firstCandidate(ctx, s, state); err != nil {
 			return ctrl.Result{}, err
 		} else if first != mr.Name {
-			setWaiting(mr, caprv1.AnotherRemediationInProgressReason, fmt.Sprintf(
+			setWaiting(mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
 				"control-plane Machine %s is more broken and is remediated first", first))
 			return ctrl.Result{RequeueAfter: waitLong}, nil
 		}
@@ -310,7 +310,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 				msg += fmt.Sprintf("; unhealthy members: %v", down)
 			}
 		}
-		if decision.WaitReason == caprv1.QuorumLostReason && !isWaitingFor(mr, caprv1.QuorumLostReason) {
+		if decision.WaitReason == caprv1.MachineRemediationQuorumLostReason && !isWaitingFor(mr, caprv1.MachineRemediationQuorumLostReason) {
 			r.event(mr, corev1.EventTypeWarning, EventQuorumLost, msg)
 		} else if !isWaitingFor(mr, decision.WaitReason) {
 			r.event(mr, corev1.EventTypeWarning, EventRemediationWaiting, msg)
@@ -345,11 +345,11 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 		mr.Labels = map[string]string{}
 	}
 	mr.Labels[clusterv1.ClusterNameLabel] = s.cluster.Name
-	mr.Status.Phase = caprv1.PhaseRunning
+	mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
 	mr.Status.StartTime = ptr.To(metav1.Now())
 	mr.Status.LastError = ""
-	conditions.Set(mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionTrue,
-		Reason: caprv1.StepInProgressReason, Message: "order " + string(decision.Order) + ": " + decision.Reason})
+	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
+		Reason: caprv1.MachineRemediationStepInProgressReason, Message: "order " + string(decision.Order) + ": " + decision.Reason})
 	table := ""
 	if state != nil {
 		table = "\n" + state.Table()
@@ -376,15 +376,15 @@ func (r *Reconciler) firstCandidate(ctx context.Context, s *scope, state *etcdut
 			other = *s.mr // the live copy, not the cached one
 		}
 		m, ok := byName[other.Name]
-		if !ok || (other.Status.Phase != "" && other.Status.Phase != caprv1.PhasePending) || !m.DeletionTimestamp.IsZero() {
+		if !ok || (other.Status.Phase != "" && other.Status.Phase != caprv1.MachineRemediationPhasePending) || !m.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if other.Name != s.mr.Name && (conditions.GetReason(&other, caprv1.ProgressingCondition) == caprv1.RetryPeriodReason) {
+		if other.Name != s.mr.Name && (conditions.GetReason(&other, caprv1.MachineRemediationProgressingCondition) == caprv1.MachineRemediationWaitingForRetryPeriodReason) {
 			continue // waiting for its retry period: it does not block others
 		}
 		cands = append(cands, Candidate{
 			Name:      other.Name,
-			Requested: annotations.HasRemediateMachine(m) || other.Spec.Source == caprv1.SourceManual,
+			Requested: annotations.HasRemediateMachine(m) || other.Spec.Source == caprv1.MachineRemediationSourceManual,
 			Member:    victimMember(state, m.Status.NodeRef.Name),
 			Created:   other.CreationTimestamp.Time,
 		})
@@ -394,10 +394,10 @@ func (r *Reconciler) firstCandidate(ctx context.Context, s *scope, state *etcdut
 
 // reconcileMachineGone handles a running remediation whose Machine no longer exists.
 func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.Result, error) {
-	if current := currentStep(s.mr); current == StepDelete || current == "" {
+	if current := currentStep(s.mr); current == caprv1.StepDelete || current == "" {
 		return r.runSteps(ctx, s)
 	}
-	return r.fail(ctx, s, caprv1.CannotRemediateReason, fmt.Sprintf(
+	return r.fail(ctx, s, caprv1.MachineRemediationCannotRemediateReason, fmt.Sprintf(
 		"Machine %s was deleted by someone else during step %s", s.mr.Name, currentStep(s.mr)))
 }
 
@@ -413,22 +413,22 @@ func (r *Reconciler) fail(ctx context.Context, s *scope, reason, msg string) (ct
 	if err := r.releaseLock(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	s.mr.Status.Phase = caprv1.PhaseFailed
+	s.mr.Status.Phase = caprv1.MachineRemediationPhaseFailed
 	s.mr.Status.CompletionTime = ptr.To(metav1.Now())
 	s.mr.Status.LastError = msg
-	conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	conditions.Set(s.mr, metav1.Condition{Type: caprv1.SucceededCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	r.event(s.mr, corev1.EventTypeWarning, EventRemediationFailed, msg)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation failed", "reason", reason, "message", msg)
 	return ctrl.Result{}, nil
 }
 
 func setWaiting(mr *caprv1.MachineRemediation, reason, msg string) {
-	conditions.Set(mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 }
 
 func isWaitingFor(mr *caprv1.MachineRemediation, reason string) bool {
-	c := conditions.Get(mr, caprv1.ProgressingCondition)
+	c := conditions.Get(mr, caprv1.MachineRemediationProgressingCondition)
 	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason
 }
 

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -120,12 +120,12 @@ func initialized(cluster *clusterv1.Cluster) bool {
 
 // lock returns who holds the control plane (nil when nobody).
 func lockOf(cp *unstructured.Unstructured) *caprv1.ControlPlaneLock {
-	v, ok := cp.GetAnnotations()[caprv1.RemediationInProgressAnnotation]
+	v, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]
 	if !ok {
 		return nil
 	}
-	l := &caprv1.ControlPlaneLock{}
-	if err := json.Unmarshal([]byte(v), l); err != nil {
+	l, err := caprv1.ControlPlaneLockFromAnnotation(v)
+	if err != nil {
 		return &caprv1.ControlPlaneLock{MachineRemediation: "(unreadable: " + v + ")"}
 	}
 	return l
@@ -135,16 +135,11 @@ func lockOf(cp *unstructured.Unstructured) *caprv1.ControlPlaneLock {
 // replicas) can never both hold the control plane.
 func (r *Reconciler) takeLock(ctx context.Context, s *scope, desired int32) error {
 	base := s.cp.DeepCopy()
-	value, err := json.Marshal(caprv1.ControlPlaneLock{MachineRemediation: s.mr.Name, DesiredReplicas: desired})
+	value, err := (&caprv1.ControlPlaneLock{MachineRemediation: s.mr.Name, DesiredReplicas: desired}).Marshal()
 	if err != nil {
 		return err
 	}
-	a := s.cp.GetAnnotations()
-	if a == nil {
-		a = map[string]string{}
-	}
-	a[caprv1.RemediationInProgressAnnotation] = string(value)
-	s.cp.SetAnnotations(a)
+	annotations.AddAnnotations(s.cp, map[string]string{caprv1.ControlPlaneLockAnnotation: value})
 	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("taking the control-plane remediation lock on %s %s: %w", s.cp.GetKind(), s.cp.GetName(), err)
 	}
@@ -161,7 +156,7 @@ func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
 	}
 	base := s.cp.DeepCopy()
 	a := s.cp.GetAnnotations()
-	delete(a, caprv1.RemediationInProgressAnnotation)
+	delete(a, caprv1.ControlPlaneLockAnnotation)
 	s.cp.SetAnnotations(a)
 	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("releasing the control-plane remediation lock: %w", err)
@@ -178,7 +173,7 @@ func (r *Reconciler) lockHolderActive(ctx context.Context, namespace string, l *
 		}
 		return false, err
 	}
-	return other.Status.Phase != caprv1.PhaseSucceeded && other.Status.Phase != caprv1.PhaseFailed, nil
+	return other.Status.Phase != caprv1.MachineRemediationPhaseSucceeded && other.Status.Phase != caprv1.MachineRemediationPhaseFailed, nil
 }
 
 // setReplicas patches the control plane's spec.replicas (idempotent).
@@ -200,12 +195,13 @@ func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before 
 
 // remediationRecord reads the victim's remediation-for annotation.
 func remediationRecord(m *clusterv1.Machine) *caprv1.RemediationRecord {
-	v, ok := m.Annotations[caprv1.RemediationForAnnotation]
+	v, ok := m.Annotations[caprv1.RemediationRecordAnnotation]
 	if !ok {
 		return nil
 	}
-	rec := &caprv1.RemediationRecord{}
-	if err := json.Unmarshal([]byte(v), rec); err != nil {
+	rec, err := caprv1.RemediationRecordFromAnnotation(v)
+	if err != nil {
+		// Unreadable: treated as a remediation long ago (a new sequence), as KCP does.
 		return &caprv1.RemediationRecord{Machine: "(unreadable)"}
 	}
 	return rec

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,20 +35,20 @@ type stepResult struct {
 }
 
 // currentStep is the first step of the plan that has not succeeded or been skipped.
-func currentStep(mr *caprv1.MachineRemediation) string {
+func currentStep(mr *caprv1.MachineRemediation) caprv1.StepName {
 	if mr.Status.ControlPlane == nil {
 		return ""
 	}
 	for _, step := range StepsFor(mr.Status.ControlPlane.Order) {
 		rec := findStep(mr, step)
-		if rec == nil || (rec.Outcome != caprv1.OutcomeSucceeded && rec.Outcome != caprv1.OutcomeSkipped) {
+		if rec == nil || (rec.Outcome != caprv1.StepOutcomeSucceeded && rec.Outcome != caprv1.StepOutcomeSkipped) {
 			return step
 		}
 	}
 	return ""
 }
 
-func findStep(mr *caprv1.MachineRemediation, name string) *caprv1.RemediationStep {
+func findStep(mr *caprv1.MachineRemediation, name caprv1.StepName) *caprv1.RemediationStep {
 	for i := range mr.Status.Steps {
 		if mr.Status.Steps[i].Name == name {
 			return &mr.Status.Steps[i]
@@ -67,7 +67,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 			return ctrl.Result{}, err
 		}
 	case l.MachineRemediation != s.mr.Name:
-		setWaiting(s.mr, caprv1.AnotherRemediationInProgressReason, fmt.Sprintf(
+		setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
 			"the control-plane lock is held by %s although this remediation is running; waiting for it to be released", l.MachineRemediation))
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
@@ -85,15 +85,15 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	rec := findStep(s.mr, step)
 	if rec == nil {
 		s.mr.Status.Steps = append(s.mr.Status.Steps, caprv1.RemediationStep{
-			Name: step, StartTime: ptr.To(metav1.Now()), Outcome: caprv1.OutcomeInProgress,
+			Name: step, StartTime: ptr.To(metav1.Now()), Outcome: caprv1.StepOutcomeInProgress,
 		})
 		s.mr.Status.CurrentStep = step
-		conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionTrue,
-			Reason: caprv1.StepInProgressReason, Message: "step " + step})
+		conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineRemediationStepInProgressReason, Message: "step " + string(step)})
 		if err := r.persist(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
-		r.event(s.mr, corev1.EventTypeNormal, EventStepStarted, "Step "+step+" started")
+		r.event(s.mr, corev1.EventTypeNormal, EventStepStarted, "Step "+string(step)+" started")
 		r.observe(s, step, false)
 		rec = findStep(s.mr, step)
 	}
@@ -110,15 +110,15 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		if res.waitReason != "" {
 			setWaiting(s.mr, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
 		} else {
-			conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionTrue,
-				Reason: caprv1.StepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
+			conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
+				Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
 		}
 		return ctrl.Result{RequeueAfter: max(res.requeue, 100*time.Millisecond)}, nil
 	}
 	rec.FinishTime = ptr.To(metav1.Now())
-	rec.Outcome = caprv1.OutcomeSucceeded
+	rec.Outcome = caprv1.StepOutcomeSucceeded
 	if res.skipped {
-		rec.Outcome = caprv1.OutcomeSkipped
+		rec.Outcome = caprv1.StepOutcomeSkipped
 	}
 	s.mr.Status.LastError = ""
 	r.observe(s, step, true)
@@ -127,25 +127,25 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 
-func (r *Reconciler) observe(s *scope, step string, done bool) {
+func (r *Reconciler) observe(s *scope, step caprv1.StepName, done bool) {
 	if r.StepObserver != nil {
 		r.StepObserver(StepEvent{Remediation: types.NamespacedName{Namespace: s.mr.Namespace, Name: s.mr.Name}, Step: step, Done: done, Time: time.Now()})
 	}
 }
 
-func (r *Reconciler) runStep(ctx context.Context, s *scope, step string, rec *caprv1.RemediationStep) (stepResult, error) {
+func (r *Reconciler) runStep(ctx context.Context, s *scope, step caprv1.StepName, rec *caprv1.RemediationStep) (stepResult, error) {
 	switch step {
-	case StepScaleUp:
+	case caprv1.StepScaleUp:
 		return r.stepScaleUp(ctx, s)
-	case StepWaitForReplacement:
+	case caprv1.StepWaitForReplacement:
 		return r.stepWaitForReplacement(ctx, s)
-	case StepMoveLeader:
+	case caprv1.StepMoveLeader:
 		return r.stepMoveLeader(ctx, s, rec)
-	case StepRemoveMember:
+	case caprv1.StepRemoveMember:
 		return r.stepRemoveMember(ctx, s)
-	case StepFence:
+	case caprv1.StepFence:
 		return r.stepFence(ctx, s, rec)
-	case StepDelete:
+	case caprv1.StepDelete:
 		return r.stepDelete(ctx, s)
 	}
 	return stepResult{}, fmt.Errorf("unknown step %q", step)
@@ -156,7 +156,7 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step string, rec *ca
 func (r *Reconciler) etcdOrWait(ctx context.Context, s *scope) (*etcdutil.State, *stepResult) {
 	state, err := r.inspectEtcd(ctx, s)
 	if err != nil {
-		return nil, &stepResult{waitReason: caprv1.EtcdUnreachableReason, message: "cannot read etcd state: " + err.Error(), requeue: waitShort}
+		return nil, &stepResult{waitReason: caprv1.MachineRemediationEtcdUnreachableReason, message: "cannot read etcd state: " + err.Error(), requeue: waitShort}
 	}
 	return state, nil
 }
@@ -196,12 +196,12 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 	// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
 	if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 		c := state.Counts()
-		return stepResult{waitReason: caprv1.NotQuorumSafeReason, requeue: waitShort,
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
 			message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
 	}
 	afterRemoval := state.ByName(s.victimNode()) == nil
 	if refusal := s.adapter.ScaleUpRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}, afterRemoval); refusal != "" {
-		return stepResult{waitReason: caprv1.NotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
 	}
 	started := s.mr.Status.StartTime.Time
 	if err := r.setReplicas(ctx, s, desired+1, func(cp *unstructured.Unstructured) error {
@@ -242,22 +242,19 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 
 // annotateReplacement records on the replacement which Machine it replaced, for retry limits.
 func (r *Reconciler) annotateReplacement(ctx context.Context, s *scope, rep *clusterv1.Machine) error {
-	if _, ok := rep.Annotations[caprv1.RemediationForAnnotation]; ok {
+	if _, ok := rep.Annotations[caprv1.RemediationRecordAnnotation]; ok {
 		return nil
 	}
-	value, err := json.Marshal(caprv1.RemediationRecord{
+	value, err := (&caprv1.RemediationRecord{
 		Machine:    s.mr.Name,
-		Timestamp:  s.mr.Status.StartTime.UTC().Format(time.RFC3339),
+		Timestamp:  metav1.NewTime(s.mr.Status.StartTime.UTC().Truncate(time.Second)),
 		RetryCount: s.mr.Status.ControlPlane.RetryCount,
-	})
+	}).Marshal()
 	if err != nil {
 		return err
 	}
 	base := rep.DeepCopy()
-	if rep.Annotations == nil {
-		rep.Annotations = map[string]string{}
-	}
-	rep.Annotations[caprv1.RemediationForAnnotation] = string(value)
+	annotations.AddAnnotations(rep, map[string]string{caprv1.RemediationRecordAnnotation: value})
 	if err := r.Client.Patch(ctx, rep, client.MergeFrom(base)); err != nil {
 		return fmt.Errorf("annotating replacement Machine %s: %w", rep.Name, err)
 	}
@@ -291,7 +288,7 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope, rec *caprv1.R
 	}
 	target := leadershipTarget(state, s)
 	if target == nil {
-		return stepResult{waitReason: caprv1.NotQuorumSafeReason, message: "no healthy voting member to move leadership to", requeue: waitShort}, nil
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: "no healthy voting member to move leadership to", requeue: waitShort}, nil
 	}
 	if err := s.etcd.MoveLeader(ctx, victim.Name, target.ID); err != nil {
 		return stepResult{}, err
@@ -339,7 +336,7 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
 	c := state.Counts()
 	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Healthy, Learner: victim.IsLearner}) {
-		return stepResult{waitReason: caprv1.NotQuorumSafeReason, requeue: waitShort, message: fmt.Sprintf(
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort, message: fmt.Sprintf(
 			"removing the member now is not quorum-safe (%d/%d voting members healthy, %d learners, victim %s)",
 			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Healthy])}, nil
 	}
@@ -373,7 +370,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, res.Message)
 		return stepResult{done: true, message: res.Message}, nil
 	default:
-		return stepResult{waitReason: caprv1.WaitingForPreconditionsReason, message: res.Message, requeue: 10 * time.Second}, nil
+		return stepResult{waitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, message: res.Message, requeue: 10 * time.Second}, nil
 	}
 }
 
@@ -382,8 +379,8 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 // exactly this Machine. It is the only place a Machine is deleted, and it refuses unless the Fence
 // step finished (fence before delete).
 func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, error) {
-	fence := findStep(s.mr, StepFence)
-	if fence == nil || (fence.Outcome != caprv1.OutcomeSucceeded && fence.Outcome != caprv1.OutcomeSkipped) {
+	fence := findStep(s.mr, caprv1.StepFence)
+	if fence == nil || (fence.Outcome != caprv1.StepOutcomeSucceeded && fence.Outcome != caprv1.StepOutcomeSkipped) {
 		return stepResult{}, fmt.Errorf("refusing to delete Machine %s: the Fence step has not finished", s.mr.Name)
 	}
 	m := &clusterv1.Machine{}
@@ -398,16 +395,13 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	}
 	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
 		base := m.DeepCopy()
-		if m.Annotations == nil {
-			m.Annotations = map[string]string{}
-		}
-		m.Annotations[clusterv1.DeleteMachineAnnotation] = "capr"
+		annotations.AddAnnotations(m, map[string]string{clusterv1.DeleteMachineAnnotation: "capr"})
 		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
 	}
 	cps := s.mr.Status.ControlPlane
-	if cps.Order == caprv1.OrderReplace {
+	if cps.Order == caprv1.ControlPlaneOrderReplace {
 		// Not initialized: nothing was scaled; delete it and the provider creates a new one.
 		if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
 			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
@@ -430,15 +424,15 @@ func (r *Reconciler) succeed(ctx context.Context, s *scope) (ctrl.Result, error)
 	if err := r.releaseLock(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	s.mr.Status.Phase = caprv1.PhaseSucceeded
+	s.mr.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
 	s.mr.Status.CurrentStep = ""
 	s.mr.Status.CompletionTime = ptr.To(metav1.Now())
 	msg := fmt.Sprintf("Machine %s replaced", s.mr.Name)
 	if rep := s.mr.Status.ControlPlane.Replacement; rep != "" {
 		msg += " by " + rep
 	}
-	conditions.Set(s.mr, metav1.Condition{Type: caprv1.ProgressingCondition, Status: metav1.ConditionFalse, Reason: caprv1.RemediationSucceededReason, Message: msg})
-	conditions.Set(s.mr, metav1.Condition{Type: caprv1.SucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.RemediationSucceededReason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	r.event(s.mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation succeeded", "replacement", s.mr.Status.ControlPlane.Replacement)
 	return ctrl.Result{}, nil

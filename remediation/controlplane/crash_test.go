@@ -33,7 +33,7 @@ type crashPoint struct {
 func TestCrashSafety(t *testing.T) {
 	wc := newCluster(t, 3, nil)
 	check := writeData(t, wc)
-	steps := int64(len(controlplane.StepsFor(caprv1.OrderScaleUpFirst)))
+	steps := int64(len(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
 	var points []crashPoint
 	for n := int64(1); n <= 2*steps; n++ {
 		points = append(points, crashPoint{name: fmt.Sprintf("step boundary %02d", n), afterStepEvent: n})
@@ -120,6 +120,6 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 	g.Expect(members).NotTo(ContainElement(victimNode))
 	g.Expect(members).To(ContainElement(added[0]))
 	g.Expect(mr.Status.ControlPlane.Replacement).To(Equal(added[0]))
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderScaleUpFirst), "the crash points are this order's step boundaries")
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), "the crash points are this order's step boundaries")
 	g.Expect(ptr.Deref(mr.Status.ControlPlane.DesiredReplicas, 0)).To(BeEquivalentTo(3))
 }

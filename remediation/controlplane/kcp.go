@@ -6,22 +6,13 @@ import (
 	"strings"
 	"time"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-)
-
-// KCP condition and annotation names (sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2),
-// repeated here so that this package does not need KCP's API types.
-const (
-	kcpRemediationInProgressAnnotation = "controlplane.cluster.x-k8s.io/remediation-in-progress"
-	kcpCertificatesAvailable           = "CertificatesAvailable"
-	kcpAPIServerPodHealthy             = "APIServerPodHealthy"
-	kcpControllerManagerPodHealthy     = "ControllerManagerPodHealthy"
-	kcpSchedulerPodHealthy             = "SchedulerPodHealthy"
-	kcpEtcdPodHealthy                  = "EtcdPodHealthy"
-	kcpEtcdMemberHealthy               = "EtcdMemberHealthy"
 )
 
 // KCP knows KubeadmControlPlane's preflight rules (research/capi-anchor.md §3.4, §3.5, §3.7): KCP
@@ -53,12 +44,7 @@ func (KCP) BeforeScaleUp(cp *unstructured.Unstructured, victim string, started t
 	if err != nil {
 		return err
 	}
-	a := cp.GetAnnotations()
-	if a == nil {
-		a = map[string]string{}
-	}
-	a[kcpRemediationInProgressAnnotation] = string(value)
-	cp.SetAnnotations(a)
+	annotations.AddAnnotations(cp, map[string]string{controlplanev1.RemediationInProgressAnnotation: string(value)})
 	return nil
 }
 
@@ -68,7 +54,7 @@ func (KCP) ScaleUpRefusal(view ProviderView, afterRemoval bool) string {
 	if len(view.Machines) == 0 {
 		return ""
 	}
-	if !unstructuredConditionTrue(view.ControlPlane, kcpCertificatesAvailable) {
+	if !unstructuredConditionTrue(view.ControlPlane, controlplanev1.KubeadmControlPlaneCertificatesAvailableCondition) {
 		return "KCP condition CertificatesAvailable is not True, KCP cannot join a new Machine"
 	}
 	for _, m := range view.Machines {
@@ -134,7 +120,7 @@ func kcpEtcdProjection(view ProviderView, removed string) string {
 			voting++
 		}
 		if m, ok := byNode[member.Name]; ok {
-			if !conditions.IsTrue(m, kcpEtcdMemberHealthy) {
+			if !conditions.IsTrue(m, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition) {
 				unhealthy = append(unhealthy, member.Name)
 			}
 		} else if len(member.Alarms) > 0 {
@@ -162,9 +148,9 @@ func kcpEtcdManaged(cp *unstructured.Unstructured) bool {
 }
 
 func kcpComponentConditions(managed bool) []string {
-	c := []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy}
+	c := []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition}
 	if managed {
-		c = append(c, kcpEtcdPodHealthy)
+		c = append(c, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition)
 	}
 	return c
 }
@@ -173,7 +159,7 @@ func kcpComponentConditions(managed bool) []string {
 func kcpFullyHealthy(machines []*clusterv1.Machine, managed bool) bool {
 	conds := kcpComponentConditions(managed)
 	if managed {
-		conds = append(conds, kcpEtcdMemberHealthy)
+		conds = append(conds, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)
 	}
 	for _, m := range machines {
 		if !m.Status.NodeRef.IsDefined() || !allTrue(m, conds...) {
@@ -195,14 +181,8 @@ func allTrue(m *clusterv1.Machine, types ...string) bool {
 var _ Adapter = KCP{}
 var _ Adapter = Generic{}
 
-// unstructuredConditionTrue reports whether status.conditions has type t with status True.
+// unstructuredConditionTrue reports whether the object has condition t with status True.
 func unstructuredConditionTrue(obj *unstructured.Unstructured, t string) bool {
-	list, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
-	for _, item := range list {
-		c, ok := item.(map[string]interface{})
-		if ok && c["type"] == t {
-			return c["status"] == string(metav1.ConditionTrue)
-		}
-	}
-	return false
+	c, err := conditions.UnstructuredGet(obj, t)
+	return err == nil && c != nil && c.Status == metav1.ConditionTrue
 }

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -37,7 +39,7 @@ func kcpMachine(name string, unhealthy ...string) *clusterv1.Machine {
 	for _, u := range unhealthy {
 		bad[u] = true
 	}
-	for _, c := range []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy, kcpEtcdPodHealthy, kcpEtcdMemberHealthy} {
+	for _, c := range []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition} {
 		status := metav1.ConditionTrue
 		if bad[c] {
 			status = metav1.ConditionFalse
@@ -56,7 +58,7 @@ func etcdState(names ...string) *etcdutil.State {
 }
 
 func TestKCPScaleUpRefusal(t *testing.T) {
-	allPods := []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy, kcpEtcdPodHealthy, kcpEtcdMemberHealthy}
+	allPods := []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition}
 	tests := []struct {
 		name         string
 		cp           *unstructured.Unstructured
@@ -85,15 +87,15 @@ func TestKCPScaleUpRefusal(t *testing.T) {
 			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c"), kcpMachine("d"), kcpMachine("victim", allPods...)},
 			etcdState("a", "b", "c", "d", "victim"), false, ""},
 		{"no Machine with healthy components", kcpObject(true),
-			[]*clusterv1.Machine{kcpMachine("a", kcpAPIServerPodHealthy), kcpMachine("b", kcpSchedulerPodHealthy)}, etcdState("a", "b"), false, "no control-plane Machine with all Kubernetes control plane components"},
+			[]*clusterv1.Machine{kcpMachine("a", controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition), kcpMachine("b", controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition)}, etcdState("a", "b"), false, "no control-plane Machine with all Kubernetes control plane components"},
 		{"learner present", kcpObject(true),
-			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c", kcpEtcdMemberHealthy)}, func() *etcdutil.State {
+			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)}, func() *etcdutil.State {
 				s := etcdState("a", "b", "c", "d")
 				s.Members[3].IsLearner = true
 				return s
 			}(), false, "KCP"},
 		{"empty member list", kcpObject(true),
-			[]*clusterv1.Machine{kcpMachine("a", kcpEtcdMemberHealthy)}, &etcdutil.State{}, false, "member list is empty"},
+			[]*clusterv1.Machine{kcpMachine("a", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)}, &etcdutil.State{}, false, "member list is empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,7 +113,7 @@ func TestKCPScaleUpRefusal(t *testing.T) {
 
 func TestKCPOrderIsRemoveFirstWhenKCPWouldRefuseScaleUpFirst(t *testing.T) {
 	g := NewWithT(t)
-	allPods := []string{kcpAPIServerPodHealthy, kcpControllerManagerPodHealthy, kcpSchedulerPodHealthy, kcpEtcdPodHealthy, kcpEtcdMemberHealthy}
+	allPods := []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition}
 	machines := []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}
 	view := ProviderView{ControlPlane: kcpObject(true), Machines: machines, Victim: machines[2], Etcd: etcdState("a", "b", "victim")}
 	d := ChooseOrder(OrderInput{
@@ -127,7 +129,7 @@ func TestKCPBeforeScaleUpSetsRemediationInProgress(t *testing.T) {
 	g := NewWithT(t)
 	cp := kcpObject(true)
 	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), 2)).To(Succeed())
-	g.Expect(cp.GetAnnotations()).To(HaveKeyWithValue(kcpRemediationInProgressAnnotation,
+	g.Expect(cp.GetAnnotations()).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation,
 		`{"machine":"victim","timestamp":"2026-01-02T03:04:05Z","retryCount":2}`))
 	g.Expect(AdapterFor(cp)).To(Equal(KCP{}))
 	other := &unstructured.Unstructured{}

@@ -13,25 +13,15 @@ import (
 // follow, which steps that order has, whether retry limits allow the remediation, and which of several
 // waiting remediations goes first. The controller only gathers inputs and applies outputs.
 
-// Step names, recorded in MachineRemediation status.
-const (
-	StepScaleUp            = "ScaleUp"
-	StepWaitForReplacement = "WaitForReplacement"
-	StepMoveLeader         = "MoveLeader"
-	StepRemoveMember       = "RemoveMember"
-	StepFence              = "Fence"
-	StepDelete             = "Delete"
-)
-
 // StepsFor returns the steps of an order, in execution order.
-func StepsFor(order caprv1.ControlPlaneOrderChosen) []string {
+func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 	switch order {
-	case caprv1.OrderScaleUpFirst:
-		return []string{StepScaleUp, StepWaitForReplacement, StepMoveLeader, StepRemoveMember, StepFence, StepDelete}
-	case caprv1.OrderRemoveMemberFirst:
-		return []string{StepMoveLeader, StepRemoveMember, StepScaleUp, StepWaitForReplacement, StepFence, StepDelete}
-	case caprv1.OrderReplace:
-		return []string{StepFence, StepDelete}
+	case caprv1.ControlPlaneOrderScaleUpFirst:
+		return []caprv1.StepName{caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete}
+	case caprv1.ControlPlaneOrderRemoveMemberFirst:
+		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepFence, caprv1.StepDelete}
+	case caprv1.ControlPlaneOrderReplace:
+		return []caprv1.StepName{caprv1.StepFence, caprv1.StepDelete}
 	default:
 		return nil
 	}
@@ -72,7 +62,7 @@ type OrderInput struct {
 
 // OrderDecision is the chosen order, or why none can be taken now.
 type OrderDecision struct {
-	Order  caprv1.ControlPlaneOrderChosen
+	Order  caprv1.ControlPlaneOrder
 	Reason string
 	// WaitReason is set (a MachineRemediation condition reason) when the remediation must wait;
 	// WaitMessage says why.
@@ -86,18 +76,18 @@ type OrderDecision struct {
 // otherwise wait. Before the control plane is initialized there is nothing to keep: replace.
 func ChooseOrder(in OrderInput) OrderDecision {
 	if !in.Initialized {
-		return OrderDecision{Order: caprv1.OrderReplace,
+		return OrderDecision{Order: caprv1.ControlPlaneOrderReplace,
 			Reason: "the control plane is not initialized yet: the Machine is replaced without scaling up (as KCP does for the first Machine)"}
 	}
 	c := in.Counts
 	if !etcdutil.QuorumPresent(c) {
-		return OrderDecision{WaitReason: caprv1.QuorumLostReason, WaitMessage: fmt.Sprintf(
+		return OrderDecision{WaitReason: caprv1.MachineRemediationQuorumLostReason, WaitMessage: fmt.Sprintf(
 			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed",
 			c.Healthy, c.Voting, etcdutil.Quorum(c.Voting))}
 	}
 	learnerVictim := in.Victim == VictimLearner
 	if c.Learners > 0 && (!learnerVictim || c.Learners != 1) {
-		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason,
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason,
 			WaitMessage: "an etcd learner is pending promotion; membership changes wait until it is promoted"}
 	}
 
@@ -112,10 +102,10 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	}
 
 	scaleUpFirst := func(reason string) OrderDecision {
-		return OrderDecision{Order: caprv1.OrderScaleUpFirst, Reason: reason}
+		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: reason}
 	}
 	removeFirst := func(reason string) OrderDecision {
-		return OrderDecision{Order: caprv1.OrderRemoveMemberFirst, Reason: reason}
+		return OrderDecision{Order: caprv1.ControlPlaneOrderRemoveMemberFirst, Reason: reason}
 	}
 
 	if in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst && addFirst && in.ProviderRefusesScaleUpNow == "" {
@@ -139,14 +129,14 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	}
 	switch {
 	case !canRemove:
-		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
 			"cannot proceed safely: %s, and removing the %s member of the victim would leave %d of %d voting members healthy",
 			notFirst, in.Victim, after.Healthy, after.Voting)}
 	case !addAfter:
-		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
 			"cannot proceed safely: %s, and after removing the victim's member the replacement could not be added safely", notFirst)}
 	case in.ProviderRefusesScaleUpAfterRemoval != "":
-		return OrderDecision{WaitReason: caprv1.NotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
 			"cannot proceed: %s, and after removing the victim's member the control-plane provider would not scale up: %s",
 			notFirst, in.ProviderRefusesScaleUpAfterRemoval)}
 	}
@@ -198,8 +188,8 @@ func CheckRetryLimits(record *caprv1.RemediationRecord, spec *caprv1.ControlPlan
 	if spec.RetryPeriodSeconds != nil {
 		retryPeriod = time.Duration(*spec.RetryPeriodSeconds) * time.Second
 	}
-	last, err := time.Parse(time.RFC3339, record.Timestamp)
-	if err != nil || last.IsZero() {
+	last := record.Timestamp.Time
+	if last.IsZero() {
 		// An unreadable timestamp is treated as long ago: a new sequence, as KCP does.
 		last = now.Add(-2 * max(minHealthy, retryPeriod))
 	}

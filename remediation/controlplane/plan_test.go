@@ -6,6 +6,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -17,40 +18,40 @@ func TestChooseOrder(t *testing.T) {
 	tests := []struct {
 		name       string
 		in         OrderInput
-		order      caprv1.ControlPlaneOrderChosen
+		order      caprv1.ControlPlaneOrder
 		waitReason string
 	}{
-		{"not initialized: replace", OrderInput{Policy: auto, Counts: etcdutil.Counts{}}, caprv1.OrderReplace, ""},
+		{"not initialized: replace", OrderInput{Policy: auto, Counts: etcdutil.Counts{}}, caprv1.ControlPlaneOrderReplace, ""},
 		{"3 healthy, node broken: scale up first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.OrderScaleUpFirst, ""},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"3 members, victim member dead: remove first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy}, caprv1.OrderRemoveMemberFirst, ""},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"3 members, victim dead, provider adds learners: scale up first is safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.OrderScaleUpFirst, ""},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"5 members, victim dead: scale up first is still safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy}, caprv1.OrderScaleUpFirst, ""},
+			Counts: etcdutil.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"5 members, two dead, victim dead: remove first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy}, caprv1.OrderRemoveMemberFirst, ""},
+			Counts: etcdutil.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"5 members, two dead, victim healthy: neither is safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 5, Healthy: 3}, Victim: VictimHealthy}, "", caprv1.NotQuorumSafeReason},
+			Counts: etcdutil.Counts{Voting: 5, Healthy: 3}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"3 members, another dead, victim healthy: wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimHealthy}, "", caprv1.NotQuorumSafeReason},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"3 members, two dead: quorum lost", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 1}, Victim: VictimUnhealthy}, "", caprv1.QuorumLostReason},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 1}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
 		{"victim member missing: remove is a no-op, then scale up", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing}, caprv1.OrderScaleUpFirst, ""},
+			Counts: etcdutil.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"learner pending: wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimHealthy}, "", caprv1.NotQuorumSafeReason},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"victim is the only learner: removable", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.OrderScaleUpFirst, ""},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"policy RemoveMemberFirst with healthy victim", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.OrderRemoveMemberFirst, ""},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"provider refuses scale-up now: remove first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.OrderRemoveMemberFirst, ""},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"provider refuses both: wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.NotQuorumSafeReason},
+			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"single member healthy: adding a voter is not safe, removing the last is refused", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy}, "", caprv1.NotQuorumSafeReason},
+			Counts: etcdutil.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,14 +95,14 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 							return etcdutil.Counts{Voting: c.Voting + 1, Healthy: c.Healthy}
 						}
 						switch d.Order {
-						case caprv1.OrderScaleUpFirst:
+						case caprv1.ControlPlaneOrderScaleUpFirst:
 							g.Expect(etcdutil.QuorumPresent(addVoting(c))).To(BeTrue(), "while the replacement joins")
 							// Replacement healthy and voting; then the victim is removed.
 							withNew := etcdutil.Counts{Voting: v + 1, Healthy: h + 1}
 							if victim != VictimMissing {
 								g.Expect(etcdutil.CanRemoveMember(withNew, etcdutil.Victim{Healthy: victim == VictimHealthy})).To(BeTrue())
 							}
-						case caprv1.OrderRemoveMemberFirst:
+						case caprv1.ControlPlaneOrderRemoveMemberFirst:
 							after := countsAfterRemoval(c, victim)
 							g.Expect(etcdutil.QuorumPresent(after)).To(BeTrue(), "after removal")
 							g.Expect(etcdutil.QuorumPresent(addVoting(after))).To(BeTrue(), "while the replacement joins")
@@ -118,7 +119,7 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 func TestCheckRetryLimits(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	rec := func(ago time.Duration, count int32) *caprv1.RemediationRecord {
-		return &caprv1.RemediationRecord{Machine: "old", Timestamp: now.Add(-ago).Format(time.RFC3339), RetryCount: count}
+		return &caprv1.RemediationRecord{Machine: "old", Timestamp: metav1.NewTime(now.Add(-ago)), RetryCount: count}
 	}
 	spec := &caprv1.ControlPlaneRemediationSpec{MaxRetry: ptr.To[int32](2), RetryPeriodSeconds: ptr.To[int32](300), MinHealthyPeriodSeconds: ptr.To[int32](3600)}
 	tests := []struct {
@@ -139,7 +140,7 @@ func TestCheckRetryLimits(t *testing.T) {
 		{"no maxRetry: unlimited", rec(10*time.Minute, 50), &caprv1.ControlPlaneRemediationSpec{}, true, false, false, 51},
 		{"default minHealthyPeriod is one hour", rec(59*time.Minute, 0), nil, true, false, false, 1},
 		{"default minHealthyPeriod passed", rec(61*time.Minute, 3), nil, true, false, false, 0},
-		{"unreadable timestamp is a new sequence", &caprv1.RemediationRecord{Machine: "old", Timestamp: "yesterday", RetryCount: 9}, spec, true, false, false, 0},
+		{"unreadable (zero) timestamp is a new sequence", &caprv1.RemediationRecord{Machine: "(unreadable)", RetryCount: 9}, spec, true, false, false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

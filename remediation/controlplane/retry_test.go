@@ -39,8 +39,8 @@ func TestRetryLimits(t *testing.T) {
 	g.Expect(sb.StopHeartbeat(ctx, wc, getMachine(g, wc, b).Status.NodeRef.Name)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		mr := getRemediation(g, wc, b)
-		g.Expect(conditions.GetReason(mr, caprv1.ProgressingCondition)).To(Equal(caprv1.RetryPeriodReason))
-		g.Expect(conditions.GetMessage(mr, caprv1.ProgressingCondition)).To(ContainSubstring("retryPeriodSeconds"))
+		g.Expect(conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationWaitingForRetryPeriodReason))
+		g.Expect(conditions.GetMessage(mr, caprv1.MachineRemediationProgressingCondition)).To(ContainSubstring("retryPeriodSeconds"))
 	}, time.Minute, 200*time.Millisecond).Should(Succeed())
 	mrB := waitRemediated(t, wc, b, 3)
 	g.Expect(mrB.Status.ControlPlane.RetryCount).To(BeEquivalentTo(1))
@@ -52,8 +52,8 @@ func TestRetryLimits(t *testing.T) {
 	g.Expect(sb.StopHeartbeat(ctx, wc, getMachine(g, wc, c).Status.NodeRef.Name)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		mr := getRemediation(g, wc, c)
-		g.Expect(mr.Status.Phase).To(Equal(caprv1.PhaseFailed))
-		g.Expect(conditions.GetReason(mr, caprv1.SucceededCondition)).To(Equal(caprv1.RetryLimitReason))
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseFailed))
+		g.Expect(conditions.GetReason(mr, caprv1.MachineRemediationSucceededCondition)).To(Equal(caprv1.MachineRemediationRetryLimitReachedReason))
 		g.Expect(mr.Status.LastError).To(ContainSubstring("maxRetry (1) reached"))
 	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
 	g.Consistently(func(g Gomega) {
@@ -65,6 +65,6 @@ func TestRetryLimits(t *testing.T) {
 func retryRecord(g Gomega, wc *sandbox.WorkloadCluster, machine string) *caprv1.RemediationRecord {
 	m := getMachine(g, wc, machine)
 	rec := &caprv1.RemediationRecord{}
-	g.Expect(json.Unmarshal([]byte(m.Annotations[caprv1.RemediationForAnnotation]), rec)).To(Succeed())
+	g.Expect(json.Unmarshal([]byte(m.Annotations[caprv1.RemediationRecordAnnotation]), rec)).To(Succeed())
 	return rec
 }

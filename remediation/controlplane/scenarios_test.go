@@ -34,8 +34,8 @@ func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
 	samples, lost := watch.Stop()
 	g.Expect(samples).To(BeNumerically(">", 10))
 	g.Expect(lost).To(BeEmpty(), "etcd lost quorum during the remediation")
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderScaleUpFirst))
-	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.OrderScaleUpFirst)))
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst))
+	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
 	g.Expect(mr.Status.ControlPlane.Replacement).NotTo(BeEmpty())
 	g.Expect(memberNames(g, wc)).NotTo(ContainElement(victim.Status.NodeRef.Name))
 	g.Expect(memberNames(g, wc)).To(ContainElement(mr.Status.ControlPlane.Replacement))
@@ -44,7 +44,7 @@ func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
 	cp := controlPlane(g, wc)
 	g.Expect(cp).To(HaveLen(3))
 	rep := getMachine(g, wc, mr.Status.ControlPlane.Replacement)
-	g.Expect(rep.Annotations).To(HaveKey(caprv1.RemediationForAnnotation))
+	g.Expect(rep.Annotations).To(HaveKey(caprv1.RemediationRecordAnnotation))
 }
 
 // TestDeadMemberRemovesFirst: the victim's etcd process is dead (its Node is fine). Adding a voter
@@ -64,11 +64,11 @@ func TestDeadMemberRemovesFirst(t *testing.T) {
 
 	_, lost := watch.Stop()
 	g.Expect(lost).To(BeEmpty())
-	g.Expect(mr.Spec.Reason).To(Equal(caprv1.UnhealthyEtcdMemberReason))
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderRemoveMemberFirst))
+	g.Expect(mr.Spec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason))
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst))
 	g.Expect(mr.Status.ControlPlane.OrderReason).To(ContainSubstring("not quorum-safe"))
-	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.OrderRemoveMemberFirst)))
-	g.Expect(stepOutcome(mr, controlplane.StepMoveLeader)).To(Equal(caprv1.OutcomeSkipped))
+	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderRemoveMemberFirst)))
+	g.Expect(stepOutcome(mr, caprv1.StepMoveLeader)).To(Equal(caprv1.StepOutcomeSkipped))
 	check()
 }
 
@@ -100,10 +100,10 @@ func TestLeaderWithUnreachableKubeletIsRemovedAnyway(t *testing.T) {
 
 	_, lost := watch.Stop()
 	g.Expect(lost).To(BeEmpty())
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.OrderRemoveMemberFirst))
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst))
 	for _, s := range mr.Status.Steps {
-		if s.Name == controlplane.StepMoveLeader {
-			g.Expect(s.Outcome).To(Equal(caprv1.OutcomeSkipped))
+		if s.Name == caprv1.StepMoveLeader {
+			g.Expect(s.Outcome).To(Equal(caprv1.StepOutcomeSkipped))
 			g.Expect(s.Message).To(ContainSubstring("cannot be reached"))
 		}
 	}
@@ -134,11 +134,11 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		ma, mb := getRemediation(g, wc, a.Name), getRemediation(g, wc, b.Name)
 		running, waiting := ma, mb
-		if mb.Status.Phase == caprv1.PhaseRunning {
+		if mb.Status.Phase == caprv1.MachineRemediationPhaseRunning {
 			running, waiting = mb, ma
 		}
-		g.Expect(running.Status.Phase).To(Equal(caprv1.PhaseRunning))
-		g.Expect(conditions.GetReason(waiting, caprv1.ProgressingCondition)).To(Equal(caprv1.AnotherRemediationInProgressReason))
+		g.Expect(running.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+		g.Expect(conditions.GetReason(waiting, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationAnotherRemediationInProgressReason))
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
 
 	ma := waitRemediated(t, wc, a.Name, 5)
@@ -169,20 +169,20 @@ func TestQuorumLostDoesNothing(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		mhc := &caprv1.MachineHealthCheck{}
 		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "cp"}, mhc)).To(Succeed())
-		g.Expect(conditions.GetReason(mhc, caprv1.RemediationAllowedCondition)).To(Equal(caprv1.ControlPlaneQuorumLimitReason))
+		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
 	}, time.Minute, 200*time.Millisecond).Should(Succeed())
 
 	manual := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: machines[0].Name},
-		Spec: caprv1.MachineRemediationSpec{Source: caprv1.SourceManual, Reason: caprv1.ManualRequestReason}}
+		Spec: caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceManual, Reason: caprv1.MachineCAPRHealthCheckManualRequestReason}}
 	g.Expect(sb.Client.Create(ctx, manual)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		mr := getRemediation(g, wc, manual.Name)
-		c := conditions.Get(mr, caprv1.ProgressingCondition)
+		c := conditions.Get(mr, caprv1.MachineRemediationProgressingCondition)
 		g.Expect(c).NotTo(BeNil())
-		g.Expect(c.Reason).To(Equal(caprv1.QuorumLostReason))
+		g.Expect(c.Reason).To(Equal(caprv1.MachineRemediationQuorumLostReason))
 		g.Expect(c.Message).To(ContainSubstring("lost quorum"))
 		g.Expect(c.Message).To(ContainSubstring(machines[1].Status.NodeRef.Name))
-		g.Expect(mr.Status.Phase).To(Equal(caprv1.PhasePending))
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
 	}, time.Minute, 200*time.Millisecond).Should(Succeed())
 	g.Consistently(func(g Gomega) {
 		g.Expect(controlPlane(g, wc)).To(HaveLen(3))

@@ -83,10 +83,10 @@ func waitRemediated(t *testing.T, wc *sandbox.WorkloadCluster, victim string, n 
 	var mr *caprv1.MachineRemediation
 	g.Eventually(func(g Gomega) {
 		mr = getRemediation(g, wc, victim)
-		if mr.Status.Phase == caprv1.PhaseFailed {
+		if mr.Status.Phase == caprv1.MachineRemediationPhaseFailed {
 			StopTrying(fmt.Sprintf("remediation failed: %v", mr.Status.Conditions)).Now()
 		}
-		g.Expect(mr.Status.Phase).To(Equal(caprv1.PhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
 	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
 	g.Expect(sb.WaitForControlPlane(ctx, wc, n, time.Minute)).To(Succeed())
 	return mr
@@ -122,7 +122,7 @@ func writeData(t *testing.T, wc *sandbox.WorkloadCluster) func() {
 	}
 }
 
-func stepOutcome(mr *caprv1.MachineRemediation, name string) caprv1.StepOutcome {
+func stepOutcome(mr *caprv1.MachineRemediation, name caprv1.StepName) caprv1.StepOutcome {
 	for _, s := range mr.Status.Steps {
 		if s.Name == name {
 			return s.Outcome
@@ -134,7 +134,7 @@ func stepOutcome(mr *caprv1.MachineRemediation, name string) caprv1.StepOutcome 
 func stepNames(mr *caprv1.MachineRemediation) []string {
 	out := make([]string, 0, len(mr.Status.Steps))
 	for _, s := range mr.Status.Steps {
-		out = append(out, s.Name)
+		out = append(out, string(s.Name))
 	}
 	return out
 }

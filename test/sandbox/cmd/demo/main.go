@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -102,7 +101,7 @@ var scenarios = map[string]scenario{
 			d.sb.KillEtcdMember(d.wc, b.Status.NodeRef.Name)
 			// The health check refuses to request it (quorum-safe limit); a person asks.
 			mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: d.wc.Namespace, Name: a.Name},
-				Spec: caprv1.MachineRemediationSpec{Source: caprv1.SourceManual, Reason: caprv1.ManualRequestReason}}
+				Spec: caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceManual, Reason: caprv1.MachineCAPRHealthCheckManualRequestReason}}
 			return []string{a.Name}, d.sb.Client.Create(ctx, mr)
 		},
 	},
@@ -283,8 +282,10 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 			m := &clusterv1.Machine{}
 			if _, ok := marked[v]; !ok && d.sb.Client.Get(ctx, client.ObjectKey{Namespace: d.wc.Namespace, Name: v}, m) == nil {
 				if rec, ok := m.Annotations[caprv1.UnhealthyAnnotation]; ok {
-					mark := caprv1.MarkRecord{}
-					_ = json.Unmarshal([]byte(rec), &mark)
+					mark, err := caprv1.MarkRecordFromAnnotation(rec)
+					if err != nil {
+						mark = &caprv1.MarkRecord{Reason: "(unreadable mark)", Message: err.Error()}
+					}
 					marked[v] = time.Now()
 					d.say("DETECTED and MARKED %s: %s (%s)", v, mark.Reason, mark.Message)
 				}
@@ -296,21 +297,21 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 			if mr.Status.Phase != phase[v] {
 				phase[v] = mr.Status.Phase
 				switch mr.Status.Phase {
-				case caprv1.PhaseRunning:
+				case caprv1.MachineRemediationPhaseRunning:
 					d.say("REMEDIATION of %s started, order %s: %s", v, mr.Status.ControlPlane.Order, mr.Status.ControlPlane.OrderReason)
-				case caprv1.PhaseSucceeded:
+				case caprv1.MachineRemediationPhaseSucceeded:
 					d.say("REMEDIATION of %s succeeded: replaced by %s", v, mr.Status.ControlPlane.Replacement)
 					done[v] = true
-				case caprv1.PhaseFailed:
+				case caprv1.MachineRemediationPhaseFailed:
 					return fmt.Errorf("remediation of %s failed: %s", v, mr.Status.LastError)
 				}
 			}
-			if c := conditions.Get(mr, caprv1.ProgressingCondition); c != nil && c.Status == metav1.ConditionFalse && c.Reason != caprv1.RemediationSucceededReason {
+			if c := conditions.Get(mr, caprv1.MachineRemediationProgressingCondition); c != nil && c.Status == metav1.ConditionFalse && c.Reason != caprv1.MachineRemediationSucceededReason {
 				if lastWait[v] != c.Message {
 					lastWait[v] = c.Message
 					d.say("%s waits (%s): %s", v, c.Reason, c.Message)
 				}
-				if sc.quorumLost && c.Reason == caprv1.QuorumLostReason {
+				if sc.quorumLost && c.Reason == caprv1.MachineRemediationQuorumLostReason {
 					d.table(ctx)
 					d.say("CAPR did nothing automatic: quorum is lost; the Machine stays, no member is removed, no replica changes")
 					return nil
@@ -347,7 +348,7 @@ func (d *demo) summary(faultAt time.Time, marked map[string]time.Time) {
 		if t, ok := marked[name]; ok {
 			fmt.Printf("    %-22s %6.2f\n", "fault → marked", t.Sub(faultAt).Seconds())
 		}
-		issued := map[string]time.Time{}
+		issued := map[caprv1.StepName]time.Time{}
 		var last time.Time
 		for _, e := range byMR[name] {
 			if !e.Done {
