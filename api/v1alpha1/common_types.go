@@ -4,7 +4,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Annotations and labels of the mark (design §4) and of the control-plane sequence (design §6).
+// Annotations of the mark (written by controllers/machinehealthcheck) and of the control-plane
+// sequence (written by remediation/controlplane). Each has one codec, in annotation_codecs.go.
 const (
 	// UnhealthyAnnotation is the mark the health checker writes on an unhealthy Machine. Its value is
 	// a JSON record {reason, message, since, checker} (see MarkRecord). A person may write it by hand
@@ -22,6 +23,21 @@ const (
 	// optimistic locking is what makes "one control-plane remediation per cluster at a time" hold even
 	// with several controller replicas or after a crash.
 	ControlPlaneLockAnnotation = "remediation.cluster.x-k8s.io/remediation-in-progress"
+)
+
+// MachineRemediation lifecycle.
+const (
+	// MachineRemediationFinalizer lets the remediator finish or undo a remediation before its
+	// MachineRemediation goes away: deleting a request (by hand, or CAPI's MachineHealthCheck when the
+	// Machine looks healthy again) aborts it. Before the victim's etcd member is removed an abort
+	// undoes what was done (replicas back, provider annotations and the lock cleared); after it, the
+	// remediation is finished first, because a Machine without its etcd member cannot be kept.
+	MachineRemediationFinalizer = "remediation.cluster.x-k8s.io/machineremediation"
+
+	// RetryAnnotation on a Failed MachineRemediation asks the remediator to try again from the
+	// start: the request goes back to Pending and the annotation is removed. A Failed remediation has
+	// always left the control plane as it found it (see MachineRemediationPhaseFailed).
+	RetryAnnotation = "remediation.cluster.x-k8s.io/retry"
 )
 
 // MarkRecord is the JSON value of UnhealthyAnnotation.
@@ -71,7 +87,7 @@ const (
 	FencingRequired FencingPolicy = "Required"
 )
 
-// FencingBackendType names a storage-fencing backend (design §7).
+// FencingBackendType names a storage-fencing backend (remediation/fencing).
 // +kubebuilder:validation:Enum=NetworkFence;External;OutOfServiceTaint
 type FencingBackendType string
 
@@ -111,7 +127,7 @@ type FencingBackend struct {
 	TemplateRef *TemplateReference `json:"templateRef,omitempty"`
 }
 
-// FencingSpec configures storage fencing before a Machine is deleted (design §7).
+// FencingSpec configures storage fencing before a Machine is deleted (remediation/fencing).
 // +kubebuilder:validation:XValidation:rule="!has(self.backends) || !self.backends.exists(b, b.type == 'OutOfServiceTaint') || self.backends[0].type != 'OutOfServiceTaint'",message="backends: OutOfServiceTaint must follow another backend that confirms the node no longer writes"
 // +kubebuilder:validation:XValidation:rule="self.policy == 'Disabled' || (has(self.backends) && size(self.backends) > 0)",message="backends must not be empty unless policy is Disabled"
 type FencingSpec struct {
@@ -133,7 +149,8 @@ type FencingSpec struct {
 	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
 }
 
-// ControlPlaneOrder is the order of a control-plane remediation (design §6). The spec's ordering
+// ControlPlaneOrder is the order of a control-plane remediation (remediation/controlplane
+// ChooseOrder). The spec's ordering
 // policy takes Auto or RemoveMemberFirst; the status records the order actually followed
 // (ScaleUpFirst, RemoveMemberFirst or Replace).
 type ControlPlaneOrder string
@@ -175,6 +192,22 @@ type ControlPlaneRemediationSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	MinHealthyPeriodSeconds *int32 `json:"minHealthyPeriodSeconds,omitempty"`
+
+	// replacementTimeoutSeconds bounds the steps ScaleUp and WaitForReplacement: how long the
+	// control-plane provider may take to create the replacement and for its etcd member to become a
+	// healthy voter. Defaults to 1800. Before the victim's etcd member is removed, a timeout undoes
+	// the remediation (replicas back) and marks it Failed; after it, the remediation keeps trying and
+	// says so in its Progressing condition and a Warning event (it cannot be undone).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	ReplacementTimeoutSeconds *int32 `json:"replacementTimeoutSeconds,omitempty"`
+
+	// stepTimeoutSeconds bounds each of the steps MoveLeader, RemoveMember and Delete (a provider
+	// that never deletes the Machine, etcd that never allows the removal). Defaults to 600. A timeout
+	// is handled as for replacementTimeoutSeconds.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	StepTimeoutSeconds *int32 `json:"stepTimeoutSeconds,omitempty"`
 
 	// order is the ordering policy: Auto (default) or RemoveMemberFirst.
 	// +optional

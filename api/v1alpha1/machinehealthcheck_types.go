@@ -33,7 +33,7 @@ const (
 	MachineHealthCheckPausedCondition = "Paused"
 )
 
-// Machine condition owned by the health checker, and its reasons (design §4). The type is qualified
+// Machine condition owned by the health checker, and its reasons. The type is qualified
 // so that it never collides with CAPI's HealthCheckSucceeded: KCP and MachineSets act on that one, and
 // writing it would make them remediate in parallel with CAPR.
 const (

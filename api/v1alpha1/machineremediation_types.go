@@ -56,7 +56,9 @@ const (
 	MachineRemediationPhaseRunning RemediationPhase = "Running"
 	// MachineRemediationPhaseSucceeded means the Machine was replaced.
 	MachineRemediationPhaseSucceeded RemediationPhase = "Succeeded"
-	// MachineRemediationPhaseFailed means CAPR gave up (e.g. maxRetry); a person must act. The reason is in the conditions.
+	// MachineRemediationPhaseFailed means CAPR gave up (e.g. maxRetry, a step timed out before the
+	// victim's etcd member was removed) after undoing what it had done: replicas back to what they
+	// were, the lock released. The reason is in the conditions; the RetryAnnotation starts it again.
 	MachineRemediationPhaseFailed RemediationPhase = "Failed"
 )
 
@@ -77,7 +79,8 @@ const (
 // StepName names one step of a remediation sequence.
 type StepName string
 
-// Steps of a control-plane remediation (design §6), in the order ScaleUpFirst runs them.
+// Steps of a control-plane remediation, in the order ScaleUpFirst runs them
+// (remediation/controlplane StepsFor).
 const (
 	// StepScaleUp raises the control plane's replicas by one so that the provider creates the replacement.
 	StepScaleUp StepName = "ScaleUp"
@@ -87,7 +90,7 @@ const (
 	StepMoveLeader StepName = "MoveLeader"
 	// StepRemoveMember removes the victim's etcd member.
 	StepRemoveMember StepName = "RemoveMember"
-	// StepFence fences the victim's storage (design §7).
+	// StepFence fences the victim's storage (remediation/fencing).
 	StepFence StepName = "Fence"
 	// StepDelete deletes the victim through its control-plane provider.
 	StepDelete StepName = "Delete"
@@ -295,6 +298,17 @@ const (
 	MachineRemediationNoRemediatorReason = "NoRemediator"
 	// MachineRemediationSucceededReason: done.
 	MachineRemediationSucceededReason = "RemediationSucceeded"
+	// MachineRemediationStepTimedOutReason: a step did not finish within its timeout (the message says
+	// what state the control plane was left in).
+	MachineRemediationStepTimedOutReason = "StepTimedOut"
+	// MachineRemediationAbortedReason: the request was deleted and the remediation undone.
+	MachineRemediationAbortedReason = "Aborted"
+	// MachineRemediationPausedReason: the Machine or the control plane is paused
+	// (cluster.x-k8s.io/paused); nothing is done until it is not.
+	MachineRemediationPausedReason = "Paused"
+	// MachineRemediationControlPlaneInitializationUnknownReason: the Cluster says neither that its
+	// control plane is initialized nor that it is not; CAPR fails closed and waits.
+	MachineRemediationControlPlaneInitializationUnknownReason = "ControlPlaneInitializationUnknown"
 	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
 	MachineRemediationCannotRemediateReason = "CannotRemediate"
 )

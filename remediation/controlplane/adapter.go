@@ -27,6 +27,10 @@ type Adapter interface {
 	// BeforeScaleUp may change the control-plane object before its replicas are raised (e.g. KCP's
 	// remediation-in-progress annotation). It must be idempotent.
 	BeforeScaleUp(cp *unstructured.Unstructured, victim string, started time.Time, retryCount int32) error
+	// ClearScaleUp removes what BeforeScaleUp set for victim, when it is still there (an abort or a
+	// failure). It never removes what the provider or another remediation set for another Machine.
+	// It reports whether it changed cp.
+	ClearScaleUp(cp *unstructured.Unstructured, victim string) bool
 }
 
 // ProviderView is what a provider's preflight checks look at.
@@ -61,6 +65,9 @@ func (Generic) ScaleUpRefusal(ProviderView, bool) string { return "" }
 
 // BeforeScaleUp implements Adapter.
 func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int32) error { return nil }
+
+// ClearScaleUp implements Adapter.
+func (Generic) ClearScaleUp(*unstructured.Unstructured, string) bool { return false }
 
 // Replicas returns spec.replicas of a control-plane object.
 func Replicas(cp *unstructured.Unstructured) (int32, error) {

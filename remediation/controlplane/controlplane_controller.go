@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,16 +13,20 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/paused"
+	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -47,6 +50,10 @@ const (
 	EventRemediationFailed    = "RemediationFailed"
 	EventQuorumLost           = "EtcdQuorumLost"
 	EventFencingGaveUp        = "FencingGaveUp"
+	EventRemediationAborted   = "RemediationAborted"
+	EventRemediationRetried   = "RemediationRetried"
+	EventRemediationWithdrawn = "RemediationWithdrawn"
+	EventStepTimedOut         = "StepTimedOut"
 )
 
 // EtcdProvider gives access to a workload cluster's etcd (etcdutil.Workload in production).
@@ -63,8 +70,9 @@ type StepEvent struct {
 	Time time.Time
 }
 
-// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=*,verbs=get;list;watch;update;patch
 
 // Reconciler drives control-plane MachineRemediations.
@@ -89,10 +97,22 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if r.Client == nil || r.APIReader == nil || r.Etcd == nil || r.Fencer == nil {
 		return errors.New("client, APIReader, Etcd and Fencer must not be nil")
 	}
+	log := ctrl.LoggerFrom(ctx)
+	scheme := mgr.GetScheme()
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("capr-controlplane-remediation").
-		For(&caprv1.MachineRemediation{}).
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToRemediations)).
+		For(&caprv1.MachineRemediation{}, builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		// A remediation that finishes or goes away releases the control plane: wake the others of
+		// its cluster now instead of at their next requeue.
+		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.remediationToSiblings),
+			builder.WithPredicates(phaseChangedOrDeleted(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToRemediations),
+			builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		// Pausing or unpausing the Cluster stops or resumes its remediations.
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToRemediations),
+			builder.WithPredicates(predicates.All(scheme, log,
+				predicates.ClusterPausedTransitions(scheme, log),
+				predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue)))).
 		WithOptions(options).
 		Complete(r)
 	if err != nil {
@@ -100,6 +120,59 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}
 	r.recorder = mgr.GetEventRecorder("capr-controlplane-remediation")
 	return nil
+}
+
+// remediationsOfCluster returns the requests for the remediations of a cluster's Machines.
+func (r *Reconciler) remediationsOfCluster(ctx context.Context, namespace, clusterName, except string) []reconcile.Request {
+	list := &caprv1.MachineRemediationList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for _, mr := range list.Items {
+		if mr.Name == except || terminal(&mr) {
+			continue
+		}
+		if (mr.Status.ControlPlane != nil && mr.Status.ControlPlane.ClusterName == clusterName) || mr.Labels[clusterv1.ClusterNameLabel] == clusterName {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&mr)})
+		}
+	}
+	return out
+}
+
+// remediationToSiblings maps a remediation to the other remediations of its cluster.
+func (r *Reconciler) remediationToSiblings(ctx context.Context, o client.Object) []reconcile.Request {
+	mr, ok := o.(*caprv1.MachineRemediation)
+	if !ok {
+		return nil
+	}
+	clusterName := mr.Labels[clusterv1.ClusterNameLabel]
+	if mr.Status.ControlPlane != nil {
+		clusterName = mr.Status.ControlPlane.ClusterName
+	}
+	if clusterName == "" {
+		return nil
+	}
+	return r.remediationsOfCluster(ctx, mr.Namespace, clusterName, mr.Name)
+}
+
+// clusterToRemediations maps a Cluster to its remediations.
+func (r *Reconciler) clusterToRemediations(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.remediationsOfCluster(ctx, o.GetNamespace(), o.GetName(), "")
+}
+
+// phaseChangedOrDeleted passes remediation events that can release the control plane.
+func phaseChangedOrDeleted() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*caprv1.MachineRemediation)
+			n, ok2 := e.ObjectNew.(*caprv1.MachineRemediation)
+			return ok1 && ok2 && (o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero())
+		},
+	}
 }
 
 // machineToRemediations enqueues the remediations of the Machine's cluster: a Machine appearing,
@@ -124,7 +197,7 @@ func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object)
 }
 
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
-// patch of owned conditions → pending / running.
+// persist → delete / Machine gone / running / pending.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	mr := &caprv1.MachineRemediation{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
@@ -132,9 +205,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineRemediation: %w", err)
-	}
-	if mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded || mr.Status.Phase == caprv1.MachineRemediationPhaseFailed || !mr.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("Machine", klog.KRef(mr.Namespace, mr.Name))
 	ctx = ctrl.LoggerInto(ctx, log)
@@ -145,19 +215,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("reading Machine: %w", machineErr)
 	}
 	machineGone := apierrors.IsNotFound(machineErr)
-	if machineGone && mr.Status.Phase != caprv1.MachineRemediationPhaseRunning {
-		// Nothing was started and there is nothing left to remediate.
-		return ctrl.Result{}, nil
-	}
-	clusterName := ""
-	switch {
-	case !machineGone:
-		clusterName = machine.Spec.ClusterName
-	case mr.Status.ControlPlane != nil:
-		clusterName = mr.Status.ControlPlane.ClusterName
-	}
 
-	s := &scope{mr: mr, base: mr.DeepCopy(), machine: machine}
+	s := &scope{mr: mr, base: mr.DeepCopy(), machine: machine, machineGone: machineGone}
 	defer func() {
 		err := r.persist(ctx, s)
 		switch {
@@ -174,16 +233,31 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 
+	if terminal(mr) {
+		return r.reconcileTerminal(ctx, s)
+	}
 	if !machineGone && !util.IsControlPlaneMachine(machine) {
+		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 		if mr.Status.Phase == "" {
 			mr.Status.Phase = caprv1.MachineRemediationPhasePending
 		}
 		setWaiting(mr, caprv1.MachineRemediationNoRemediatorReason, "This Machine is not a control-plane Machine; worker remediation is not handled by this CAPR version")
 		return ctrl.Result{}, nil
 	}
-
+	clusterName := clusterNameOf(s)
+	if clusterName == "" {
+		// A request whose Machine is gone before it was ever started: nothing was done and nothing
+		// is left to remediate. (Before taking the lock a request is always labelled with its
+		// Cluster, so a request without the label holds nothing.)
+		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+		return ctrl.Result{}, nil
+	}
 	cluster, err := util.GetClusterByName(ctx, r.Client, mr.Namespace, clusterName)
 	if err != nil {
+		if apierrors.IsNotFound(err) && !mr.DeletionTimestamp.IsZero() {
+			controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+			return ctrl.Result{}, nil
+		}
 		return ctrl.Result{}, fmt.Errorf("reading Cluster %s: %w", clusterName, err)
 	}
 	s.cluster = cluster
@@ -197,13 +271,57 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
-	if machineGone {
-		return r.reconcileMachineGone(ctx, s)
+	if msg := pausedBy(s); msg != "" {
+		setWaiting(mr, caprv1.MachineRemediationPausedReason, msg)
+		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
-	if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
+	switch {
+	case !mr.DeletionTimestamp.IsZero():
+		return r.reconcileDelete(ctx, s)
+	case machineGone && mr.Status.Phase != caprv1.MachineRemediationPhaseRunning:
+		// Nothing was started and there is nothing left to remediate; a lock taken in a start that
+		// did not complete is released.
+		return ctrl.Result{}, r.releaseLock(ctx, s)
+	case machineGone:
+		return r.reconcileMachineGone(ctx, s)
+	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning:
 		return r.reconcileRunning(ctx, s)
 	}
-	return r.reconcilePending(ctx, s)
+	res, err = r.reconcilePending(ctx, s)
+	if mr.Status.Phase != caprv1.MachineRemediationPhaseRunning {
+		// A Pending request never holds the lock across reconciles: holding it while waiting would
+		// block the remediation that has to go first (and wait on it in turn).
+		if relErr := r.releaseLock(ctx, s); relErr != nil {
+			err = kerrors.NewAggregate([]error{err, relErr})
+		}
+	}
+	return res, err
+}
+
+// clusterNameOf returns the Cluster of the remediation: the Machine's, or, once the Machine is gone,
+// what the remediation recorded.
+func clusterNameOf(s *scope) string {
+	switch {
+	case !s.machineGone:
+		return s.machine.Spec.ClusterName
+	case s.mr.Status.ControlPlane != nil && s.mr.Status.ControlPlane.ClusterName != "":
+		return s.mr.Status.ControlPlane.ClusterName
+	default:
+		return s.mr.Labels[clusterv1.ClusterNameLabel]
+	}
+}
+
+// pausedBy says why the remediation must not act now: CAPI's cluster.x-k8s.io/paused on the Machine
+// or on the control-plane object (Cluster.spec.paused and the request's own annotation are handled by
+// paused.EnsurePausedCondition).
+func pausedBy(s *scope) string {
+	switch {
+	case !s.machineGone && annotations.HasPaused(s.machine):
+		return fmt.Sprintf("Machine %s has annotation %s: nothing is done until it is removed", s.machine.Name, clusterv1.PausedAnnotation)
+	case s.cp != nil && annotations.HasPaused(s.cp):
+		return fmt.Sprintf("%s %s has annotation %s: nothing is done until it is removed", s.cp.GetKind(), s.cp.GetName(), clusterv1.PausedAnnotation)
+	}
+	return ""
 }
 
 // persist writes what changed in the MachineRemediation since it was read (metadata, then status),
@@ -212,10 +330,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	s.mr.Status.ObservedGeneration = s.mr.Generation
 	if !equality.Semantic.DeepEqual(s.base.ObjectMeta, s.mr.ObjectMeta) {
+		// The reply carries the stored status, not the one this reconcile decided: keep ours.
+		status := s.mr.Status.DeepCopy()
 		if err := r.Client.Patch(ctx, s.mr, client.MergeFromWithOptions(s.base, client.MergeFromWithOptimisticLock{})); err != nil {
+			if apierrors.IsNotFound(err) && !s.base.DeletionTimestamp.IsZero() {
+				return nil // the last finalizer was removed: the object is gone
+			}
 			return fmt.Errorf("writing MachineRemediation metadata: %w", err)
 		}
+		s.mr.Status = *status
 		s.base.ObjectMeta = *s.mr.ObjectMeta.DeepCopy()
+		if !s.mr.DeletionTimestamp.IsZero() && len(s.mr.Finalizers) == 0 {
+			return nil // deleted by this write
+		}
 	}
 	if !equality.Semantic.DeepEqual(s.base.Status, s.mr.Status) {
 		status := s.mr.Status.DeepCopy()
@@ -226,138 +353,6 @@ func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	}
 	s.base = s.mr.DeepCopy()
 	return nil
-}
-
-// reconcilePending checks the preconditions and, when they hold, takes the control plane and starts.
-func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Result, error) {
-	mr, m := s.mr, s.machine
-	if mr.Status.Phase == "" {
-		mr.Status.Phase = caprv1.MachineRemediationPhasePending
-	}
-	if !m.DeletionTimestamp.IsZero() {
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, "the Machine is already being deleted")
-		return ctrl.Result{RequeueAfter: waitLong}, nil
-	}
-
-	// Retry limits (KCP's meaning).
-	retry := CheckRetryLimits(remediationRecord(m), mr.Spec.ControlPlane, now())
-	switch {
-	case retry.GiveUp:
-		return r.fail(ctx, s, caprv1.MachineRemediationRetryLimitReachedReason, retry.Message)
-	case !retry.WaitUntil.IsZero():
-		setWaiting(mr, caprv1.MachineRemediationWaitingForRetryPeriodReason, retry.Message)
-		return ctrl.Result{RequeueAfter: time.Until(retry.WaitUntil) + time.Second}, nil
-	}
-
-	// One control-plane remediation per cluster at a time.
-	if l := lockOf(s.cp); l != nil && l.MachineRemediation != mr.Name {
-		active, err := r.lockHolderActive(ctx, mr.Namespace, l)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if active {
-			setWaiting(mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
-				"the remediation of control-plane Machine %s is in progress; control-plane Machines are remediated one at a time", l.MachineRemediation))
-			return ctrl.Result{RequeueAfter: waitLong}, nil
-		}
-	}
-
-	desired, err := Replicas(s.cp)
-	if err != nil {
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
-		return ctrl.Result{RequeueAfter: waitLong}, nil
-	}
-	if l := lockOf(s.cp); l != nil && l.MachineRemediation == mr.Name && l.DesiredReplicas > 0 {
-		desired = l.DesiredReplicas // we crashed after taking the lock: keep what we recorded then
-	}
-
-	in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: initialized(s.cluster), AddsLearners: s.adapter.AddsLearners()}
-	if mr.Spec.ControlPlane != nil && mr.Spec.ControlPlane.Order != "" {
-		in.Policy = mr.Spec.ControlPlane.Order
-	}
-	var state *etcdutil.State
-	if in.Initialized {
-		for _, other := range s.machines {
-			if other.Name != m.Name && (!other.Status.NodeRef.IsDefined() || !other.DeletionTimestamp.IsZero()) {
-				setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf(
-					"control-plane Machine %s is still provisioning or being deleted", other.Name))
-				return ctrl.Result{RequeueAfter: waitShort}, nil
-			}
-		}
-		state, err = r.inspectEtcd(ctx, s)
-		if err != nil {
-			setWaiting(mr, caprv1.MachineRemediationEtcdUnreachableReason, fmt.Sprintf("cannot read etcd state, nothing is done without it: %v", err))
-			return ctrl.Result{RequeueAfter: waitLong}, nil
-		}
-		in.Counts = state.Counts()
-		in.Victim = victimMember(state, s.victimNode())
-		if first, err := r.firstCandidate(ctx, s, state); err != nil {
-			return ctrl.Result{}, err
-		} else if first != mr.Name {
-			setWaiting(mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
-				"control-plane Machine %s is more broken and is remediated first", first))
-			return ctrl.Result{RequeueAfter: waitLong}, nil
-		}
-		view := ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: m, Etcd: state}
-		in.ProviderRefusesScaleUpNow = s.adapter.ScaleUpRefusal(view, false)
-		in.ProviderRefusesScaleUpAfterRemoval = s.adapter.ScaleUpRefusal(view, true)
-	}
-	decision := ChooseOrder(in)
-	if decision.WaitReason != "" {
-		msg := decision.WaitMessage
-		if state != nil {
-			if down := state.Unhealthy(); len(down) > 0 {
-				msg += fmt.Sprintf("; unhealthy members: %v", down)
-			}
-		}
-		if decision.WaitReason == caprv1.MachineRemediationQuorumLostReason && !isWaitingFor(mr, caprv1.MachineRemediationQuorumLostReason) {
-			r.event(mr, corev1.EventTypeWarning, EventQuorumLost, msg)
-		} else if !isWaitingFor(mr, decision.WaitReason) {
-			r.event(mr, corev1.EventTypeWarning, EventRemediationWaiting, msg)
-		}
-		setWaiting(mr, decision.WaitReason, msg)
-		return ctrl.Result{RequeueAfter: waitLong}, nil
-	}
-
-	// Start: take the lock first (so nobody else starts), then record the plan.
-	if err := r.takeLock(ctx, s, desired); err != nil {
-		return ctrl.Result{}, err
-	}
-	cp := &caprv1.ControlPlaneRemediationStatus{
-		ClusterName: s.cluster.Name, Order: decision.Order, OrderReason: decision.Reason,
-		DesiredReplicas: ptr.To(desired), MemberName: s.victimNode(), RetryCount: retry.RetryCount,
-	}
-	for _, other := range s.machines {
-		cp.MachinesBefore = append(cp.MachinesBefore, other.Name)
-	}
-	if state != nil {
-		if member := state.ByName(s.victimNode()); member != nil {
-			cp.MemberID = fmt.Sprintf("%x", member.ID)
-		}
-	}
-	mr.Status.ControlPlane = cp
-	// From here on the remediation outlives its Machine (which it deletes): it is re-owned by the
-	// Cluster, so that its record is not garbage-collected with the Machine.
-	mr.OwnerReferences = []metav1.OwnerReference{{
-		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: s.cluster.Name, UID: s.cluster.UID,
-	}}
-	if mr.Labels == nil {
-		mr.Labels = map[string]string{}
-	}
-	mr.Labels[clusterv1.ClusterNameLabel] = s.cluster.Name
-	mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
-	mr.Status.StartTime = ptr.To(metav1.Now())
-	mr.Status.LastError = ""
-	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
-		Reason: caprv1.MachineRemediationStepInProgressReason, Message: "order " + string(decision.Order) + ": " + decision.Reason})
-	table := ""
-	if state != nil {
-		table = "\n" + state.Table()
-	}
-	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s",
-		m.Name, decision.Order, decision.Reason, table))
-	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", decision.Order, "reason", decision.Reason)
-	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 
 // firstCandidate returns which of the cluster's pending control-plane remediations goes first.
@@ -390,37 +385,6 @@ func (r *Reconciler) firstCandidate(ctx context.Context, s *scope, state *etcdut
 		})
 	}
 	return FirstCandidate(cands), nil
-}
-
-// reconcileMachineGone handles a running remediation whose Machine no longer exists.
-func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.Result, error) {
-	if current := currentStep(s.mr); current == caprv1.StepDelete || current == "" {
-		return r.runSteps(ctx, s)
-	}
-	return r.fail(ctx, s, caprv1.MachineRemediationCannotRemediateReason, fmt.Sprintf(
-		"Machine %s was deleted by someone else during step %s", s.mr.Name, currentStep(s.mr)))
-}
-
-// fail ends the remediation: a person must act. The lock is released and replicas restored.
-func (r *Reconciler) fail(ctx context.Context, s *scope, reason, msg string) (ctrl.Result, error) {
-	if cp := s.mr.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil && s.cp != nil {
-		if current, err := Replicas(s.cp); err == nil && current != *cp.DesiredReplicas {
-			if err := r.setReplicas(ctx, s, *cp.DesiredReplicas, nil); err != nil {
-				return ctrl.Result{}, err
-			}
-		}
-	}
-	if err := r.releaseLock(ctx, s); err != nil {
-		return ctrl.Result{}, err
-	}
-	s.mr.Status.Phase = caprv1.MachineRemediationPhaseFailed
-	s.mr.Status.CompletionTime = ptr.To(metav1.Now())
-	s.mr.Status.LastError = msg
-	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	r.event(s.mr, corev1.EventTypeWarning, EventRemediationFailed, msg)
-	ctrl.LoggerFrom(ctx).Info("Control-plane remediation failed", "reason", reason, "message", msg)
-	return ctrl.Result{}, nil
 }
 
 func setWaiting(mr *caprv1.MachineRemediation, reason, msg string) {

@@ -26,7 +26,9 @@ type scope struct {
 	// base is the MachineRemediation as last read or written; persist sends the difference.
 	base    *caprv1.MachineRemediation
 	machine *clusterv1.Machine
-	cluster *clusterv1.Cluster
+	// machineGone is true when the Machine no longer exists (machine is then empty).
+	machineGone bool
+	cluster     *clusterv1.Cluster
 
 	cp       *unstructured.Unstructured
 	adapter  Adapter
@@ -146,22 +148,33 @@ func (r *Reconciler) takeLock(ctx context.Context, s *scope, desired int32) erro
 	return nil
 }
 
-// releaseLock removes the lock if this remediation holds it.
+// releaseLock removes the lock if this remediation holds it. A conflict only means the object
+// changed (a provider's status, replicas): it is read again and the release retried.
 func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
-	if s.cp == nil {
-		return nil
+	for attempt := 0; ; attempt++ {
+		if s.cp == nil {
+			return nil
+		}
+		if l := lockOf(s.cp); l == nil || l.MachineRemediation != s.mr.Name {
+			return nil
+		}
+		base := s.cp.DeepCopy()
+		a := s.cp.GetAnnotations()
+		delete(a, caprv1.ControlPlaneLockAnnotation)
+		s.cp.SetAnnotations(a)
+		err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= 2 {
+			return fmt.Errorf("releasing the control-plane remediation lock: %w", err)
+		}
+		live := base.DeepCopy()
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(base), live); err != nil {
+			return fmt.Errorf("re-reading %s %s to release the lock: %w", base.GetKind(), base.GetName(), err)
+		}
+		s.cp = live
 	}
-	if l := lockOf(s.cp); l == nil || l.MachineRemediation != s.mr.Name {
-		return nil
-	}
-	base := s.cp.DeepCopy()
-	a := s.cp.GetAnnotations()
-	delete(a, caprv1.ControlPlaneLockAnnotation)
-	s.cp.SetAnnotations(a)
-	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("releasing the control-plane remediation lock: %w", err)
-	}
-	return nil
 }
 
 // lockHolderActive reports whether the MachineRemediation named in a lock still runs.

@@ -57,23 +57,6 @@ func findStep(mr *caprv1.MachineRemediation, name caprv1.StepName) *caprv1.Remed
 	return nil
 }
 
-// reconcileRunning makes sure the lock is still ours, then works on the current step.
-func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Result, error) {
-	l := lockOf(s.cp)
-	switch {
-	case l == nil:
-		// We crashed between releasing and recording, or someone removed it: take it back.
-		if err := r.takeLock(ctx, s, ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)); err != nil {
-			return ctrl.Result{}, err
-		}
-	case l.MachineRemediation != s.mr.Name:
-		setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
-			"the control-plane lock is held by %s although this remediation is running; waiting for it to be released", l.MachineRemediation))
-		return ctrl.Result{RequeueAfter: waitLong}, nil
-	}
-	return r.runSteps(ctx, s)
-}
-
 // runSteps works on the current step: it records the step as started (persisted before anything is
 // issued), observes whether its effect is visible, and otherwise issues it again (every step is
 // idempotent). One step transition per reconcile keeps every transition observable from the API.

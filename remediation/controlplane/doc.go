@@ -1,4 +1,4 @@
-// Package controlplane is CAPR's control-plane remediator (design §6). It acts on MachineRemediation
+// Package controlplane is CAPR's control-plane remediator. It acts on MachineRemediation
 // objects of control-plane Machines: it checks the preconditions (quorum, retry limits, one
 // remediation per cluster at a time), chooses the order from real etcd state (plan.go), then scales
 // up, waits for the replacement to vote, moves leadership, removes the victim's etcd member, fences

@@ -15,7 +15,9 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 )
 
-// KCP knows KubeadmControlPlane's preflight rules (research/capi-anchor.md §3.4, §3.5, §3.7): KCP
+// KCP knows KubeadmControlPlane's preflight rules (sigs.k8s.io/cluster-api
+// controlplane/kubeadm/reconcilers/kubeadmcontrolplane: scale.go preflightChecks, checkHealthiness,
+// checkHealthinessWhileRemediationInProgress and targetEtcdClusterHealthy in remediation.go): KCP
 // refuses to scale up while any control-plane Machine is not fully healthy, unless its
 // remediation-in-progress annotation is set; then it projects the etcd cluster with the new member
 // counted as unhealthy and refuses if that projection would lose quorum or if a learner exists.
@@ -46,6 +48,23 @@ func (KCP) BeforeScaleUp(cp *unstructured.Unstructured, victim string, started t
 	}
 	annotations.AddAnnotations(cp, map[string]string{controlplanev1.RemediationInProgressAnnotation: string(value)})
 	return nil
+}
+
+// ClearScaleUp removes KCP's remediation-in-progress annotation when it still names victim (KCP
+// deletes it itself once it created the replacement).
+func (KCP) ClearScaleUp(cp *unstructured.Unstructured, victim string) bool {
+	value, ok := cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation]
+	if !ok {
+		return false
+	}
+	data := kcpRemediationData{}
+	if err := json.Unmarshal([]byte(value), &data); err != nil || data.Machine != victim {
+		return false
+	}
+	a := cp.GetAnnotations()
+	delete(a, controlplanev1.RemediationInProgressAnnotation)
+	cp.SetAnnotations(a)
+	return true
 }
 
 // ScaleUpRefusal implements Adapter with KCP's scale-up preflight as it will run once CAPR has set

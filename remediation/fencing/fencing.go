@@ -1,4 +1,4 @@
-// Package fencing is the storage-fencing step of a remediation (design §7): before a Machine is
+// Package fencing is the storage-fencing step of a remediation: before a Machine is
 // deleted, its node must no longer be able to write to shared storage. This package holds the
 // interface the remediators call and the policy logic; the NetworkFence, External and
 // OutOfServiceTaint backends are a separate issue, and until they exist they are reported as not

@@ -15,6 +15,10 @@ import (
 	"strings"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -30,11 +34,20 @@ const AssetsEnv = "CAPR_ENVTEST_ASSETS"
 
 // Environment is a running API server with the CRDs installed.
 type Environment struct {
-	env    *envtest.Environment
+	env *envtest.Environment
+	// Config is cluster-admin: for tests setting up the world (the sandbox's providers, fixtures).
 	Config *rest.Config
-	Client client.Client
-	Scheme *kruntime.Scheme
+	// ManagerConfig authenticates as CAPR's manager ServiceAccount, bound to the ClusterRole that
+	// `make generate` writes from the RBAC markers (config/rbac/role.yaml). CAPR's controllers run
+	// with it in every test, so a permission missing from the markers fails a test instead of a
+	// production cluster.
+	ManagerConfig *rest.Config
+	Client        client.Client
+	Scheme        *kruntime.Scheme
 }
+
+// ManagerUser is the identity the manager runs as in tests: the ServiceAccount config/rbac binds.
+const ManagerUser = "system:serviceaccount:capr-system:capr-manager"
 
 // Options configures Start.
 type Options struct {
@@ -150,7 +163,12 @@ func Start(opts Options) (*Environment, error) {
 		_ = env.Stop()
 		return nil, err
 	}
-	return &Environment{env: env, Config: cfg, Client: c, Scheme: scheme}, nil
+	managerCfg, err := managerConfig(env, c, root)
+	if err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	return &Environment{env: env, Config: cfg, ManagerConfig: managerCfg, Client: c, Scheme: scheme}, nil
 }
 
 // Stop stops the API server and etcd.
@@ -190,4 +208,35 @@ func labelContractVersions(c client.Client, crds []*apiextensionsv1.CustomResour
 		}
 	}
 	return nil
+}
+
+// managerConfig installs the generated manager ClusterRole, binds it to ManagerUser and returns a
+// config that authenticates as that user (no other permission: not in system:masters).
+func managerConfig(env *envtest.Environment, c client.Client, root string) (*rest.Config, error) {
+	ctx := context.Background()
+	raw, err := os.ReadFile(filepath.Join(root, "config", "rbac", "role.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("reading the generated manager role: %w", err)
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := yaml.Unmarshal(raw, role); err != nil {
+		return nil, fmt.Errorf("parsing config/rbac/role.yaml: %w", err)
+	}
+	role.Name = "capr-manager-role"
+	if err := c.Create(ctx, role); err != nil {
+		return nil, fmt.Errorf("creating the manager ClusterRole: %w", err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "capr-manager-rolebinding"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: ManagerUser}},
+	}
+	if err := c.Create(ctx, binding); err != nil {
+		return nil, fmt.Errorf("binding the manager ClusterRole: %w", err)
+	}
+	user, err := env.AddUser(envtest.User{Name: ManagerUser, Groups: []string{"system:authenticated", "system:serviceaccounts"}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("adding the manager user to the API server: %w", err)
+	}
+	return user.Config(), nil
 }

@@ -39,7 +39,7 @@ type CAPROptions struct {
 // StartCAPR starts CAPR's manager with short etcd timeouts suited to the sandbox.
 func (s *Sandbox) StartCAPR(ctx context.Context, opts CAPROptions) (*CAPR, error) {
 	crash := &CrashSwitch{after: opts.CrashAfterWrites}
-	mgr, err := ctrl.NewManager(s.Env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(s.Env.ManagerConfig, ctrl.Options{
 		Scheme:                  s.Env.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		Cache:                   controllers.ManagerCacheOptionsNamed(s.Env.Scheme, fmt.Sprintf("capr-manager-%d", managerSeq.Add(1)), "", 10*time.Minute),

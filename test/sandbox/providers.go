@@ -177,6 +177,9 @@ func (r *machineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if m.Status.NodeRef.IsDefined() {
 		return ctrl.Result{}, nil
 	}
+	if wc.holdProvisioning.Load() {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	return ctrl.Result{}, r.provision(ctx, wc, m)
 }
 

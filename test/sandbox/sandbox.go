@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -55,6 +56,10 @@ type WorkloadCluster struct {
 	Namespace string
 	Name      string
 	Etcd      *EtcdCluster
+
+	// holdProvisioning, when set, leaves new Machines without a Node (a replacement that never
+	// comes up).
+	holdProvisioning atomic.Bool
 }
 
 // Key returns the Cluster's key.
@@ -156,6 +161,22 @@ func (s *Sandbox) Stop() {
 	s.mu.Unlock()
 	_ = s.Env.Stop()
 	_ = os.RemoveAll(s.dir)
+}
+
+// DestroyCluster stops a workload cluster's etcd members and kubelets and forgets it; its objects
+// stay in the API server (long runs create many clusters and must not keep their processes).
+func (s *Sandbox) DestroyCluster(ctx context.Context, wc *WorkloadCluster) {
+	machines, _ := s.ControlPlaneMachines(ctx, wc)
+	s.mu.Lock()
+	for _, m := range machines {
+		if k := s.kubelets[m.Name]; k != nil {
+			k.Stop()
+			delete(s.kubelets, m.Name)
+		}
+	}
+	delete(s.clusters, types.NamespacedName{Namespace: wc.Namespace, Name: wc.Name})
+	s.mu.Unlock()
+	wc.Etcd.Stop()
 }
 
 func (s *Sandbox) cluster(namespace, name string) *WorkloadCluster {
@@ -337,6 +358,17 @@ func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node str
 	}
 	s.Log.Add(wc.Name, "FAULT: kubelet on %s stopped (etcd there still runs)", node)
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
+}
+
+// HoldProvisioning makes new Machines of the cluster never come up (no Node, no etcd member) until
+// it is called with false: an infrastructure that cannot provide a machine.
+func (s *Sandbox) HoldProvisioning(wc *WorkloadCluster, hold bool) {
+	wc.holdProvisioning.Store(hold)
+	if hold {
+		s.Log.Add(wc.Name, "FAULT: new Machines no longer come up")
+	} else {
+		s.Log.Add(wc.Name, "new Machines come up again")
+	}
 }
 
 // StopHeartbeat makes a Node stop reporting (Ready=Unknown) while its etcd member stays healthy.

@@ -1,0 +1,309 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// This file holds the life cycle around the step sequence: who holds the control plane, what an
+// abort (deleting the request) and a timeout do, and how a Failed request is retried.
+//
+// The point of no return is the removal of the victim's etcd member (or the Delete step): before
+// it, everything CAPR did can be undone (replicas back to N, provider annotations and the lock
+// cleared); after it, the victim has no member and must be replaced, so an abort finishes the
+// sequence and a timeout keeps trying, visibly, holding the lock and the N+1 replicas it owns.
+
+// Default step timeouts (ControlPlaneRemediationSpec.replacementTimeoutSeconds, stepTimeoutSeconds).
+const (
+	DefaultReplacementTimeout = 30 * time.Minute
+	DefaultStepTimeout        = 10 * time.Minute
+)
+
+// terminal is true for Succeeded and Failed requests.
+func terminal(mr *caprv1.MachineRemediation) bool {
+	return mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded || mr.Status.Phase == caprv1.MachineRemediationPhaseFailed
+}
+
+// reconcileTerminal handles finished requests: a deleted one lets go of its finalizer, a Failed one
+// with the retry annotation starts again from Pending. A finished request holds nothing (succeed and
+// fail release the lock before they record the phase).
+func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) (ctrl.Result, error) {
+	mr := s.mr
+	if !mr.DeletionTimestamp.IsZero() {
+		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+		return ctrl.Result{}, nil
+	}
+	if _, ok := mr.Annotations[caprv1.RetryAnnotation]; ok && mr.Status.Phase == caprv1.MachineRemediationPhaseFailed {
+		delete(mr.Annotations, caprv1.RetryAnnotation)
+		previous := conditions.GetMessage(mr, caprv1.MachineRemediationSucceededCondition)
+		mr.Status = caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhasePending}
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, "retry requested with annotation "+caprv1.RetryAnnotation)
+		msg := fmt.Sprintf("Retry requested: the remediation starts again (it had failed: %s)", previous)
+		r.event(mr, corev1.EventTypeNormal, EventRemediationRetried, msg)
+		ctrl.LoggerFrom(ctx).Info("Failed control-plane remediation retried on request")
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// reconcileDelete aborts: undo before the point of no return, finish after it.
+func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
+	mr := s.mr
+	if mr.Status.Phase != caprv1.MachineRemediationPhaseRunning {
+		if err := r.releaseLock(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+		return ctrl.Result{}, nil
+	}
+	if r.pastPointOfNoReturn(ctx, s) {
+		if !isWaitingFor(mr, caprv1.MachineRemediationAbortedReason) {
+			r.event(mr, corev1.EventTypeWarning, EventRemediationAborted,
+				"Deletion requested, but the victim's etcd member was already removed: the remediation is finished first, then the request goes")
+		}
+		if s.machineGone {
+			return r.reconcileMachineGone(ctx, s)
+		}
+		return r.reconcileRunning(ctx, s)
+	}
+	undone, err := r.undo(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	msg := "Remediation aborted (the request was deleted): " + undone
+	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation aborted", "undone", undone)
+	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+	return ctrl.Result{}, nil
+}
+
+// reconcileRunning makes sure this remediation still holds the control plane, applies the step
+// timeouts, then works on the current step.
+func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Result, error) {
+	other, err := r.runningRemediation(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if other != "" {
+		// Two requests recorded Running for one cluster (the lock was lost while both started). The
+		// one that has done nothing yet goes back to Pending; one that has acted waits.
+		if len(s.mr.Status.Steps) == 0 {
+			s.mr.Status.Phase = caprv1.MachineRemediationPhasePending
+			s.mr.Status.ControlPlane = nil
+			s.mr.Status.StartTime = nil
+			setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+				"the remediation of control-plane Machine %s runs; this one went back to Pending before doing anything", other))
+			return ctrl.Result{RequeueAfter: waitLong}, nil
+		}
+		setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+			"the control plane is held by %s although this remediation is running; waiting for it", other))
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
+	if l := lockOf(s.cp); l == nil || l.MachineRemediation != s.mr.Name {
+		if l != nil {
+			active, err := r.lockHolderActive(ctx, s.mr.Namespace, l)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			if active {
+				// A Pending request is between taking the lock and finding that this one runs; it
+				// gives the lock back in the same reconcile.
+				setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+					"the control-plane lock is briefly held by %s; waiting for it to give it back", l.MachineRemediation))
+				return ctrl.Result{RequeueAfter: waitShort}, nil
+			}
+		}
+		// Lost (a hand edit, a GitOps replace), stale, or a crash between releasing and recording:
+		// the durable state says this remediation runs, so it takes the lock back.
+		if err := r.takeLock(ctx, s, ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if res, done, err := r.checkStepTimeout(ctx, s); done || err != nil {
+		return res, err
+	}
+	return r.runSteps(ctx, s)
+}
+
+// runningRemediation returns another Running request of the same cluster, read live: the durable
+// state that says who holds the control plane, whatever happened to the lock annotation.
+func (r *Reconciler) runningRemediation(ctx context.Context, s *scope) (string, error) {
+	list := &caprv1.MachineRemediationList{}
+	if err := r.APIReader.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
+		return "", fmt.Errorf("listing MachineRemediations: %w", err)
+	}
+	for _, other := range list.Items {
+		if other.Name == s.mr.Name || other.Status.Phase != caprv1.MachineRemediationPhaseRunning || other.Status.ControlPlane == nil {
+			continue
+		}
+		if other.Status.ControlPlane.ClusterName == s.cluster.Name {
+			return other.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// stepTimeout is how long a step may take (0: no timeout of its own).
+func stepTimeout(mr *caprv1.MachineRemediation, step caprv1.StepName) time.Duration {
+	spec := mr.Spec.ControlPlane
+	if spec == nil {
+		spec = &caprv1.ControlPlaneRemediationSpec{}
+	}
+	switch step {
+	case caprv1.StepScaleUp, caprv1.StepWaitForReplacement:
+		if spec.ReplacementTimeoutSeconds != nil {
+			return time.Duration(*spec.ReplacementTimeoutSeconds) * time.Second
+		}
+		return DefaultReplacementTimeout
+	case caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepDelete:
+		if spec.StepTimeoutSeconds != nil {
+			return time.Duration(*spec.StepTimeoutSeconds) * time.Second
+		}
+		return DefaultStepTimeout
+	default:
+		// Fence has the fencing policy's own timeout (spec.fencing.timeoutSeconds).
+		return 0
+	}
+}
+
+// checkStepTimeout fails (and undoes) a remediation whose current step ran out of time before the
+// point of no return; after it, the remediation keeps trying and says so.
+func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Result, bool, error) {
+	step := currentStep(s.mr)
+	rec := findStep(s.mr, step)
+	limit := stepTimeout(s.mr, step)
+	if rec == nil || rec.StartTime == nil || limit == 0 {
+		return ctrl.Result{}, false, nil
+	}
+	deadline := rec.StartTime.Add(limit)
+	if now().Before(deadline) {
+		return ctrl.Result{}, false, nil
+	}
+	if r.pastPointOfNoReturn(ctx, s) {
+		msg := fmt.Sprintf("step %s did not finish within %s; the victim's etcd member was already removed, so the remediation cannot be undone: it keeps trying, holding the control plane at %s (desired %d). Last: %s",
+			step, limit, replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
+		if !isWaitingFor(s.mr, caprv1.MachineRemediationStepTimedOutReason) {
+			r.event(s.mr, corev1.EventTypeWarning, EventStepTimedOut, msg)
+		}
+		res, err := r.runSteps(ctx, s)
+		if !currentStepDone(s.mr, step) {
+			setWaiting(s.mr, caprv1.MachineRemediationStepTimedOutReason, msg)
+		}
+		return res, true, err
+	}
+	res, err := r.fail(ctx, s, caprv1.MachineRemediationStepTimedOutReason, fmt.Sprintf(
+		"step %s did not finish within %s (last: %s)", step, limit, rec.Message))
+	return res, true, err
+}
+
+func currentStepDone(mr *caprv1.MachineRemediation, step caprv1.StepName) bool {
+	rec := findStep(mr, step)
+	return rec != nil && (rec.Outcome == caprv1.StepOutcomeSucceeded || rec.Outcome == caprv1.StepOutcomeSkipped)
+}
+
+func replicasString(s *scope) string {
+	if n, err := Replicas(s.cp); err == nil {
+		return fmt.Sprintf("%d replicas", n)
+	}
+	return "unknown replicas"
+}
+
+// pastPointOfNoReturn is true once the victim's etcd member may have been removed or the Delete step
+// started. When etcd cannot be read after RemoveMember started, the answer is yes (the safe side:
+// nothing is undone that cannot be).
+func (r *Reconciler) pastPointOfNoReturn(ctx context.Context, s *scope) bool {
+	if findStep(s.mr, caprv1.StepDelete) != nil {
+		return true
+	}
+	if findStep(s.mr, caprv1.StepRemoveMember) == nil {
+		return false
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return true
+	}
+	if state.ByName(s.victimNode()) != nil {
+		return false
+	}
+	if id, perr := strconv.ParseUint(ptr.Deref(s.mr.Status.ControlPlane, caprv1.ControlPlaneRemediationStatus{}).MemberID, 16, 64); perr == nil && state.ByID(id) != nil {
+		return false
+	}
+	return true
+}
+
+// undo returns the control plane to how the remediation found it: replicas back to N, the
+// provider's annotations (KCP's remediation-in-progress naming the victim) removed, the lock released.
+// It says what it did.
+func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
+	var did []string
+	if cp := s.mr.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil && s.cp != nil {
+		current, err := Replicas(s.cp)
+		cleared := false
+		if err := r.setReplicas(ctx, s, *cp.DesiredReplicas, func(u *unstructured.Unstructured) error {
+			cleared = s.adapter.ClearScaleUp(u, s.mr.Name)
+			return nil
+		}); err != nil {
+			return "", err
+		}
+		if err == nil && current != *cp.DesiredReplicas {
+			did = append(did, fmt.Sprintf("replicas back from %d to %d", current, *cp.DesiredReplicas))
+		}
+		if cleared {
+			did = append(did, "the provider's remediation annotation removed")
+		}
+	}
+	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name {
+		did = append(did, "the control-plane lock released")
+	}
+	if err := r.releaseLock(ctx, s); err != nil {
+		return "", err
+	}
+	if len(did) == 0 {
+		return "nothing had been changed", nil
+	}
+	return strings.Join(did, ", "), nil
+}
+
+// fail ends the remediation after undoing it: a person (or the retry annotation) starts it again.
+func (r *Reconciler) fail(ctx context.Context, s *scope, reason, msg string) (ctrl.Result, error) {
+	undone, err := r.undo(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	msg = fmt.Sprintf("%s; left as found: %s. Annotate the MachineRemediation with %s to try again", msg, undone, caprv1.RetryAnnotation)
+	s.mr.Status.Phase = caprv1.MachineRemediationPhaseFailed
+	s.mr.Status.CompletionTime = ptr.To(metav1.Now())
+	s.mr.Status.LastError = msg
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	r.event(s.mr, corev1.EventTypeWarning, EventRemediationFailed, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation failed", "reason", reason, "message", msg)
+	return ctrl.Result{}, nil
+}
+
+// reconcileMachineGone handles a running remediation whose Machine no longer exists.
+func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if current := currentStep(s.mr); current == caprv1.StepDelete || current == "" {
+		return r.runSteps(ctx, s)
+	}
+	if r.pastPointOfNoReturn(ctx, s) {
+		// The victim lost its member and is gone: what is left is to get the replacement.
+		return r.runSteps(ctx, s)
+	}
+	return r.fail(ctx, s, caprv1.MachineRemediationCannotRemediateReason, fmt.Sprintf(
+		"Machine %s was deleted by someone else during step %s", s.mr.Name, currentStep(s.mr)))
+}

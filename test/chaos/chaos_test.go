@@ -1,0 +1,510 @@
+// Package chaos_test is the randomized fault suite of the control-plane remediator (`make chaos
+// RUNS=n SEED=s`): each run builds a sandbox cluster (real kube-apiserver, real etcd member processes,
+// real port-forward), injects one or two random faults at random times, waits until the world is at
+// rest and checks the safety invariants. A failing run prints the seed that reproduces it.
+package chaos_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/fencing"
+	capienv "github.com/capr-io/capr/test/envtest"
+	"github.com/capr-io/capr/test/sandbox"
+	sbcontrolplanev1 "github.com/capr-io/capr/test/sandbox/api/controlplane/v1alpha1"
+)
+
+var (
+	sb  *sandbox.Sandbox
+	ctx = context.Background()
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.Level(zapcore.Level(2))))
+	var err error
+	sb, err = sandbox.Start(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	sb.Stop()
+	os.Exit(code)
+}
+
+// Environment variables set by `make chaos`.
+const (
+	runsEnv = "CHAOS_RUNS"
+	seedEnv = "CHAOS_SEED"
+)
+
+func envInt(t *testing.T, name string, def int64) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q is not a number: %v", name, v, err)
+	}
+	return n
+}
+
+// TestChaos runs CHAOS_RUNS scenarios (default 2) with seeds CHAOS_SEED, CHAOS_SEED+1, ... (default
+// seed: from the clock, printed).
+func TestChaos(t *testing.T) {
+	runs := envInt(t, runsEnv, 2)
+	seed := envInt(t, seedEnv, time.Now().UnixNano()%1_000_000)
+	t.Logf("chaos: %d runs, seeds %d..%d (one run: make chaos RUNS=1 SEED=<seed>)", runs, seed, seed+runs-1)
+	start := time.Now()
+	failed := 0
+	for i := range runs {
+		s := seed + i
+		if !t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { runScenario(t, s) }) {
+			failed++
+		}
+	}
+	t.Logf("chaos: %d runs, %d with invariant violations, %s", runs, failed, time.Since(start).Round(time.Second))
+}
+
+// faultKind is one kind of fault the suite injects.
+type faultKind int
+
+const (
+	killMember faultKind = iota
+	stopKubelet
+	stopHeartbeat
+	stopLeaderKubelet
+	deleteRequest
+	stripLock
+	skipRemediation
+	writeConflicts
+	crashController
+	numFaultKinds
+)
+
+var faultNames = [...]string{"etcd member killed", "kubelet stopped", "heartbeat stopped", "leader's kubelet stopped",
+	"request deleted mid-flight", "lock annotation stripped", "skip-remediation added", "API write conflicts",
+	"controller killed at a random API call"}
+
+func (f faultKind) String() string { return faultNames[f] }
+
+// machineFault is true for faults that break a Machine.
+func (f faultKind) machineFault() bool { return f <= stopLeaderKubelet }
+
+type plannedFault struct {
+	kind  faultKind
+	after time.Duration
+	// target is the index of the control-plane Machine (machine faults).
+	target int
+}
+
+type plan struct {
+	size   int32
+	faults []plannedFault
+	crash  int64 // writes before the controller is killed (crashController)
+}
+
+func (p plan) String() string {
+	s := fmt.Sprintf("%d control-plane Machines;", p.size)
+	for _, f := range p.faults {
+		s += fmt.Sprintf(" %s", f.kind)
+		if f.kind.machineFault() && f.kind != stopLeaderKubelet {
+			s += fmt.Sprintf(" (Machine #%d)", f.target)
+		}
+		s += fmt.Sprintf(" at +%s;", f.after)
+	}
+	return s
+}
+
+// newPlan draws a scenario: the first fault breaks a Machine (the others act on its remediation).
+func newPlan(rng *rand.Rand) plan {
+	p := plan{size: 3}
+	if rng.IntN(2) == 1 {
+		p.size = 5
+	}
+	targets := rng.Perm(int(p.size))
+	first := plannedFault{kind: faultKind(rng.IntN(int(stopLeaderKubelet) + 1)), after: time.Duration(rng.IntN(2000)) * time.Millisecond, target: targets[0]}
+	p.faults = append(p.faults, first)
+	if rng.IntN(2) == 1 {
+		second := plannedFault{kind: faultKind(rng.IntN(int(numFaultKinds))), after: time.Duration(rng.IntN(8000)) * time.Millisecond, target: targets[1]}
+		p.faults = append(p.faults, second)
+		if second.kind == crashController {
+			p.crash = 5 + rng.Int64N(80)
+		}
+	}
+	return p
+}
+
+// recordingBackend is a fencing backend that confirms 300 ms after it is first asked, recording when.
+type recordingBackend struct {
+	mu      sync.Mutex
+	asked   map[string]time.Time
+	fenced  map[string]time.Time
+	confirm time.Duration
+}
+
+func (b *recordingBackend) Fence(_ context.Context, req fencing.Request, _ caprv1.FencingBackend) (bool, string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	name := req.Machine.Name
+	if name == "" {
+		return false, "no Machine", nil
+	}
+	if _, ok := b.asked[name]; !ok {
+		b.asked[name] = time.Now()
+	}
+	if time.Since(b.asked[name]) < b.confirm {
+		return false, "fencing", nil
+	}
+	if _, ok := b.fenced[name]; !ok {
+		b.fenced[name] = time.Now()
+	}
+	return true, "fenced", nil
+}
+
+func (b *recordingBackend) fencedAt(machine string) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	at, ok := b.fenced[machine]
+	return at, ok
+}
+
+// runScenario runs one seeded scenario and reports every invariant violation.
+func runScenario(t *testing.T, seed int64) {
+	g := NewWithT(t)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x6361707263686173)) //nolint:gosec // reproducible test randomness
+	p := newPlan(rng)
+	t.Logf("seed %d: %s", seed, p)
+
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, "chaos")
+	g.Expect(err).NotTo(HaveOccurred())
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: p.size})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer sb.DestroyCluster(ctx, wc)
+	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
+	mhc.Spec.Remediation.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired, TimeoutSeconds: ptr.To[int32](60),
+		Backends: []caprv1.FencingBackend{{Type: caprv1.FencingBackendExternal, TemplateRef: &caprv1.TemplateReference{
+			APIVersion: "fencing.example.com/v1", Kind: "PowerFenceTemplate", Name: "chaos"}}}}
+	g.Expect(sb.Client.Create(ctx, mhc)).To(Succeed())
+	check, err := sandbox.WriteData(ctx, wc, 50)
+	g.Expect(err).NotTo(HaveOccurred())
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	backend := &recordingBackend{asked: map[string]time.Time{}, fenced: map[string]time.Time{}, confirm: 300 * time.Millisecond}
+	opts := sandbox.CAPROptions{Options: controllers.Options{Fencer: &fencing.PolicyFencer{
+		Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendExternal: backend}}}}
+	crashOpts := opts
+	crashOpts.CrashAfterWrites = p.crash
+	capr, err := sb.StartCAPR(ctx, crashOpts)
+	g.Expect(err).NotTo(HaveOccurred())
+	var caprMu sync.Mutex
+	stopAll := make(chan struct{})
+	var wg sync.WaitGroup
+	if p.crash > 0 {
+		wg.Add(1)
+		go func() { // the killed controller is restarted, as its Deployment would
+			defer wg.Done()
+			for {
+				select {
+				case <-stopAll:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				caprMu.Lock()
+				if capr.Stopped() {
+					t.Logf("seed %d: controller killed after %d writes; restarting", seed, capr.Crash.Writes())
+					next, err := sb.StartCAPR(ctx, opts)
+					if err == nil {
+						capr = next
+					}
+					caprMu.Unlock()
+					return
+				}
+				caprMu.Unlock()
+			}
+		}()
+	}
+	defer func() {
+		close(stopAll)
+		wg.Wait()
+		caprMu.Lock()
+		defer caprMu.Unlock()
+		// Let the manager clear its health check (finalizer) before it stops.
+		_ = sb.Client.Delete(ctx, mhc)
+		_ = waitGone(mhc, 30*time.Second)
+		capr.Stop()
+	}()
+	running := sb.WatchRunning(ctx, wc)
+	quorum := sb.WatchQuorum(ctx, wc)
+	start := time.Now()
+
+	killed := 0
+	victims := map[string]bool{}
+	skipped := map[string]bool{}
+	for _, f := range p.faults {
+		f := f
+		m := machines[f.target]
+		if f.kind.machineFault() {
+			if f.kind == stopLeaderKubelet {
+				if leader := leaderMachine(wc, machines); leader != nil {
+					m = *leader
+				}
+			}
+			victims[m.Name] = true
+			if f.kind == killMember {
+				killed++
+			}
+		}
+		if f.kind == skipRemediation {
+			m = machines[p.faults[0].target]
+			skipped[m.Name] = true
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-stopAll:
+				return
+			case <-time.After(f.after):
+			}
+			inject(t, wc, f.kind, m, stopAll)
+		}()
+	}
+
+	// At rest: no request Running or being deleted, nothing provisioning or deleting, for 3 s in a row.
+	g.Eventually(func(g Gomega) {
+		g.Expect(atRest(wc)).To(Succeed())
+	}, 5*time.Minute, 250*time.Millisecond).Should(Succeed(), "seed %d: the world never came to rest", seed)
+	g.Consistently(func(g Gomega) {
+		g.Expect(atRest(wc)).To(Succeed())
+	}, 3*time.Second, 250*time.Millisecond).Should(Succeed(), "seed %d: the world did not stay at rest", seed)
+	t.Logf("seed %d: at rest after %s", seed, time.Since(start).Round(100*time.Millisecond))
+
+	// Invariants.
+	g.Expect(running.Stop()).To(BeEmpty(), "seed %d: two control-plane remediations Running for one cluster", seed)
+	_, lost := quorum.Stop()
+	faultsLostQuorum := killed > int(p.size)/2
+	if !faultsLostQuorum {
+		g.Expect(lost).To(BeEmpty(), "seed %d: fewer healthy voting members than quorum", seed)
+		g.Eventually(check, 30*time.Second, 500*time.Millisecond).Should(Succeed(), "seed %d: data written before the fault", seed)
+	}
+	cp := &sbcontrolplanev1.SandboxControlPlane{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: wc.Name + "-cp"}, cp)).To(Succeed())
+	g.Expect(*cp.Spec.Replicas).To(Equal(p.size), "seed %d: control-plane replicas at rest", seed)
+	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "seed %d: lock left at rest", seed)
+	now, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(now).To(HaveLen(int(p.size)), "seed %d: control-plane Machines at rest", seed)
+	present := map[string]bool{}
+	for _, m := range now {
+		present[m.Name] = true
+	}
+	for victim := range victims {
+		mr := &caprv1.MachineRemediation{}
+		err := sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, mr)
+		switch {
+		case !present[victim]:
+			// Replaced: exactly once (one request, Succeeded), and fenced before it was deleted.
+			g.Expect(err).NotTo(HaveOccurred(), "seed %d: %s is gone without a remediation record", seed, victim)
+			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "seed %d: %s gone, remediation %s", seed, victim, mr.Status.Phase)
+			fenced, ok := backend.fencedAt(victim)
+			g.Expect(ok).To(BeTrue(), "seed %d: %s deleted but never fenced", seed, victim)
+			deleted, ok := sb.Log.Find(wc.Name, start, "deleting Machine "+victim)
+			g.Expect(ok).To(BeTrue(), "seed %d: no deletion of %s recorded", seed, victim)
+			g.Expect(fenced.Before(deleted)).To(BeTrue(), "seed %d: %s deleted at %s before fenced at %s", seed, victim, deleted, fenced)
+		case skipped[victim]:
+			// Skips remediation: never started after the annotation, or finished.
+		default:
+			// Still there: it must wait, saying why.
+			g.Expect(err).NotTo(HaveOccurred(), "seed %d: unhealthy %s has no remediation request and is not replaced", seed, victim)
+			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending), "seed %d: %s", seed, victim)
+			c := conditions.Get(mr, caprv1.MachineRemediationProgressingCondition)
+			g.Expect(c).NotTo(BeNil(), "seed %d: %s waits without saying why", seed, victim)
+			g.Expect(c.Message).NotTo(BeEmpty(), "seed %d: %s waits without saying why", seed, victim)
+		}
+	}
+}
+
+// atRest is nil when no remediation runs or is being deleted and no control-plane Machine is
+// provisioning or deleting.
+func atRest(wc *sandbox.WorkloadCluster) error {
+	list := &caprv1.MachineRemediationList{}
+	if err := sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)); err != nil {
+		return err
+	}
+	for _, mr := range list.Items {
+		if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning || !mr.DeletionTimestamp.IsZero() {
+			return fmt.Errorf("remediation %s is %s (deleting: %t)", mr.Name, mr.Status.Phase, !mr.DeletionTimestamp.IsZero())
+		}
+	}
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	if err != nil {
+		return err
+	}
+	for _, m := range machines {
+		if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() {
+			return fmt.Errorf("Machine %s is provisioning or deleting", m.Name)
+		}
+	}
+	return nil
+}
+
+func leaderMachine(wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) *clusterv1.Machine {
+	state, err := sb.EtcdState(ctx, wc)
+	if err != nil {
+		return nil
+	}
+	leader := state.ByID(state.LeaderID)
+	if leader == nil {
+		return nil
+	}
+	for i := range machines {
+		if machines[i].Status.NodeRef.Name == leader.Name {
+			return &machines[i]
+		}
+	}
+	return nil
+}
+
+// inject applies one fault.
+func inject(t *testing.T, wc *sandbox.WorkloadCluster, kind faultKind, m clusterv1.Machine, stop <-chan struct{}) {
+	node := m.Status.NodeRef.Name
+	var err error
+	switch kind {
+	case killMember:
+		sb.KillEtcdMember(wc, node)
+	case stopKubelet, stopLeaderKubelet:
+		err = sb.StopKubelet(ctx, wc, node)
+	case stopHeartbeat:
+		err = sb.StopHeartbeat(ctx, wc, node)
+	case deleteRequest:
+		err = deleteWhenRunning(wc, stop)
+	case stripLock:
+		forDuration(stop, 20*time.Second, func() { stripLockOnce(wc) })
+	case skipRemediation:
+		err = annotateMachine(wc, m.Name, clusterv1.MachineSkipRemediationAnnotation)
+	case writeConflicts:
+		forDuration(stop, 15*time.Second, func() { touchAll(wc) })
+	case crashController:
+		// Armed when the controller was started (CrashAfterWrites).
+	}
+	if err != nil {
+		t.Logf("injecting %s: %v", kind, err)
+	}
+}
+
+// forDuration calls f every 100 ms for d or until stop.
+func forDuration(stop <-chan struct{}, d time.Duration, f func()) {
+	end := time.After(d)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-end:
+			return
+		case <-time.After(100 * time.Millisecond):
+			f()
+		}
+	}
+}
+
+// deleteWhenRunning deletes the first request seen Running (once).
+func deleteWhenRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error {
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-deadline:
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+		list := &caprv1.MachineRemediationList{}
+		if err := sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)); err != nil {
+			continue
+		}
+		for i := range list.Items {
+			if list.Items[i].Status.Phase == caprv1.MachineRemediationPhaseRunning {
+				return client.IgnoreNotFound(sb.Client.Delete(ctx, &list.Items[i]))
+			}
+		}
+	}
+}
+
+func stripLockOnce(wc *sandbox.WorkloadCluster) {
+	cp := &sbcontrolplanev1.SandboxControlPlane{}
+	if sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp) != nil {
+		return
+	}
+	if _, ok := cp.Annotations[caprv1.ControlPlaneLockAnnotation]; ok {
+		base := cp.DeepCopy()
+		delete(cp.Annotations, caprv1.ControlPlaneLockAnnotation)
+		_ = sb.Client.Patch(ctx, cp, client.MergeFrom(base))
+	}
+}
+
+// touchAll bumps the resourceVersion of the control-plane object and of every request, so that
+// writes based on what the controller read a moment ago conflict.
+func touchAll(wc *sandbox.WorkloadCluster) {
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 10)
+	cp := &sbcontrolplanev1.SandboxControlPlane{}
+	if sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp) == nil {
+		base := cp.DeepCopy()
+		metav1.SetMetaDataAnnotation(&cp.ObjectMeta, "chaos.capr.io/touched", stamp)
+		_ = sb.Client.Patch(ctx, cp, client.MergeFrom(base))
+	}
+	list := &caprv1.MachineRemediationList{}
+	if sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)) == nil {
+		for i := range list.Items {
+			mr := &list.Items[i]
+			base := mr.DeepCopy()
+			metav1.SetMetaDataAnnotation(&mr.ObjectMeta, "chaos.capr.io/touched", stamp)
+			_ = sb.Client.Patch(ctx, mr, client.MergeFrom(base))
+		}
+	}
+}
+
+func annotateMachine(wc *sandbox.WorkloadCluster, name, key string) error {
+	m := &clusterv1.Machine{}
+	if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, m); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	base := m.DeepCopy()
+	metav1.SetMetaDataAnnotation(&m.ObjectMeta, key, "")
+	return sb.Client.Patch(ctx, m, client.MergeFrom(base))
+}
+
+func waitGone(obj client.Object, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if err := sb.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); client.IgnoreNotFound(err) == nil && err != nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s still exists after %s", obj.GetName(), timeout)
+}
