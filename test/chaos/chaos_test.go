@@ -291,13 +291,18 @@ func runScenario(t *testing.T, seed int64) {
 		}()
 	}
 
-	// At rest: no request Running or being deleted, nothing provisioning or deleting, for 3 s in a row.
-	g.Eventually(func(g Gomega) {
-		g.Expect(atRest(wc)).To(Succeed())
-	}, 5*time.Minute, 250*time.Millisecond).Should(Succeed(), "seed %d: the world never came to rest", seed)
-	g.Consistently(func(g Gomega) {
-		g.Expect(atRest(wc)).To(Succeed())
-	}, 3*time.Second, 250*time.Millisecond).Should(Succeed(), "seed %d: the world did not stay at rest", seed)
+	// At rest: every fault injected, every victim replaced or waiting with a reason, no request
+	// Running or being deleted, nothing provisioning or deleting — for 3 s in a row.
+	var last time.Duration
+	for _, f := range p.faults {
+		last = max(last, f.after)
+	}
+	rest := func(g Gomega) {
+		g.Expect(time.Since(start)).To(BeNumerically(">", last), "faults still to inject")
+		g.Expect(atRest(wc, victims, skipped)).To(Succeed())
+	}
+	g.Eventually(rest, 5*time.Minute, 250*time.Millisecond).Should(Succeed(), "seed %d: the world never came to rest", seed)
+	g.Consistently(rest, 3*time.Second, 250*time.Millisecond).Should(Succeed(), "seed %d: the world did not stay at rest", seed)
 	t.Logf("seed %d: at rest after %s", seed, time.Since(start).Round(100*time.Millisecond))
 
 	// Invariants.
@@ -345,25 +350,42 @@ func runScenario(t *testing.T, seed int64) {
 	}
 }
 
-// atRest is nil when no remediation runs or is being deleted and no control-plane Machine is
+// atRest is nil when every victim is replaced (gone), waits with a Pending request that says why,
+// or skips remediation; no remediation runs or is being deleted; and no control-plane Machine is
 // provisioning or deleting.
-func atRest(wc *sandbox.WorkloadCluster) error {
+func atRest(wc *sandbox.WorkloadCluster, victims, skipped map[string]bool) error {
 	list := &caprv1.MachineRemediationList{}
 	if err := sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)); err != nil {
 		return err
 	}
-	for _, mr := range list.Items {
+	requests := map[string]*caprv1.MachineRemediation{}
+	for i, mr := range list.Items {
 		if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning || !mr.DeletionTimestamp.IsZero() {
 			return fmt.Errorf("remediation %s is %s (deleting: %t)", mr.Name, mr.Status.Phase, !mr.DeletionTimestamp.IsZero())
 		}
+		requests[mr.Name] = &list.Items[i]
 	}
 	machines, err := sb.ControlPlaneMachines(ctx, wc)
 	if err != nil {
 		return err
 	}
+	present := map[string]bool{}
 	for _, m := range machines {
+		present[m.Name] = true
 		if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() {
-			return fmt.Errorf("Machine %s is provisioning or deleting", m.Name)
+			return fmt.Errorf("machine %s is provisioning or deleting", m.Name)
+		}
+	}
+	for victim := range victims {
+		if !present[victim] || skipped[victim] {
+			continue
+		}
+		mr, ok := requests[victim]
+		if !ok {
+			return fmt.Errorf("victim %s has no remediation request yet", victim)
+		}
+		if mr.Status.Phase != caprv1.MachineRemediationPhasePending || conditions.GetMessage(mr, caprv1.MachineRemediationProgressingCondition) == "" {
+			return fmt.Errorf("victim %s: remediation %s without a reason", victim, mr.Status.Phase)
 		}
 	}
 	return nil
