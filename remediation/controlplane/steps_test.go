@@ -127,7 +127,7 @@ func TestStepScaleUp(t *testing.T) {
 			g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 		}},
 		{name: "KCP would refuse (certificates not available): wait, replicas untouched",
-			world: []worldOption{withControlPlaneObject(kcpObject(false))},
+			world: []worldOption{withControlPlaneObject(kcpObject(withoutCertificates()))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectWaiting(g, res, err, caprv1.MachineRemediationNotQuorumSafeReason)
 				g.Expect(res.message).To(ContainSubstring("CertificatesAvailable"))
@@ -136,7 +136,7 @@ func TestStepScaleUp(t *testing.T) {
 			}},
 		{name: "KCP: remediation-in-progress is written with the raised replicas",
 			world: []worldOption{
-				withControlPlaneObject(kcpObject(true)),
+				withControlPlaneObject(kcpObject()),
 				withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b", kcpHealthy()), cpMachine("m-c", kcpHealthy())),
 			},
 			check: func(g Gomega, w *world, res stepResult, err error) {
