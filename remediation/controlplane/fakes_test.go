@@ -270,7 +270,8 @@ type worldOptions struct {
 	replacement  string
 }
 
-// worldOption configures newWorld.
+// worldOption configures newWorld. Options apply in order: withReplacement after withMachines,
+// withReplicas after withControlPlaneObject.
 type worldOption func(*worldOptions)
 
 // withMachines replaces the control-plane Machines (they are all in MachinesBefore).
