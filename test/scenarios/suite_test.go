@@ -154,10 +154,10 @@ func stepOutcome(mr *caprv1.MachineRemediation, name caprv1.StepName) caprv1.Ste
 	return ""
 }
 
-func stepNames(mr *caprv1.MachineRemediation) []string {
-	out := make([]string, 0, len(mr.Status.Steps))
+func stepNames(mr *caprv1.MachineRemediation) []caprv1.StepName {
+	out := make([]caprv1.StepName, 0, len(mr.Status.Steps))
 	for _, s := range mr.Status.Steps {
-		out = append(out, string(s.Name))
+		out = append(out, s.Name)
 	}
 	return out
 }
