@@ -1,6 +1,7 @@
 # CAPR — quorum-safe Machine remediation for Cluster API.
 #
 # Quick start:  make demo   (the sandbox: real kube-apiserver, real etcd, a broken Machine)
+#               make unit   (the tests that need no binaries: every package not under test/, seconds)
 #               make test   (lint, generated-file check, unit + envtest + real-etcd tests)
 #
 # Everything is built from the Go module proxy into bin/ (git-ignored) on first use and reused after.
@@ -42,6 +43,16 @@ demo: envtest-assets ## Run the sandbox: a cluster on a real API server and real
 .PHONY: test
 test: envtest-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd).
 	go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+
+# Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) live under test/:
+# test/scenarios (sandbox control-plane scenarios) and test/integration/<area> (envtest). Every other
+# package's tests are pure and make up `make unit`.
+UNIT_PACKAGES = $$(go list ./... | grep -v '/test/')
+UNIT_TIMEOUT ?= 5m
+
+.PHONY: unit
+unit: ## Run the tests that need no binaries (every package not under test/): no kube-apiserver, no etcd, bin/ not used.
+	go test $(UNIT_PACKAGES) -count=1 -timeout $(UNIT_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks and print their numbers.

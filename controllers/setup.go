@@ -145,7 +145,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 	if err := (&controlplane.Reconciler{
 		Client:           mgr.GetClient(),
 		APIReader:        mgr.GetAPIReader(),
-		Etcd:             workload,
+		Etcd:             controlplane.WorkloadEtcd{Workload: workload},
 		Fencer:           opts.Fencer,
 		WatchFilterValue: opts.WatchFilterValue,
 		StepObserver:     opts.StepObserver,

@@ -56,9 +56,9 @@ const (
 	EventStepTimedOut         = "StepTimedOut"
 )
 
-// EtcdProvider gives access to a workload cluster's etcd (etcdutil.Workload in production).
+// EtcdProvider gives access to a workload cluster's etcd (WorkloadEtcd in production).
 type EtcdProvider interface {
-	ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (*etcdutil.Cluster, error)
+	ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (EtcdCluster, error)
 }
 
 // StepEvent is reported to StepObserver when a step is issued or seen done.

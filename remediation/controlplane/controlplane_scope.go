@@ -34,9 +34,42 @@ type scope struct {
 	adapter  Adapter
 	machines []*clusterv1.Machine // control-plane Machines of the cluster, sorted by name
 
-	etcd      *etcdutil.Cluster
+	etcd      EtcdCluster
 	etcdState *etcdutil.State
 	etcdErr   error
+}
+
+// EtcdCluster is the seam between the steps and a workload cluster's etcd: the operations the steps
+// use, implemented by *etcdutil.Cluster in production and by a fake in the unit tests.
+type EtcdCluster interface {
+	// Inspect reads the member list and every member's health, reaching etcd through the first of
+	// nodes that answers.
+	Inspect(ctx context.Context, nodes []string) (*etcdutil.State, error)
+	// MoveLeader transfers leadership from the member on leaderNode to the member with ID to.
+	MoveLeader(ctx context.Context, leaderNode string, to uint64) error
+	// RemoveMember removes the member with ID id through the first of via that answers.
+	RemoveMember(ctx context.Context, id uint64, via []string) error
+}
+
+var (
+	_ EtcdCluster  = &etcdutil.Cluster{}
+	_ EtcdProvider = WorkloadEtcd{}
+)
+
+// WorkloadEtcd is the production EtcdProvider: etcdutil.Workload, whose ForCluster returns the
+// concrete *etcdutil.Cluster.
+type WorkloadEtcd struct {
+	Workload *etcdutil.Workload
+}
+
+// ForCluster implements EtcdProvider.
+func (w WorkloadEtcd) ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (EtcdCluster, error) {
+	c, err := w.Workload.ForCluster(ctx, cluster)
+	if err != nil {
+		// Not c: a nil *etcdutil.Cluster in the interface would not compare equal to nil.
+		return nil, err
+	}
+	return c, nil
 }
 
 // victimNode is the victim's Node name, which is also its etcd member's name.

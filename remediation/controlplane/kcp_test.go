@@ -15,9 +15,26 @@ import (
 	"github.com/capr-io/capr/etcdutil"
 )
 
-func kcpObject(certificates bool) *unstructured.Unstructured {
+// kcpOption configures kcpObject.
+type kcpOption func(*kcpOptions)
+
+type kcpOptions struct {
+	certificatesAvailable bool
+}
+
+// withoutCertificates makes KCP's CertificatesAvailable condition False.
+func withoutCertificates() kcpOption {
+	return func(o *kcpOptions) { o.certificatesAvailable = false }
+}
+
+// kcpObject returns a KubeadmControlPlane with 3 replicas and its certificates available.
+func kcpObject(opts ...kcpOption) *unstructured.Unstructured {
+	o := kcpOptions{certificatesAvailable: true}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	status := "False"
-	if certificates {
+	if o.certificatesAvailable {
 		status = "True"
 	}
 	return &unstructured.Unstructured{Object: map[string]interface{}{
@@ -67,11 +84,11 @@ func TestKCPScaleUpRefusal(t *testing.T) {
 		afterRemoval bool
 		refused      string // substring; "" = KCP scales up
 	}{
-		{"all healthy: strict preflight passes", kcpObject(true),
+		{"all healthy: strict preflight passes", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c")}, etcdState("a", "b", "c"), false, ""},
-		{"certificates missing", kcpObject(false),
+		{"certificates missing", kcpObject(withoutCertificates()),
 			[]*clusterv1.Machine{kcpMachine("a")}, etcdState("a"), false, "CertificatesAvailable"},
-		{"a deleting Machine blocks scale up", kcpObject(true),
+		{"a deleting Machine blocks scale up", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a"), func() *clusterv1.Machine {
 				m := kcpMachine("b")
 				m.DeletionTimestamp = ptr.To(metav1.NewTime(time.Now()))
@@ -79,22 +96,22 @@ func TestKCPScaleUpRefusal(t *testing.T) {
 			}()}, etcdState("a", "b"), false, "to be deleted"},
 		// The case that makes KCP delete-first: 3 members, the victim's node is down (its pods and its
 		// member look unhealthy to KCP). Projection: 4 voters, victim + new unhealthy → 2 < 3.
-		{"3 members, victim unhealthy: KCP refuses scale-up first", kcpObject(true),
+		{"3 members, victim unhealthy: KCP refuses scale-up first", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}, etcdState("a", "b", "victim"), false, "quorum needs 3"},
-		{"3 members, victim unhealthy, after its member is removed: KCP scales up", kcpObject(true),
+		{"3 members, victim unhealthy, after its member is removed: KCP scales up", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}, etcdState("a", "b", "victim"), true, ""},
-		{"5 members, victim unhealthy: projection 6 voters, 2 unhealthy → scale up", kcpObject(true),
+		{"5 members, victim unhealthy: projection 6 voters, 2 unhealthy → scale up", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c"), kcpMachine("d"), kcpMachine("victim", allPods...)},
 			etcdState("a", "b", "c", "d", "victim"), false, ""},
-		{"no Machine with healthy components", kcpObject(true),
+		{"no Machine with healthy components", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a", controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition), kcpMachine("b", controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition)}, etcdState("a", "b"), false, "no control-plane Machine with all Kubernetes control plane components"},
-		{"learner present", kcpObject(true),
+		{"learner present", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("c", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)}, func() *etcdutil.State {
 				s := etcdState("a", "b", "c", "d")
 				s.Members[3].IsLearner = true
 				return s
 			}(), false, "KCP"},
-		{"empty member list", kcpObject(true),
+		{"empty member list", kcpObject(),
 			[]*clusterv1.Machine{kcpMachine("a", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)}, &etcdutil.State{}, false, "member list is empty"},
 	}
 	for _, tt := range tests {
@@ -115,7 +132,7 @@ func TestKCPOrderIsRemoveFirstWhenKCPWouldRefuseScaleUpFirst(t *testing.T) {
 	g := NewWithT(t)
 	allPods := []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition}
 	machines := []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}
-	view := ProviderView{ControlPlane: kcpObject(true), Machines: machines, Victim: machines[2], Etcd: etcdState("a", "b", "victim")}
+	view := ProviderView{ControlPlane: kcpObject(), Machines: machines, Victim: machines[2], Etcd: etcdState("a", "b", "victim")}
 	d := ChooseOrder(OrderInput{
 		Initialized: true, Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy,
 		ProviderRefusesScaleUpNow:          KCP{}.ScaleUpRefusal(view, false),
@@ -127,7 +144,7 @@ func TestKCPOrderIsRemoveFirstWhenKCPWouldRefuseScaleUpFirst(t *testing.T) {
 
 func TestKCPBeforeScaleUpSetsRemediationInProgress(t *testing.T) {
 	g := NewWithT(t)
-	cp := kcpObject(true)
+	cp := kcpObject()
 	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), 2)).To(Succeed())
 	g.Expect(cp.GetAnnotations()).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation,
 		`{"machine":"victim","timestamp":"2026-01-02T03:04:05Z","retryCount":2}`))

@@ -1,4 +1,4 @@
-package controlplane_test
+package scenarios_test
 
 import (
 	"fmt"
@@ -31,7 +31,7 @@ type crashPoint struct {
 // turn, and at random points between API calls, then starts a new one. Every run must complete with
 // exactly one new Machine and exactly the victim's member removed, without losing quorum.
 func TestCrashSafety(t *testing.T) {
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	check := writeData(t, wc)
 	steps := int64(len(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
 	var points []crashPoint

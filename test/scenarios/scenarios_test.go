@@ -1,4 +1,4 @@
-package controlplane_test
+package scenarios_test
 
 import (
 	"testing"
@@ -19,7 +19,7 @@ import (
 // votes: the cluster never has fewer than three healthy voters.
 func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	check := writeData(t, wc)
 	machines := controlPlane(g, wc)
 	victim := machines[1]
@@ -51,7 +51,7 @@ func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
 // first would need 3 healthy of 4: CAPR removes the dead member first, then scales up.
 func TestDeadMemberRemovesFirst(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	check := writeData(t, wc)
 	victim := controlPlane(g, wc)[0]
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
@@ -78,7 +78,7 @@ func TestDeadMemberRemovesFirst(t *testing.T) {
 // leader and the cluster keeps quorum.
 func TestLeaderWithUnreachableKubeletIsRemovedAnyway(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	check := writeData(t, wc)
 	state, err := sb.EtcdState(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -118,7 +118,7 @@ func TestLeaderWithUnreachableKubeletIsRemovedAnyway(t *testing.T) {
 // (the quorum-safe limit for 5 is 2) and remediated one after the other; the second waits.
 func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 5, nil)
+	wc := newCluster(t, withControlPlane(5))
 	check := writeData(t, wc)
 	machines := controlPlane(g, wc)
 	a, b := machines[0], machines[3]
@@ -158,7 +158,7 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 // that says quorum is lost and which members are down; nothing is scaled, removed or deleted.
 func TestQuorumLostDoesNothing(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	machines := controlPlane(g, wc)
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())

@@ -1,4 +1,4 @@
-package controlplane_test
+package scenarios_test
 
 import (
 	"context"
@@ -47,17 +47,40 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// clusterOptions configure newCluster.
+type clusterOptions struct {
+	controlPlane int32
+	healthCheck  []func(*caprv1.MachineHealthCheck)
+}
+
+// clusterOption configures newCluster.
+type clusterOption func(*clusterOptions)
+
+// withControlPlane sets the number of control-plane Machines (and etcd members); the default is 3.
+func withControlPlane(n int32) clusterOption {
+	return func(o *clusterOptions) { o.controlPlane = n }
+}
+
+// withHealthCheck changes the cluster's CAPR health check before it is created.
+func withHealthCheck(mutate func(*caprv1.MachineHealthCheck)) clusterOption {
+	return func(o *clusterOptions) { o.healthCheck = append(o.healthCheck, mutate) }
+}
+
 // newCluster creates a sandbox cluster in a fresh namespace with a CAPR health check on its control
 // plane: a Node not Ready for 2s, or an etcd member unhealthy for 10s, marks the Machine.
-func newCluster(t testing.TB, cp int32, mutate func(*caprv1.MachineHealthCheck)) *sandbox.WorkloadCluster {
+func newCluster(t testing.TB, opts ...clusterOption) *sandbox.WorkloadCluster {
 	t.Helper()
+	o := clusterOptions{controlPlane: 3}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	g := NewWithT(t)
 	ns, err := capienv.CreateNamespace(ctx, sb.Client, "cp")
 	g.Expect(err).NotTo(HaveOccurred())
-	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: cp})
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: o.controlPlane})
 	g.Expect(err).NotTo(HaveOccurred())
 	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
-	if mutate != nil {
+	for _, mutate := range o.healthCheck {
 		mutate(mhc)
 	}
 	g.Expect(sb.Client.Create(ctx, mhc)).To(Succeed())

@@ -1,4 +1,4 @@
-package controlplane_test
+package scenarios_test
 
 import (
 	"encoding/json"
@@ -18,11 +18,11 @@ import (
 // maxRetry (1) stops CAPR: the remediation fails and says a person must act.
 func TestRetryLimits(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, func(mhc *caprv1.MachineHealthCheck) {
+	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
 		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{
 			MaxRetry: ptr.To[int32](1), RetryPeriodSeconds: ptr.To[int32](25), MinHealthyPeriodSeconds: ptr.To[int32](3600),
 		}
-	})
+	}))
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer capr.Stop()

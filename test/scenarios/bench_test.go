@@ -1,4 +1,4 @@
-package controlplane_test
+package scenarios_test
 
 import (
 	"strings"
@@ -40,7 +40,7 @@ func BenchmarkControlPlaneStepLatency(b *testing.B) {
 func stepLatencyRun(b *testing.B) map[string]time.Duration {
 	b.StopTimer()
 	g := NewWithT(b)
-	wc := newCluster(b, 3, nil)
+	wc := newCluster(b)
 	victim := controlPlane(g, wc)[1]
 
 	var mu sync.Mutex
