@@ -40,9 +40,21 @@ help: ## Show this help.
 demo: envtest-assets ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated.
 	go run ./test/sandbox/cmd/demo $(if $(SCENARIO),--scenario=$(SCENARIO))
 
+# The randomized fault suite: `make chaos RUNS=n SEED=s` runs n scenarios with seeds s, s+1, ...
+# (default seed: the clock). `make test` runs TEST_CHAOS_RUNS of them from a fixed seed.
+RUNS ?= 20
+SEED ?=
+TEST_CHAOS_RUNS ?= 20
+TEST_CHAOS_SEED ?= 1
+
 .PHONY: test
-test: envtest-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd).
-	go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+test: envtest-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
+	go test $$(go list ./... | grep -v '/test/chaos') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED)
+
+.PHONY: chaos
+chaos: envtest-assets ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s; prints the seed of any violation.
+	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) go test ./test/chaos -run '^TestChaos$$' -count=1 -v -timeout 600m $(GO_TEST_FLAGS)
 
 # Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) live under test/:
 # test/scenarios (sandbox control-plane scenarios) and test/integration/<area> (envtest). Every other

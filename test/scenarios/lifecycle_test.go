@@ -1,4 +1,4 @@
-package controlplane_test
+package scenarios_test
 
 import (
 	"testing"
@@ -72,7 +72,7 @@ func pendingRequest(g Gomega, wc *sandbox.WorkloadCluster, machine string, sourc
 // request goes only after that. It was started exactly once.
 func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	victim := controlPlane(g, wc)[1]
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -109,9 +109,9 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 // saying so; the retry annotation starts it again.
 func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, func(mhc *caprv1.MachineHealthCheck) {
+	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
 		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To[int32](3)}
-	})
+	}))
 	victim := controlPlane(g, wc)[1]
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -150,7 +150,7 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 // derived from the Running requests, so the two are never Running at once, and both complete.
 func TestLostLockNeverAllowsTwoRunning(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 5, nil)
+	wc := newCluster(t, withControlPlane(5))
 	machines := controlPlane(g, wc)
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -192,7 +192,7 @@ func TestLostLockNeverAllowsTwoRunning(t *testing.T) {
 // a Pending request that must not go first, never block the remediation that should run.
 func TestStaleLockHoldersDoNotBlock(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	machines := controlPlane(g, wc)
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -228,7 +228,7 @@ func TestStaleLockHoldersDoNotBlock(t *testing.T) {
 // cluster.x-k8s.io/paused on the Machine keeps a request from starting until it is removed.
 func TestStopSignals(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	machines := controlPlane(g, wc)
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -278,7 +278,7 @@ func TestStopSignals(t *testing.T) {
 // RBAC it ships (the test manager runs with it).
 func TestUninitializedControlPlaneFailsClosedThenReplacesWithShippedRBAC(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, 3, nil)
+	wc := newCluster(t)
 	machines := controlPlane(g, wc)
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
 	g.Expect(err).NotTo(HaveOccurred())
