@@ -88,3 +88,12 @@ func parseUnhealthyRange(r string) (int, int, error) {
 	}
 	return lo, hi, nil
 }
+
+const (
+	// EtcdQuorumLostReason is the RemediationAllowed reason when the cluster's etcd has lost quorum.
+	// TODO: move to api/v1alpha1 as MachineHealthCheckEtcdQuorumLostReason.
+	EtcdQuorumLostReason = "EtcdQuorumLost"
+	// EventEtcdQuorumLost is the Warning event on the health check when etcd quorum is lost.
+	// TODO: move to api/v1alpha1 next to the other Event* reasons.
+	EventEtcdQuorumLost = "EtcdQuorumLost"
+)
