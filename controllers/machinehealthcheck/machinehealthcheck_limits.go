@@ -179,15 +179,17 @@ const (
 type etcdQuorum struct {
 	// known is false when etcd was not read.
 	known bool
-	// counts are the voting members and the healthy ones among them.
+	// counts are the voting members and, as Healthy, those that are up: healthy, or whose only
+	// problem is that there is no leader (during an election every member has none).
 	counts etcdutil.Counts
-	// dead are the unhealthy voting members whose problem is their own (not "no leader"), by Node.
+	// dead are the voting members that are not up, by Node.
 	dead []string
 }
 
 // quorumOf derives the quorum from the member health the EtcdMemberSource reports, by Node name.
-// Learners do not vote. A member whose only problem is that it has no leader is not dead: it is
-// the cluster that lost its leader.
+// Learners do not vote. A member whose only problem is that it has no leader is up: it is the
+// cluster that has no leader, because too few members are up to elect one, or only until the
+// election ends.
 func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 	q := etcdQuorum{known: true}
 	for node, h := range health {
@@ -195,10 +197,9 @@ func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 			continue
 		}
 		q.counts.Voting++
-		switch {
-		case h.Healthy:
+		if h.Healthy || h.Problem == etcdProblemNoLeader {
 			q.counts.Healthy++
-		case h.Problem != etcdProblemNoLeader:
+		} else {
 			q.dead = append(q.dead, node)
 		}
 	}
@@ -206,7 +207,7 @@ func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 	return q
 }
 
-// lost reports whether etcd is known to have lost quorum.
+// lost reports whether etcd is known to have lost quorum: fewer voting members are up than a quorum.
 func (q etcdQuorum) lost() bool {
 	return q.known && q.counts.Voting > 0 && !etcdutil.QuorumPresent(q.counts)
 }
@@ -219,7 +220,7 @@ func quorumLostDecision(cp limitDecision, q etcdQuorum) limitDecision {
 		dead = strings.Join(q.dead, ", ")
 	}
 	return limitDecision{limit: cp.limit, reason: EtcdQuorumLostReason, message: fmt.Sprintf(
-		"Remediation of control-plane Machines is not allowed: etcd has lost quorum, %d of %d voting members are healthy and a quorum is %d; dead members (by Node): %s; members without a leader are not marked",
+		"Remediation of control-plane Machines is not allowed: etcd has lost quorum, %d of %d voting members are up and a quorum is %d; dead members (by Node): %s; members that are up but have no leader are not marked",
 		q.counts.Healthy, q.counts.Voting, etcdutil.Quorum(q.counts.Voting), dead)}
 }
 

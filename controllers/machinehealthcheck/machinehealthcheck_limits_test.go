@@ -27,6 +27,7 @@ func TestQuorumOf(t *testing.T) {
 		{name: "two of five dead keeps quorum", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": healthy, "d": dead, "e": dead},
 			dead: []string{"d", "e"}},
 		{name: "no members: not known to be lost", health: map[string]EtcdMemberHealth{}},
+		{name: "an election: every member up without a leader", health: map[string]EtcdMemberHealth{"a": leaderless, "b": leaderless, "c": leaderless}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

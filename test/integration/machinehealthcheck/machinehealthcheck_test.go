@@ -760,7 +760,7 @@ func TestEtcdQuorumLossIsReportedAndTheSurvivorIsNotMarked(t *testing.T) {
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
 		g.Expect(cond.Reason).To(Equal(machinehealthcheck.EtcdQuorumLostReason))
-		g.Expect(cond.Message).To(ContainSubstring("0 of 3 voting members are healthy and a quorum is 2"))
+		g.Expect(cond.Message).To(ContainSubstring("1 of 3 voting members are up and a quorum is 2"))
 		g.Expect(cond.Message).To(ContainSubstring(f.ns + "-cp-1"))
 		g.Expect(mhc.Status.RemediationsAllowed).To(HaveValue(BeEquivalentTo(0)))
 		for _, dead := range []string{"cp-1", "cp-2"} {
