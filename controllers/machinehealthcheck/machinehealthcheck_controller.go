@@ -85,6 +85,7 @@ type EtcdMemberSource interface {
 type EtcdMemberHealth struct {
 	Healthy bool
 	// Problem says what is wrong, e.g. "unreachable", "missing", "alarmed (NOSPACE)", "a learner".
+	// "has no leader" and "a learner" also decide the etcd quorum (quorumOf).
 	Problem string
 }
 
