@@ -163,10 +163,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		}
 		return ctrl.Result{}, err
 	}
-	quorum := r.observeEtcd(ctx, cluster, cfg, facts, targets, now)
+	etcdState := r.observeEtcd(ctx, cluster, cfg, facts, targets, now)
 
 	rd := evaluateAll(targets, cfg, facts, now)
-	lim, err := r.decideLimits(ctx, cluster, mhc, rd, quorum)
+	lim, err := r.decideLimits(ctx, cluster, mhc, rd, etcdState)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -239,11 +239,11 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 		log.Info("Could not read etcd member health; quorum is not assessed this time", "err", err.Error())
 		return etcdQuorum{}
 	}
-	quorum := quorumOf(health)
-	if quorum.lost() {
+	q := quorumOf(health)
+	if q.lost() {
 		excuseLeaderless(targets)
 	}
-	return quorum
+	return q
 }
 
 // round is the evaluation of every target of one reconcile, with the counts the limits need.
@@ -303,7 +303,7 @@ func (rd *round) unhealthyNames() []string {
 
 // decideLimits applies triggerIf to all targets and, when there are control-plane targets, the
 // quorum-safe limit and the etcd quorum to them.
-func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, rd *round, quorum etcdQuorum) (limits, error) {
+func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum) (limits, error) {
 	expected := len(rd.targets)
 	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-rd.healthy)
 	if err != nil {
@@ -312,8 +312,8 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 	cp := limitDecision{allowed: true, limit: -1}
 	if rd.cpTargets > 0 {
 		cp = r.controlPlaneLimit(ctx, cluster, trigger.limit, rd.cpNotHealthy)
-		if quorum.lost() {
-			cp = quorumLostDecision(cp, quorum)
+		if q.lost() {
+			cp = quorumLostDecision(cp, q)
 		}
 	}
 	return limits{trigger: trigger, controlPlane: cp}, nil
