@@ -2,6 +2,7 @@ package machinehealthcheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -37,6 +38,10 @@ const Finalizer = "remediation.cluster.x-k8s.io/machinehealthcheck"
 // ClusterCache's own reconnect events.
 const unreachableRequeue = 30 * time.Second
 
+// firstConnectionRequeue is how often the health check looks again while the ClusterCache has not
+// connected to a workload cluster for the first time yet (it also enqueues on connect).
+const firstConnectionRequeue = 2 * time.Second
+
 // etcdPollInterval is how often etcd member health is read when checks.etcdMember is set (etcd
 // changes produce no Kubernetes events to react to).
 const etcdPollInterval = 5 * time.Second
@@ -65,6 +70,10 @@ type Reconciler struct {
 
 	controller controller.Controller
 	recorder   events.EventRecorder
+	// reported and firstConnection hold what this process has seen between reconciles; their zero
+	// values are ready to use.
+	reported        reportedReasons
+	firstConnection firstConnections
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -76,6 +85,7 @@ type EtcdMemberSource interface {
 type EtcdMemberHealth struct {
 	Healthy bool
 	// Problem says what is wrong, e.g. "unreachable", "missing", "alarmed (NOSPACE)", "a learner".
+	// "has no leader" and "a learner" also decide the etcd quorum (quorumOf).
 	Problem string
 }
 
@@ -134,43 +144,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	return r.reconcileNormal(ctx, cluster, mhc)
 }
 
+// reconcileNormal runs one health-check round, in phases: reach the workload cluster, read the
+// targets (and etcd), evaluate each target, decide the limits, apply marks and requests, report.
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck) (ctrl.Result, error) {
-	log := ctrl.LoggerFrom(ctx)
 	now := time.Now()
+	adoptByCluster(mhc, cluster)
+	facts, cfg := factsOf(cluster), configOf(mhc)
 
-	if mhc.Labels == nil {
-		mhc.Labels = map[string]string{}
+	remote, wait := r.reachWorkloadCluster(ctx, cluster, mhc, facts, now)
+	if wait != nil {
+		return *wait, nil
 	}
-	mhc.Labels[clusterv1.ClusterNameLabel] = mhc.Spec.ClusterName
-	mhc.OwnerReferences = util.EnsureOwnerRef(mhc.OwnerReferences, metav1.OwnerReference{
-		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
-	})
-
-	facts := factsOf(cluster)
-	cfg := configOf(mhc)
-
-	// Workload-cluster access. A cluster that cannot be reached marks nothing: a network partition
-	// must never produce a wave of remediations.
-	var remote client.Client
-	if facts.controlPlaneInitialized {
-		var err error
-		remote, err = r.ClusterCache.GetClient(ctx, client.ObjectKeyFromObject(cluster))
-		if err == nil {
-			err = r.watchClusterNodes(ctx, cluster)
-		}
-		if err != nil {
-			r.setUnreachable(mhc, err)
-			return ctrl.Result{RequeueAfter: unreachableRequeue}, nil
-		}
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionTrue,
-			Reason: caprv1.MachineHealthCheckWorkloadClusterReachableReason})
-	} else {
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionFalse,
-			Reason:  caprv1.MachineHealthCheckControlPlaneNotInitializedReason,
-			Message: "The control plane is not initialized yet: only control-plane Machines are checked, for node startup"})
-	}
-
-	targets, err := r.getTargets(ctx, remote, mhc)
+	targets, excluded, err := r.getTargets(ctx, remote, mhc)
 	if err != nil {
 		if remote != nil && isUnreachable(err) {
 			r.setUnreachable(mhc, err)
@@ -178,72 +163,186 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		}
 		return ctrl.Result{}, err
 	}
-	if cfg.etcdMemberTimeout > 0 && r.EtcdMembers != nil && facts.controlPlaneInitialized {
-		if err := r.observeEtcdMembers(ctx, cluster, targets, now); err != nil {
-			// Never guess: without etcd state the etcd check neither marks nor clears.
-			log.Info("Could not read etcd member health; the etcd member check is skipped this time", "err", err.Error())
-		}
-	}
+	etcdState := r.observeEtcd(ctx, cluster, cfg, facts, targets, now)
 
-	// Evaluate.
-	evals := make([]evaluation, len(targets))
-	var healthy, cpTargets, cpNotHealthy int
-	var next time.Duration
-	for i, t := range targets {
-		evals[i] = evaluate(t, cfg, facts, now)
-		if evals[i].verdict == verdictHealthy {
-			healthy++
+	rd := evaluateAll(targets, cfg, facts, now)
+	lim, err := r.decideLimits(ctx, cluster, mhc, rd, etcdState)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	restricted, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded, now)
+	r.updateStatus(mhc, rd, lim, restricted)
+	if applyErr != nil {
+		return ctrl.Result{}, applyErr
+	}
+	return ctrl.Result{RequeueAfter: rd.requeueAfter(cfg)}, nil
+}
+
+// adoptByCluster labels the health check with its cluster's name and makes the Cluster its owner.
+func adoptByCluster(mhc *caprv1.MachineHealthCheck, cluster *clusterv1.Cluster) {
+	if mhc.Labels == nil {
+		mhc.Labels = map[string]string{}
+	}
+	mhc.Labels[clusterv1.ClusterNameLabel] = mhc.Spec.ClusterName
+	mhc.OwnerReferences = util.EnsureOwnerRef(mhc.OwnerReferences, metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
+	})
+}
+
+// reachWorkloadCluster returns a client of the workload cluster (nil before the control plane is
+// initialized, when only control-plane Machines are checked, for node startup) and sets
+// WorkloadClusterReachable. A cluster that cannot be reached marks nothing: a network partition must
+// never produce a wave of remediations. When wait is not nil the round ends here with that result.
+func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, facts clusterFacts, now time.Time) (remote client.Client, wait *ctrl.Result) {
+	if !facts.controlPlaneInitialized {
+		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionFalse,
+			Reason:  caprv1.MachineHealthCheckControlPlaneNotInitializedReason,
+			Message: "The control plane is not initialized yet: only control-plane Machines are checked, for node startup"})
+		return nil, nil
+	}
+	key := client.ObjectKeyFromObject(cluster)
+	remote, err := r.ClusterCache.GetClient(ctx, key)
+	if err == nil {
+		err = r.watchClusterNodes(ctx, cluster)
+	}
+	if err != nil {
+		if r.firstConnection.waiting(ctx, r.ClusterCache, key, err, now) {
+			// Nothing is marked either way; only the report waits for a real answer.
+			ctrl.LoggerFrom(ctx).V(4).Info("Waiting for the first connection to the workload cluster", "err", err.Error())
+			return nil, &ctrl.Result{RequeueAfter: firstConnectionRequeue}
 		}
-		if isControlPlane(t.machine) {
-			cpTargets++
-			if evals[i].verdict != verdictHealthy {
-				cpNotHealthy++
+		r.setUnreachable(mhc, err)
+		return nil, &ctrl.Result{RequeueAfter: unreachableRequeue}
+	}
+	r.firstConnection.done(key)
+	r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionTrue,
+		Reason: caprv1.MachineHealthCheckWorkloadClusterReachableReason})
+	return remote, nil
+}
+
+// observeEtcd reads etcd for the etcd member check: each control-plane target's member health
+// (observeEtcdMembers) and whether etcd has quorum. Without etcd state the check neither marks nor
+// clears, and the quorum is unknown (the zero etcdQuorum).
+func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cfg checkConfig, facts clusterFacts, targets []target, now time.Time) etcdQuorum {
+	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized {
+		return etcdQuorum{}
+	}
+	log := ctrl.LoggerFrom(ctx)
+	if err := r.observeEtcdMembers(ctx, cluster, targets, now); err != nil {
+		log.Info("Could not read etcd member health; the etcd member check is skipped this time", "err", err.Error())
+		return etcdQuorum{}
+	}
+	// TODO(etcd): observeEtcdMembers reads the member map itself; once it takes the map as an
+	// argument, etcd is read once per round instead of twice.
+	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
+	if err != nil {
+		log.Info("Could not read etcd member health; quorum is not assessed this time", "err", err.Error())
+		return etcdQuorum{}
+	}
+	q := quorumOf(health)
+	if q.lost() {
+		excuseLeaderless(targets)
+	}
+	return q
+}
+
+// round is the evaluation of every target of one reconcile, with the counts the limits need.
+type round struct {
+	targets []target
+	evals   []evaluation
+	healthy int
+	// cpTargets and cpNotHealthy count the control-plane targets, and those not healthy.
+	cpTargets, cpNotHealthy int
+	// next > 0 is when the first running timeout expires.
+	next time.Duration
+}
+
+// evaluateAll evaluates every target at time now.
+func evaluateAll(targets []target, cfg checkConfig, facts clusterFacts, now time.Time) *round {
+	rd := &round{targets: targets, evals: make([]evaluation, len(targets))}
+	for i, t := range targets {
+		ev := evaluate(t, cfg, facts, now)
+		rd.evals[i] = ev
+		if ev.verdict == verdictHealthy {
+			rd.healthy++
+		}
+		if util.IsControlPlaneMachine(t.machine) {
+			rd.cpTargets++
+			if ev.verdict != verdictHealthy {
+				rd.cpNotHealthy++
 			}
 		}
-		if evals[i].nextCheck > 0 && (next == 0 || evals[i].nextCheck < next) {
-			next = evals[i].nextCheck
+		if ev.nextCheck > 0 && (rd.next == 0 || ev.nextCheck < rd.next) {
+			rd.next = ev.nextCheck
 		}
 	}
+	return rd
+}
 
-	// Limits.
-	expected := len(targets)
-	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-healthy)
+// requeueAfter is when the round must run again without any event: at the next timeout expiry, and
+// at least every etcdPollInterval when the etcd member check is on (etcd is not watched).
+func (rd *round) requeueAfter(cfg checkConfig) time.Duration {
+	next := rd.next
+	if cfg.etcdMemberTimeout > 0 && rd.cpTargets > 0 && (next == 0 || next > etcdPollInterval) {
+		next = etcdPollInterval
+	}
+	return next
+}
+
+// unhealthyNames are the names of the unhealthy targets, sorted.
+func (rd *round) unhealthyNames() []string {
+	var names []string
+	for i, t := range rd.targets {
+		if rd.evals[i].verdict == verdictUnhealthy {
+			names = append(names, t.machine.Name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// decideLimits applies triggerIf to all targets and, when there are control-plane targets, the
+// quorum-safe limit and the etcd quorum to them.
+func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum) (limits, error) {
+	expected := len(rd.targets)
+	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-rd.healthy)
 	if err != nil {
-		return ctrl.Result{}, err
+		return limits{}, err
 	}
 	cp := limitDecision{allowed: true, limit: -1}
-	mhc.Status.ControlPlaneUnhealthyLimit = nil
-	if cpTargets > 0 {
-		cp = r.controlPlaneLimit(ctx, cluster, trigger.limit, cpNotHealthy)
-		if cp.limit >= 0 {
-			mhc.Status.ControlPlaneUnhealthyLimit = ptr.To(int32(cp.limit))
+	if rd.cpTargets > 0 {
+		cp = r.controlPlaneLimit(ctx, cluster, trigger.limit, rd.cpNotHealthy)
+		if q.lost() {
+			cp = quorumLostDecision(cp, q)
 		}
 	}
+	return limits{trigger: trigger, controlPlane: cp}, nil
+}
 
-	// Apply marks and requests.
+// applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
+// the limits allow and withdraws the Pending requests of targets that are healthy again and of
+// Machines no longer checked (skip-remediation, paused). It returns how many unhealthy targets
+// were refused a request by the limits.
+func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
+	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, error) {
 	requests, err := r.listRequests(ctx, mhc)
 	if err != nil {
-		return ctrl.Result{}, err
+		return 0, err
 	}
 	var errs []error
-	var unhealthyNames []string
 	restricted := 0
-	for i, t := range targets {
-		ev := evals[i]
-		if ev.verdict == verdictUnhealthy {
-			unhealthyNames = append(unhealthyNames, t.machine.Name)
-		}
+	for i, t := range rd.targets {
+		ev := rd.evals[i]
 		if err := r.applyMarkAndEvent(ctx, t.machine, ev, cfg.checker, now); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		switch ev.verdict {
 		case verdictUnhealthy:
-			allowed := trigger.allowed && (!isControlPlane(t.machine) || cp.allowed)
 			if !t.machine.DeletionTimestamp.IsZero() || annotations.IsPaused(cluster, t.machine) {
 				continue
 			}
-			if !allowed {
+			if !lim.allow(t.machine) {
 				if _, ok := requests[t.machine.Name]; !ok {
 					restricted++
 				}
@@ -259,28 +358,30 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 					"Remediation of Machine %s requested by %s: %s", t.machine.Name, cfg.checker, ev.reason)
 			}
 		case verdictHealthy:
-			if err := r.withdrawRequest(ctx, mhc, t.machine, requests); err != nil {
+			if err := r.withdrawRequest(ctx, mhc, t.machine, requests, "the Machine is healthy again"); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-
-	// Status.
-	sort.Strings(unhealthyNames)
-	mhc.Status.ExpectedMachines = ptr.To(int32(expected))
-	mhc.Status.CurrentHealthy = ptr.To(int32(healthy))
-	mhc.Status.Targets = targetNames(targets)
-	mhc.Status.UnhealthyMachines = unhealthyNames
-	r.setRemediationAllowed(mhc, trigger, cp, restricted)
-
-	if err := kerrors.NewAggregate(errs); err != nil {
-		return ctrl.Result{}, err
+	for _, m := range excluded {
+		if err := r.withdrawRequest(ctx, mhc, m, requests, "remediation of the Machine is skipped or paused"); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	// etcd is not watched: when the etcd member check is on, look again regularly.
-	if cfg.etcdMemberTimeout > 0 && cpTargets > 0 && (next == 0 || next > etcdPollInterval) {
-		next = etcdPollInterval
+	return restricted, kerrors.NewAggregate(errs)
+}
+
+// updateStatus reports the round in the health check's status.
+func (r *Reconciler) updateStatus(mhc *caprv1.MachineHealthCheck, rd *round, lim limits, restricted int) {
+	mhc.Status.ExpectedMachines = ptr.To(int32(len(rd.targets)))
+	mhc.Status.CurrentHealthy = ptr.To(int32(rd.healthy))
+	mhc.Status.Targets = targetNames(rd.targets)
+	mhc.Status.UnhealthyMachines = rd.unhealthyNames()
+	mhc.Status.ControlPlaneUnhealthyLimit = nil
+	if rd.cpTargets > 0 && lim.controlPlane.limit >= 0 {
+		mhc.Status.ControlPlaneUnhealthyLimit = ptr.To(int32(lim.controlPlane.limit))
 	}
-	return ctrl.Result{RequeueAfter: next}, nil
+	r.setRemediationAllowed(mhc, lim, restricted)
 }
 
 // reconcileDelete clears every mark this health check wrote and withdraws its Pending requests, then
@@ -312,13 +413,14 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 			errs = append(errs, err)
 			continue
 		}
-		if err := r.withdrawRequest(ctx, mhc, m, requests); err != nil {
+		if err := r.withdrawRequest(ctx, mhc, m, requests, "its health check is being deleted"); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
 		return kerrors.NewAggregate(errs)
 	}
+	r.reported.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)
 	if err := helper.Patch(ctx, mhc); err != nil {
 		return fmt.Errorf("removing finalizer: %w", err)
@@ -353,20 +455,23 @@ func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine
 	return nil
 }
 
-// getTargets lists the Machines selected by the health check and reads their Nodes.
-func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck) ([]target, error) {
+// getTargets lists the Machines selected by the health check and reads their Nodes. Selected
+// Machines with CAPI's paused or skip-remediation annotation are not targets: they are returned as
+// excluded.
+func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck) (targets []target, excluded []*clusterv1.Machine, _ error) {
 	selector, err := machineSelector(mhc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	machines := &clusterv1.MachineList{}
 	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
-		return nil, fmt.Errorf("listing Machines: %w", err)
+		return nil, nil, fmt.Errorf("listing Machines: %w", err)
 	}
-	targets := make([]target, 0, len(machines.Items))
+	targets = make([]target, 0, len(machines.Items))
 	for i := range machines.Items {
 		m := &machines.Items[i]
 		if annotations.HasPaused(m) || annotations.HasSkipRemediation(m) {
+			excluded = append(excluded, m)
 			continue
 		}
 		t := target{machine: m}
@@ -374,7 +479,7 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 			node := &corev1.Node{}
 			if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node); err != nil {
 				if !apierrors.IsNotFound(err) {
-					return nil, fmt.Errorf("reading Node %s of Machine %s: %w", m.Status.NodeRef.Name, m.Name, err)
+					return nil, nil, fmt.Errorf("reading Node %s of Machine %s: %w", m.Status.NodeRef.Name, m.Name, err)
 				}
 				t.nodeMissing = true
 			} else {
@@ -383,7 +488,7 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 		}
 		targets = append(targets, t)
 	}
-	return targets, nil
+	return targets, excluded, nil
 }
 
 // machineSelector is the health check's selector restricted to its cluster.
@@ -403,42 +508,55 @@ func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {
 	return s, nil
 }
 
+// setUnreachable reports that the workload cluster cannot be reached, with a Warning event when it
+// just became so.
 func (r *Reconciler) setUnreachable(mhc *caprv1.MachineHealthCheck, err error) {
-	if c := conditions.Get(mhc, caprv1.MachineHealthCheckWorkloadClusterReachableCondition); c == nil || c.Status != metav1.ConditionFalse ||
-		c.Reason != caprv1.MachineHealthCheckWorkloadClusterUnreachableReason {
-		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventWorkloadClusterUnreachable, "HealthCheck",
-			"Workload cluster %s cannot be reached; no Machine is marked until it can: %v", mhc.Spec.ClusterName, err)
-	}
-	conditions.Set(mhc, metav1.Condition{
+	if r.setCondition(mhc, metav1.Condition{
 		Type:    caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
 		Status:  metav1.ConditionFalse,
 		Reason:  caprv1.MachineHealthCheckWorkloadClusterUnreachableReason,
 		Message: fmt.Sprintf("Workload cluster cannot be reached, no Machine is marked until it can: %v", err),
-	})
+	}) {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventWorkloadClusterUnreachable, "HealthCheck",
+			"Workload cluster %s cannot be reached; no Machine is marked until it can: %v", mhc.Spec.ClusterName, err)
+	}
 }
 
-func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, trigger, cp limitDecision, restricted int) {
-	switch {
-	case !trigger.allowed:
-		mhc.Status.RemediationsAllowed = ptr.To(int32(0))
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
-			Reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, Message: trigger.message})
-	case !cp.allowed:
-		mhc.Status.RemediationsAllowed = ptr.To(int32(trigger.remaining))
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
-			Reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, Message: cp.message})
-	default:
-		mhc.Status.RemediationsAllowed = ptr.To(int32(trigger.remaining))
-		conditions.Set(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue,
+// setRemediationAllowed sets RemediationAllowed and status.remediationsAllowed from the limits, which
+// always agree: remediationsAllowed is how many more targets may become unhealthy and still be
+// remediated now, 0 whenever RemediationAllowed is False. Entering etcd quorum loss is a Warning
+// event naming the dead members.
+func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, lim limits, restricted int) {
+	refusal := lim.refusal()
+	if refusal == nil {
+		mhc.Status.RemediationsAllowed = ptr.To(int32(lim.remaining()))
+		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue,
 			Reason: caprv1.MachineHealthCheckRemediationAllowedReason})
+		return
+	}
+	mhc.Status.RemediationsAllowed = ptr.To(int32(0))
+	entered := r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+		Reason: refusal.reason, Message: refusal.message})
+	if entered && refusal.reason == EtcdQuorumLostReason {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, EventEtcdQuorumLost, "HealthCheck", "%s", refusal.message)
 	}
 	if restricted > 0 {
-		msg := trigger.message
-		if trigger.allowed {
-			msg = cp.message
-		}
-		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventRemediationRestricted, "HealthCheck", "%s", msg)
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventRemediationRestricted, "HealthCheck", "%s", refusal.message)
 	}
+}
+
+// setCondition sets a condition of the health check and reports whether its reason changed, i.e.
+// whether this is a transition worth an event. The previous reason is the one this process last
+// set, or, after a restart, the one on the object read at reconcile start: two reconciles in quick
+// succession can both start from a cache that has not seen the first one's status patch yet, and
+// must not both report the same transition.
+func (r *Reconciler) setCondition(mhc *caprv1.MachineHealthCheck, c metav1.Condition) bool {
+	previous := ""
+	if old := conditions.Get(mhc, c.Type); old != nil {
+		previous = old.Reason
+	}
+	conditions.Set(mhc, c)
+	return r.reported.swap(mhc.UID, c.Type, previous, c.Reason) != c.Reason
 }
 
 func factsOf(cluster *clusterv1.Cluster) clusterFacts {
@@ -480,4 +598,17 @@ func targetNames(targets []target) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// isUnreachable reports whether err means the workload cluster cannot be reached.
+func isUnreachable(err error) bool {
+	if errors.Is(err, clustercache.ErrClusterNotConnected) {
+		return true
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsServiceUnavailable(err)
+	}
+	// Anything that is not an API answer (dial errors, resets) means the server was not reached.
+	return true
 }

@@ -1,11 +1,18 @@
 package machinehealthcheck
 
 import (
+	"context"
 	"fmt"
 	"regexp"
+	"sort"
 	"strconv"
+	"strings"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/cluster-api/util"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
@@ -21,8 +28,47 @@ type limitDecision struct {
 	remaining int
 	// limit is the largest number of unhealthy targets allowed (-1: no limit from this rule).
 	limit int
-	// message explains a refusal.
-	message string
+	// reason and message explain a refusal (the RemediationAllowed condition's).
+	reason, message string
+}
+
+// limits are the decisions that apply to one health check's targets.
+type limits struct {
+	// trigger is spec.remediation.triggerIf, for all targets.
+	trigger limitDecision
+	// controlPlane is the quorum-safe limit and the etcd quorum, for control-plane targets (limit -1
+	// when there are none).
+	controlPlane limitDecision
+}
+
+// allow reports whether an unhealthy Machine may be remediated now.
+func (l limits) allow(m *clusterv1.Machine) bool {
+	return l.trigger.allowed && (!util.IsControlPlaneMachine(m) || l.controlPlane.allowed)
+}
+
+// refusal is the decision that refuses remediation, triggerIf first; nil when remediation is allowed.
+func (l limits) refusal() *limitDecision {
+	switch {
+	case !l.trigger.allowed:
+		return &l.trigger
+	case !l.controlPlane.allowed:
+		return &l.controlPlane
+	default:
+		return nil
+	}
+}
+
+// remaining is how many more targets may become unhealthy and still be remediated: what triggerIf
+// leaves, bounded by the control-plane limit when the health check has control-plane targets (the
+// next unhealthy target may be one of them). 0 when remediation is refused.
+func (l limits) remaining() int {
+	if l.refusal() != nil {
+		return 0
+	}
+	if l.controlPlane.limit >= 0 {
+		return min(l.trigger.remaining, l.controlPlane.remaining)
+	}
+	return l.trigger.remaining
 }
 
 // triggerIfDecision applies spec.remediation.triggerIf to expected targets of which unhealthy are
@@ -34,7 +80,7 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 			return limitDecision{}, err
 		}
 		if unhealthy < lo || unhealthy > hi {
-			return limitDecision{limit: hi, message: fmt.Sprintf(
+			return limitDecision{limit: hi, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: fmt.Sprintf(
 				"Remediation is not allowed, the number of not started or unhealthy machines does not fall within the range (total: %d, unhealthy: %d, unhealthyInRange: %s)",
 				expected, unhealthy, t.UnhealthyInRange)}, nil
 		}
@@ -50,7 +96,7 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 		return limitDecision{}, fmt.Errorf("invalid unhealthyLessThanOrEqualTo %q: %w", maxUnhealthy.String(), err)
 	}
 	if unhealthy > limit {
-		return limitDecision{limit: limit, message: fmt.Sprintf(
+		return limitDecision{limit: limit, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: fmt.Sprintf(
 			"Remediation is not allowed, the number of not started or unhealthy machines exceeds unhealthyLessThanOrEqualTo (total: %d, unhealthy: %d, unhealthyLessThanOrEqualTo: %s)",
 			expected, unhealthy, maxUnhealthy.String())}, nil
 	}
@@ -62,11 +108,34 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int) limitDecision {
 	limit := etcdutil.EffectiveControlPlaneLimit(userLimit, desiredReplicas)
 	if unhealthy > limit {
-		return limitDecision{limit: limit, message: fmt.Sprintf(
+		return limitDecision{limit: limit, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf(
 			"Remediation of control-plane Machines is not allowed, %d of %d desired control-plane Machines are not started or unhealthy and the quorum-safe limit is %d",
 			unhealthy, desiredReplicas, limit)}
 	}
 	return limitDecision{allowed: true, remaining: limit - unhealthy, limit: limit}
+}
+
+// controlPlaneLimit reads the control plane's desired replicas and applies the quorum-safe limit.
+// While a CAPR remediation holds the control plane, its replicas are temporarily N+1: the N recorded
+// in the lock is used instead. When N cannot be read, control-plane remediation is not allowed.
+func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.Cluster, userLimit, notHealthy int) limitDecision {
+	if !cluster.Spec.ControlPlaneRef.IsDefined() {
+		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: "Remediation of control-plane Machines is not allowed: Cluster has no spec.controlPlaneRef"}
+	}
+	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, cluster.Spec.ControlPlaneRef, cluster.Namespace)
+	if err != nil {
+		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf("Remediation of control-plane Machines is not allowed: cannot read the control plane's desired replicas: %v", err)}
+	}
+	replicas, found, err := unstructured.NestedInt64(cp.Object, "spec", "replicas")
+	if err != nil || !found {
+		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: "Remediation of control-plane Machines is not allowed: the control plane has no spec.replicas"}
+	}
+	if v, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; ok {
+		if rec, err := caprv1.ControlPlaneLockFromAnnotation(v); err == nil && rec.DesiredReplicas > 0 {
+			replicas = int64(rec.DesiredReplicas)
+		}
+	}
+	return controlPlaneDecision(userLimit, int(replicas), notHealthy)
 }
 
 var unhealthyRangeRE = regexp.MustCompile(`^\[([0-9]+)-([0-9]+)\]$`)
@@ -87,4 +156,81 @@ func parseUnhealthyRange(r string) (int, int, error) {
 		return 0, 0, fmt.Errorf("invalid unhealthyInRange %q: max is less than min", r)
 	}
 	return lo, hi, nil
+}
+
+const (
+	// EtcdQuorumLostReason is the RemediationAllowed reason when the cluster's etcd has lost quorum.
+	// TODO: move to api/v1alpha1 as MachineHealthCheckEtcdQuorumLostReason.
+	EtcdQuorumLostReason = "EtcdQuorumLost"
+	// EventEtcdQuorumLost is the Warning event on the health check when etcd quorum is lost.
+	// TODO: move to api/v1alpha1 next to the other Event* reasons.
+	EventEtcdQuorumLost = "EtcdQuorumLost"
+)
+
+// Problems of an etcd member (EtcdMemberHealth.Problem, as etcdutil words them) that say something
+// about the etcd cluster rather than about the member.
+// TODO(etcd): EtcdMemberHealth should say these in fields of their own instead of in Problem's text.
+const (
+	etcdProblemNoLeader = "has no leader"
+	etcdProblemLearner  = "a learner"
+)
+
+// etcdQuorum is whether a cluster's etcd has quorum, derived from its members' health.
+type etcdQuorum struct {
+	// known is false when etcd was not read.
+	known bool
+	// counts are the voting members and, as Healthy, those that are up: healthy, or whose only
+	// problem is that there is no leader (during an election every member has none).
+	counts etcdutil.Counts
+	// dead are the voting members that are not up, by Node.
+	dead []string
+}
+
+// quorumOf derives the quorum from the member health the EtcdMemberSource reports, by Node name.
+// Learners do not vote. A member whose only problem is that it has no leader is up: it is the
+// cluster that has no leader, because too few members are up to elect one, or only until the
+// election ends.
+func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
+	q := etcdQuorum{known: true}
+	for node, h := range health {
+		if h.Problem == etcdProblemLearner {
+			continue
+		}
+		q.counts.Voting++
+		if h.Healthy || h.Problem == etcdProblemNoLeader {
+			q.counts.Healthy++
+		} else {
+			q.dead = append(q.dead, node)
+		}
+	}
+	sort.Strings(q.dead)
+	return q
+}
+
+// lost reports whether etcd is known to have lost quorum: fewer voting members are up than a quorum.
+func (q etcdQuorum) lost() bool {
+	return q.known && q.counts.Voting > 0 && !etcdutil.QuorumPresent(q.counts)
+}
+
+// quorumLostDecision refuses control-plane remediation while etcd has no quorum: no order of steps
+// is quorum-safe then, and recovering etcd is a person's job. The limit stays the quorum-safe one.
+func quorumLostDecision(cp limitDecision, q etcdQuorum) limitDecision {
+	dead := "none"
+	if len(q.dead) > 0 {
+		dead = strings.Join(q.dead, ", ")
+	}
+	return limitDecision{limit: cp.limit, reason: EtcdQuorumLostReason, message: fmt.Sprintf(
+		"Remediation of control-plane Machines is not allowed: etcd has lost quorum, %d of %d voting members are up and a quorum is %d; dead members (by Node): %s; members that are up but have no leader are not marked",
+		q.counts.Healthy, q.counts.Voting, etcdutil.Quorum(q.counts.Voting), dead)}
+}
+
+// excuseLeaderless drops the etcd observation of control-plane targets whose member's only problem
+// is that it has no leader: while quorum is lost that is the cluster's state, not the member's fault,
+// and marking its Machine would remove a surviving member.
+func excuseLeaderless(targets []target) {
+	for i := range targets {
+		if e := targets[i].etcd; e != nil && !e.healthy && e.problem == etcdProblemNoLeader {
+			targets[i].etcd = nil
+		}
+	}
 }

@@ -3,6 +3,7 @@ package machinehealthcheck
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,9 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -86,7 +89,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		mr := &caprv1.MachineRemediation{
 			ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace},
 			Spec: caprv1.MachineRemediationSpec{
-				Source:       caprv1.MachineRemediationSourceHealthCheck,
+				Source:       requestSource(m),
 				Reason:       ev.reason,
 				Message:      truncate(ev.message, 10240),
 				Fencing:      mhc.Spec.Remediation.Fencing.DeepCopy(),
@@ -107,8 +110,17 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		}
 		return false, fmt.Errorf("creating %s for Machine %s: %w", gvk.Kind, m.Name, err)
 	}
-	ctrl.LoggerFrom(ctx).Info("Created remediation request", "kind", gvk.Kind, "Machine", m.Name)
+	ctrl.LoggerFrom(ctx).Info("Created remediation request", "kind", gvk.Kind, "Machine", klog.KObj(m))
 	return true, nil
+}
+
+// requestSource says who asks for the remediation of m: a person, through CAPI's remediate-machine
+// annotation, or this health check. The remediator reads only the request, not the Machine.
+func requestSource(m *clusterv1.Machine) caprv1.RemediationSource {
+	if annotations.HasRemediateMachine(m) {
+		return caprv1.MachineRemediationSourceManual
+	}
+	return caprv1.MachineRemediationSourceHealthCheck
 }
 
 // requestFromTemplate builds the request from spec.remediation.templateRef the way CAPI's
@@ -135,7 +147,7 @@ func (r *Reconciler) requestFromTemplate(ctx context.Context, mhc *caprv1.Machin
 	}
 	if obj.GroupVersionKind() == caprv1.GroupVersion.WithKind("MachineRemediation") {
 		for field, value := range map[string]string{
-			"source": string(caprv1.MachineRemediationSourceHealthCheck), "reason": ev.reason, "message": truncate(ev.message, 10240),
+			"source": string(requestSource(m)), "reason": ev.reason, "message": truncate(ev.message, 10240),
 		} {
 			if err := unstructured.SetNestedField(obj.Object, value, "spec", field); err != nil {
 				return nil, fmt.Errorf("setting spec.%s: %w", field, err)
@@ -145,12 +157,12 @@ func (r *Reconciler) requestFromTemplate(ctx context.Context, mhc *caprv1.Machin
 	return obj, nil
 }
 
-// withdrawRequest deletes the request of a Machine that is healthy again, but only a request this
+// withdrawRequest deletes the request of a Machine that no longer needs it (why says why), but only a request this
 // health check created and only while nothing irreversible was done: a MachineRemediation that left
 // Pending is completed even if the Machine recovers (its etcd member may already be gone). The delete
 // is conditional on the resourceVersion that was seen Pending, so a remediator starting at the same
 // moment wins.
-func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, existing map[string]client.Object) error {
+func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, existing map[string]client.Object, why string) error {
 	obj, ok := existing[m.Name]
 	if !ok || obj.GetLabels()[HealthCheckLabel] != mhc.Name || !obj.GetDeletionTimestamp().IsZero() {
 		return nil
@@ -161,7 +173,7 @@ func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHea
 	err := r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})
 	switch {
 	case err == nil:
-		ctrl.LoggerFrom(ctx).Info("Withdrew remediation request of a Machine that is healthy again", "Machine", m.Name)
+		ctrl.LoggerFrom(ctx).Info("Withdrew Pending remediation request", "Machine", klog.KObj(m), "why", why)
 		return nil
 	case apierrors.IsNotFound(err):
 		return nil
@@ -183,13 +195,11 @@ func machineOwnerRef(m *clusterv1.Machine) metav1.OwnerReference {
 }
 
 func mergeLabels(a, b map[string]string) map[string]string {
-	out := map[string]string{}
-	for k, v := range a {
-		out[k] = v
+	out := maps.Clone(a)
+	if out == nil {
+		out = map[string]string{}
 	}
-	for k, v := range b {
-		out[k] = v
-	}
+	maps.Copy(out, b)
 	return out
 }
 

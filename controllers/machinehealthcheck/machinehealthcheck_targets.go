@@ -1,6 +1,7 @@
 package machinehealthcheck
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -8,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
@@ -74,10 +76,9 @@ type evaluation struct {
 	nextCheck time.Duration
 }
 
-func isControlPlane(m *clusterv1.Machine) bool {
-	_, ok := m.Labels[clusterv1.MachineControlPlaneLabel]
-	return ok
-}
+// isControlPlane is CAPI's util.IsControlPlaneMachine.
+// TODO(etcd): only observeEtcdMembers still calls it; drop it when that function moves.
+var isControlPlane = util.IsControlPlaneMachine
 
 // foreignMark returns the mark on the Machine when it was written by someone other than checker
 // (a person, or another tool): such marks are requests, and this health check never clears them.
@@ -111,14 +112,14 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 	if rec, ok := foreignMark(m, cfg.checker); ok {
 		msg := rec.Message
 		if msg == "" {
-			msg = "Machine was marked unhealthy by " + orDefault(rec.Checker, "hand")
+			msg = "Machine was marked unhealthy by " + cmp.Or(rec.Checker, "hand")
 		}
 		return evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason, message: msg}
 	}
 
 	// Workers are not checked before the control plane is up; control-plane Machines are, so that
 	// the first control-plane Machine can be remediated.
-	if !cluster.controlPlaneInitialized && !isControlPlane(m) {
+	if !cluster.controlPlaneInitialized && !util.IsControlPlaneMachine(m) {
 		return evaluation{verdict: verdictPending}
 	}
 	if !cluster.infrastructureReady {
@@ -184,7 +185,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 	}
 
 	// etcd member (control-plane Machines only, when configured and observed).
-	if cfg.etcdMemberTimeout > 0 && t.etcd != nil && !t.etcd.healthy && isControlPlane(m) {
+	if cfg.etcdMemberTimeout > 0 && t.etcd != nil && !t.etcd.healthy && util.IsControlPlaneMachine(m) {
 		if expired, remaining := timedOut(t.etcd.since, cfg.etcdMemberTimeout, now); expired {
 			fail(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason, fmt.Sprintf("etcd member is %s for more than %s", t.etcd.problem, cfg.etcdMemberTimeout))
 		} else {
@@ -245,11 +246,4 @@ func latest(times ...time.Time) time.Time {
 		}
 	}
 	return out
-}
-
-func orDefault(s, d string) string {
-	if s == "" {
-		return d
-	}
-	return s
 }

@@ -16,18 +16,21 @@ import (
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 
-func machine(cp bool, mutate ...func(*clusterv1.Machine)) *clusterv1.Machine {
+// machine returns a worker Machine with a Node, changed by the given options (e.g. asControlPlane).
+func machine(options ...func(*clusterv1.Machine)) *clusterv1.Machine {
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{
 		Name: "m", Labels: map[string]string{}, CreationTimestamp: metav1.NewTime(now.Add(-time.Hour)),
 	}}
-	if cp {
-		m.Labels[clusterv1.MachineControlPlaneLabel] = ""
-	}
 	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: "n"}
-	for _, f := range mutate {
-		f(m)
+	for _, o := range options {
+		o(m)
 	}
 	return m
+}
+
+// asControlPlane makes a test Machine a control-plane Machine.
+func asControlPlane(m *clusterv1.Machine) {
+	m.Labels[clusterv1.MachineControlPlaneLabel] = ""
 }
 
 func node(conds ...corev1.NodeCondition) *corev1.Node {
@@ -70,71 +73,71 @@ func TestEvaluate(t *testing.T) {
 		reason    string
 		nextCheck time.Duration
 	}{
-		{name: "healthy node", target: target{machine: machine(false), node: node(ready)}, verdict: verdictHealthy},
-		{name: "Ready=False past timeout", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 301*time.Second))},
+		{name: "healthy node", target: target{machine: machine(), node: node(ready)}, verdict: verdictHealthy},
+		{name: "Ready=False past timeout", target: target{machine: machine(), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 301*time.Second))},
 			verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason},
-		{name: "Ready=False exactly at timeout is not yet unhealthy", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 300*time.Second))},
+		{name: "Ready=False exactly at timeout is not yet unhealthy", target: target{machine: machine(), node: node(nodeCond(corev1.NodeReady, corev1.ConditionFalse, 300*time.Second))},
 			verdict: verdictPending, nextCheck: time.Second},
-		{name: "Ready=Unknown within timeout requeues at expiry", target: target{machine: machine(false), node: node(nodeCond(corev1.NodeReady, corev1.ConditionUnknown, 100*time.Second))},
+		{name: "Ready=Unknown within timeout requeues at expiry", target: target{machine: machine(), node: node(nodeCond(corev1.NodeReady, corev1.ConditionUnknown, 100*time.Second))},
 			verdict: verdictPending, nextCheck: 201 * time.Second},
-		{name: "zero timeout condition is immediate", target: target{machine: machine(false), node: node(ready, nodeCond("DiskPressure", corev1.ConditionTrue, time.Millisecond))},
+		{name: "zero timeout condition is immediate", target: target{machine: machine(), node: node(ready, nodeCond("DiskPressure", corev1.ConditionTrue, time.Millisecond))},
 			verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason},
-		{name: "condition with another status is ignored", target: target{machine: machine(false), node: node(ready, nodeCond("DiskPressure", corev1.ConditionFalse, time.Hour))},
+		{name: "condition with another status is ignored", target: target{machine: machine(), node: node(ready, nodeCond("DiskPressure", corev1.ConditionFalse, time.Hour))},
 			verdict: verdictHealthy},
-		{name: "node deleted", target: target{machine: machine(false), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason},
-		{name: "no node within startup timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "node deleted", target: target{machine: machine(), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason},
+		{name: "no node within startup timeout", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 			m.CreationTimestamp = metav1.NewTime(now.Add(-9 * time.Minute))
 		})}, verdict: verdictPending, nextCheck: time.Minute + time.Second},
-		{name: "no node past startup timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "no node past startup timeout", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 			m.CreationTimestamp = metav1.NewTime(now.Add(-11 * time.Minute))
 		})}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeStartupTimeoutReason},
-		{name: "startup timeout counts from the latest of machine and cluster readiness", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "startup timeout counts from the latest of machine and cluster readiness", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 		})}, cluster: clusterFacts{infrastructureReady: true, infrastructureReadyTime: now.Add(-5 * time.Minute),
 			controlPlaneInitialized: true, controlPlaneInitTime: now.Add(-2 * time.Hour)},
 			verdict: verdictPending, nextCheck: 5*time.Minute + time.Second},
-		{name: "no node with startup check disabled is pending, not healthy", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "no node with startup check disabled is pending, not healthy", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.NodeRef = clusterv1.MachineNodeReference{}
 		})}, config: func(c *checkConfig) { c.nodeStartupTimeout = 0 }, verdict: verdictPending},
-		{name: "machine condition past timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "machine condition past timeout", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute))}}
 		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyMachineReason},
-		{name: "machine condition within timeout", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "machine condition within timeout", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-30 * time.Second))}}
 		}), node: node(ready)}, verdict: verdictPending, nextCheck: 31 * time.Second},
-		{name: "machine and node failures: machine reason wins, messages merged", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "machine and node failures: machine reason wins, messages merged", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Status.Conditions = []metav1.Condition{{Type: "EtcdMemberHealthy", Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute))}}
 		}), nodeMissing: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyMachineReason},
-		{name: "remediate-machine annotation is immediate", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "remediate-machine annotation is immediate", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
 		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason},
-		{name: "hand-written mark is a request", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "hand-written mark is a request", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"x","checker":"bob"}`}
 		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason},
-		{name: "hand-written non-JSON mark is a request", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "hand-written non-JSON mark is a request", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: "broken disk"}
 		}), node: node(ready)}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason},
-		{name: "own mark is not a request: health decides", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "own mark is not a request: health decides", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"UnhealthyNode","checker":"ns/hc"}`}
 		}), node: node(ready)}, verdict: verdictHealthy},
-		{name: "worker before control plane init is not checked", target: target{machine: machine(false), nodeMissing: true},
+		{name: "worker before control plane init is not checked", target: target{machine: machine(), nodeMissing: true},
 			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictPending},
-		{name: "control-plane machine before init is checked", target: target{machine: machine(true), nodeMissing: true},
+		{name: "control-plane machine before init is checked", target: target{machine: machine(asControlPlane), nodeMissing: true},
 			cluster: clusterFacts{infrastructureReady: true}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason},
-		{name: "infrastructure not ready: not checked", target: target{machine: machine(true), nodeMissing: true},
+		{name: "infrastructure not ready: not checked", target: target{machine: machine(asControlPlane), nodeMissing: true},
 			cluster: clusterFacts{controlPlaneInitialized: true}, verdict: verdictPending},
-		{name: "deleting machine with a healthy node is pending", target: target{machine: machine(false, func(m *clusterv1.Machine) {
+		{name: "deleting machine with a healthy node is pending", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.DeletionTimestamp = ptr.To(metav1.NewTime(now))
 		}), node: node(ready)}, verdict: verdictPending},
-		{name: "etcd member unhealthy past timeout", target: target{machine: machine(true), node: node(ready),
+		{name: "etcd member unhealthy past timeout", target: target{machine: machine(asControlPlane), node: node(ready),
 			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-3 * time.Minute)}}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason},
-		{name: "etcd member unhealthy within timeout", target: target{machine: machine(true), node: node(ready),
+		{name: "etcd member unhealthy within timeout", target: target{machine: machine(asControlPlane), node: node(ready),
 			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Minute)}}, verdict: verdictPending, nextCheck: time.Minute + time.Second},
-		{name: "etcd check ignores workers", target: target{machine: machine(false), node: node(ready),
+		{name: "etcd check ignores workers", target: target{machine: machine(), node: node(ready),
 			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Hour)}}, verdict: verdictHealthy},
-		{name: "etcd check disabled", target: target{machine: machine(true), node: node(ready),
+		{name: "etcd check disabled", target: target{machine: machine(asControlPlane), node: node(ready),
 			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-time.Hour)}}, config: func(c *checkConfig) { c.etcdMemberTimeout = 0 }, verdict: verdictHealthy},
 	}
 	for _, tt := range tests {
@@ -162,7 +165,7 @@ func TestEvaluate(t *testing.T) {
 func TestApplyMark(t *testing.T) {
 	g := NewWithT(t)
 	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Ready=False"}
-	m := machine(false)
+	m := machine()
 
 	g.Expect(applyMark(m, unhealthy, "ns/hc", now)).To(Equal(markSet))
 	rec, ok := ownMark(m, "ns/hc")
@@ -183,7 +186,7 @@ func TestApplyMark(t *testing.T) {
 	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc", now)).To(Equal(markUnchanged))
 
 	// Someone else's mark is never rewritten nor cleared.
-	foreign := machine(false, func(m *clusterv1.Machine) {
+	foreign := machine(func(m *clusterv1.Machine) {
 		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
 	})
 	applyMark(foreign, unhealthy, "ns/hc", now)

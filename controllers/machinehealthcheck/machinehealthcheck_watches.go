@@ -10,13 +10,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
-	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util/index"
 	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -156,42 +153,6 @@ func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.Obje
 		out = append(out, r.healthChecksFor(ctx, cluster.Namespace, cluster.Name, &machines.Items[i])...)
 	}
 	return out
-}
-
-// isUnreachable reports whether err means the workload cluster cannot be reached.
-func isUnreachable(err error) bool {
-	if errors.Is(err, clustercache.ErrClusterNotConnected) {
-		return true
-	}
-	var status apierrors.APIStatus
-	if errors.As(err, &status) {
-		return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsServiceUnavailable(err)
-	}
-	// Anything that is not an API answer (dial errors, resets) means the server was not reached.
-	return true
-}
-
-// controlPlaneLimit reads the control plane's desired replicas and applies the quorum-safe limit.
-// While a CAPR remediation holds the control plane, its replicas are temporarily N+1: the N recorded
-// in the lock is used instead. When N cannot be read, control-plane remediation is not allowed.
-func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.Cluster, userLimit, notHealthy int) limitDecision {
-	if !cluster.Spec.ControlPlaneRef.IsDefined() {
-		return limitDecision{limit: 0, message: "Remediation of control-plane Machines is not allowed: Cluster has no spec.controlPlaneRef"}
-	}
-	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, cluster.Spec.ControlPlaneRef, cluster.Namespace)
-	if err != nil {
-		return limitDecision{limit: 0, message: fmt.Sprintf("Remediation of control-plane Machines is not allowed: cannot read the control plane's desired replicas: %v", err)}
-	}
-	replicas, found, err := unstructured.NestedInt64(cp.Object, "spec", "replicas")
-	if err != nil || !found {
-		return limitDecision{limit: 0, message: "Remediation of control-plane Machines is not allowed: the control plane has no spec.replicas"}
-	}
-	if v, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; ok {
-		if rec, err := caprv1.ControlPlaneLockFromAnnotation(v); err == nil && rec.DesiredReplicas > 0 {
-			replicas = int64(rec.DesiredReplicas)
-		}
-	}
-	return controlPlaneDecision(userLimit, int(replicas), notHealthy)
 }
 
 // etcdSince remembers since when each control-plane Machine's etcd member has been seen unhealthy.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -38,12 +40,16 @@ type fakeEtcdSource struct {
 	health map[string]machinehealthcheck.EtcdMemberHealth
 }
 
-func (f *fakeEtcdSource) MemberHealth(context.Context, *clusterv1.Cluster) (map[string]machinehealthcheck.EtcdMemberHealth, error) {
+// MemberHealth returns the members of the cluster's namespace: every test has its own namespace and
+// names its Nodes "<namespace>-<machine>", so tests running in parallel never see each other's members.
+func (f *fakeEtcdSource) MemberHealth(_ context.Context, cluster *clusterv1.Cluster) (map[string]machinehealthcheck.EtcdMemberHealth, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string]machinehealthcheck.EtcdMemberHealth{}
 	for k, v := range f.health {
-		out[k] = v
+		if strings.HasPrefix(k, cluster.Namespace+"-") {
+			out[k] = v
+		}
 	}
 	return out, nil
 }
@@ -98,13 +104,44 @@ func newControlPlane(ns, name string, replicas int32) *unstructured.Unstructured
 	return cp
 }
 
-// machine creates a Machine with a Node of the given Ready status that changed at since.
-func (f *fixture) machine(g *WithT, name string, controlPlane bool, ready corev1.ConditionStatus, since time.Time) *clusterv1.Machine {
-	m := capienv.NewMachine(f.ns, f.cluster.Name, name, controlPlane)
+// machineSpec is what fixture.machine creates; machineOptions change it.
+type machineSpec struct {
+	controlPlane bool
+	ready        corev1.ConditionStatus
+	since        time.Time
+	annotations  map[string]string
+}
+
+type machineOption func(*machineSpec)
+
+// controlPlane makes the Machine a control-plane Machine.
+func controlPlane() machineOption { return func(s *machineSpec) { s.controlPlane = true } }
+
+// nodeReady gives the Machine's Node the Ready status ready, last changed at since.
+func nodeReady(ready corev1.ConditionStatus, since time.Time) machineOption {
+	return func(s *machineSpec) { s.ready, s.since = ready, since }
+}
+
+// withAnnotations creates the Machine with these annotations.
+func withAnnotations(a map[string]string) machineOption {
+	return func(s *machineSpec) { s.annotations = a }
+}
+
+// machine creates a worker Machine in pool "a" with a Node that has been Ready for an hour, changed
+// by options.
+func (f *fixture) machine(g *WithT, name string, options ...machineOption) *clusterv1.Machine {
+	spec := machineSpec{ready: corev1.ConditionTrue, since: time.Now().Add(-time.Hour)}
+	for _, o := range options {
+		o(&spec)
+	}
+	m := capienv.NewMachine(f.ns, f.cluster.Name, name, spec.controlPlane)
 	m.Labels["pool"] = "a"
+	if len(spec.annotations) > 0 {
+		m.Annotations = spec.annotations
+	}
 	g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
 	nodeName := f.ns + "-" + name
-	g.Expect(capienv.CreateNode(ctx, k8sClient, capienv.NewNode(nodeName, ready, since))).To(Succeed())
+	g.Expect(capienv.CreateNode(ctx, k8sClient, capienv.NewNode(nodeName, spec.ready, spec.since))).To(Succeed())
 	g.Expect(capienv.SetMachineNode(ctx, k8sClient, m, nodeName)).To(Succeed())
 	return m
 }
@@ -171,13 +208,46 @@ func eventsFor(g Gomega, ns, object, reason string) []corev1.Event {
 	return out
 }
 
+// emissions counts how often the Event with reason was recorded about the health check "hc", read from the
+// events.k8s.io/v1 API: the recorder folds repeats of the same event into one Event with a series
+// (count 2 from the second repeat on), so each Event counts once, or series.count times.
+func emissions(g Gomega, ns, reason string) int {
+	list := &eventsv1.EventList{}
+	g.Expect(k8sClient.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Name != "hc" || e.Reason != reason {
+			continue
+		}
+		if e.Series != nil && e.Series.Count > 1 {
+			n += int(e.Series.Count)
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+// notesOf returns the notes of the Events with reason about object.
+func notesOf(g Gomega, ns, object, reason string) []string {
+	list := &eventsv1.EventList{}
+	g.Expect(k8sClient.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Name == object && e.Reason == reason {
+			out = append(out, e.Note)
+		}
+	}
+	return out
+}
+
 func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	long := time.Now().Add(-time.Hour)
-	f.machine(g, "healthy", false, corev1.ConditionTrue, long)
-	f.machine(g, "sick", false, corev1.ConditionFalse, long)
+	f.machine(g, "healthy", nodeReady(corev1.ConditionTrue, long))
+	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, long))
 	f.healthCheck(g, nil)
 
 	g.Eventually(func(g Gomega) {
@@ -224,7 +294,7 @@ func TestClearsMarkAndWithdrawsPendingRequestWhenHealthyAgain(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	f.machine(g, "flaky", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.machine(g, "flaky", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
 	f.healthCheck(g, nil)
 	g.Eventually(func() bool { return remediationExists(f.ns, "flaky") }, eventually, poll).Should(BeTrue())
 
@@ -242,13 +312,11 @@ func TestRunningRemediationIsNotWithdrawn(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	f.machine(g, "m", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
 	f.healthCheck(g, nil)
-	mr := &caprv1.MachineRemediation{}
-	g.Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr) }, eventually, poll).Should(Succeed())
+	g.Eventually(func() bool { return remediationExists(f.ns, "m") }, eventually, poll).Should(BeTrue())
 	// A remediator started it: from here on it must finish even if the Machine recovers.
-	mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
-	g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
+	setPhase(g, f.ns, "m", caprv1.MachineRemediationPhaseRunning)
 
 	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m", corev1.ConditionTrue)).To(Succeed())
 	g.Eventually(func(g Gomega) {
@@ -263,9 +331,9 @@ func TestShortCircuitMarksButDoesNotRequest(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	long := time.Now().Add(-time.Hour)
-	f.machine(g, "a", false, corev1.ConditionTrue, long)
-	f.machine(g, "b", false, corev1.ConditionFalse, long)
-	f.machine(g, "c", false, corev1.ConditionUnknown, long)
+	f.machine(g, "a", nodeReady(corev1.ConditionTrue, long))
+	f.machine(g, "b", nodeReady(corev1.ConditionFalse, long))
+	f.machine(g, "c", nodeReady(corev1.ConditionUnknown, long))
 	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
 		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{
 			UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromString("40%")), // 40% of 3 rounds down to 1
@@ -293,8 +361,8 @@ func TestUnhealthyInRange(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	long := time.Now().Add(-time.Hour)
-	f.machine(g, "a", false, corev1.ConditionTrue, long)
-	f.machine(g, "b", false, corev1.ConditionFalse, long)
+	f.machine(g, "a", nodeReady(corev1.ConditionTrue, long))
+	f.machine(g, "b", nodeReady(corev1.ConditionFalse, long))
 	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
 		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[2-3]"}
 	})
@@ -316,7 +384,7 @@ func TestRequeuesAtTimeoutExpiry(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	f.machine(g, "m", false, corev1.ConditionFalse, time.Now())
+	f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now()))
 	f.healthCheck(g, nil) // Ready=False for 5s
 	start := time.Now()
 	// Nothing changes in the API after this point: only the requeue at expiry can mark the Machine.
@@ -354,7 +422,10 @@ func TestNodeStartupTimeoutAndMissingNode(t *testing.T) {
 	rec, cond := markOf(g, f.ns, "no-node")
 	g.Expect(rec).To(BeNil())
 	g.Expect(cond).To(BeNil())
-	g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(0)))
+	// The status is patched after the marks, at the end of the round.
+	g.Eventually(func(g Gomega) {
+		g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(0)))
+	}, eventually, poll).Should(Succeed())
 }
 
 func TestManualRequests(t *testing.T) {
@@ -362,8 +433,8 @@ func TestManualRequests(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	long := time.Now().Add(-time.Hour)
-	m1 := f.machine(g, "annotated", false, corev1.ConditionTrue, long)
-	m2 := f.machine(g, "hand-marked", false, corev1.ConditionTrue, long)
+	m1 := f.machine(g, "annotated", nodeReady(corev1.ConditionTrue, long))
+	m2 := f.machine(g, "hand-marked", nodeReady(corev1.ConditionTrue, long))
 	f.healthCheck(g, nil)
 	g.Eventually(func(g Gomega) {
 		_, cond := markOf(g, f.ns, "annotated")
@@ -385,6 +456,19 @@ func TestManualRequests(t *testing.T) {
 	rec, cond := markOf(g, f.ns, "hand-marked")
 	g.Expect(rec.Checker).To(Equal("alice"))
 	g.Expect(cond.Message).To(Equal("disk is failing"))
+}
+
+// setPhase sets a MachineRemediation's phase as a remediator would; the remediators running in the
+// manager write its status too, so a conflict is retried on a fresh read.
+func setPhase(g *WithT, ns, name string, phase caprv1.RemediationPhase) {
+	g.Eventually(func() error {
+		mr := &caprv1.MachineRemediation{}
+		if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, mr); err != nil {
+			return err
+		}
+		mr.Status.Phase = phase
+		return k8sClient.Status().Update(ctx, mr)
+	}, eventually, poll).Should(Succeed())
 }
 
 func patchAnnotation(g *WithT, m *clusterv1.Machine, key, value string) {
@@ -415,7 +499,7 @@ func TestSkipRemediationAndPausedMachinesAreNotTargets(t *testing.T) {
 	paused.Labels["pool"] = "a"
 	paused.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
 	g.Expect(k8sClient.Create(ctx, paused)).To(Succeed())
-	f.machine(g, "normal", false, corev1.ConditionTrue, long)
+	f.machine(g, "normal", nodeReady(corev1.ConditionTrue, long))
 	f.healthCheck(g, nil)
 	g.Eventually(func(g Gomega) {
 		g.Expect(getHealthCheck(g, f.ns).Status.Targets).To(Equal([]string{"normal"}))
@@ -429,7 +513,7 @@ func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
 	base := f.cluster.DeepCopy()
 	f.cluster.Spec.Paused = ptr.To(true)
 	g.Expect(k8sClient.Patch(ctx, f.cluster, client.MergeFrom(base))).To(Succeed())
-	f.machine(g, "sick", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
 	f.healthCheck(g, nil)
 	g.Eventually(func(g Gomega) {
 		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckPausedCondition)).To(BeTrue())
@@ -502,7 +586,7 @@ func TestControlPlaneQuorumSafeLimit(t *testing.T) {
 				if i < tt.unhealthy {
 					ready = corev1.ConditionFalse
 				}
-				f.machine(g, fmt.Sprintf("cp-%d", i), true, ready, long)
+				f.machine(g, fmt.Sprintf("cp-%d", i), controlPlane(), nodeReady(ready, long))
 			}
 			f.healthCheck(g, nil)
 			g.Eventually(func(g Gomega) {
@@ -520,6 +604,10 @@ func TestControlPlaneQuorumSafeLimit(t *testing.T) {
 					g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
 					g.Expect(cond.Reason).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
 				}
+				// remediationsAllowed is how many more targets may become unhealthy and still be
+				// remediated: the control-plane limit bounds it, and it is 0 whenever remediation is
+				// not allowed.
+				g.Expect(mhc.Status.RemediationsAllowed).To(HaveValue(BeEquivalentTo(max(0, (tt.replicas-1)/2-tt.unhealthy))))
 			}, eventually, poll).Should(Succeed())
 			if !tt.allowed {
 				g.Consistently(func() bool { return remediationExists(f.ns, "cp-0") }, time.Second, poll).Should(BeFalse())
@@ -539,7 +627,7 @@ func TestTemplateRefToMachineRemediationTemplate(t *testing.T) {
 		}},
 	}
 	g.Expect(k8sClient.Create(ctx, tmpl)).To(Succeed())
-	f.machine(g, "m", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
 	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
 		mhc.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{
 			APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "tmpl",
@@ -561,7 +649,7 @@ func TestEtcdMemberCheck(t *testing.T) {
 	f := newFixture(t, g, 3)
 	long := time.Now().Add(-time.Hour)
 	for i := range 3 {
-		f.machine(g, fmt.Sprintf("cp-%d", i), true, corev1.ConditionTrue, long)
+		f.machine(g, fmt.Sprintf("cp-%d", i), controlPlane(), nodeReady(corev1.ConditionTrue, long))
 		fakeEtcd.set(fmt.Sprintf("%s-cp-%d", f.ns, i), machinehealthcheck.EtcdMemberHealth{Healthy: true})
 	}
 	fakeEtcd.set(f.ns+"-cp-1", machinehealthcheck.EtcdMemberHealth{Problem: "alarmed (NOSPACE)"})
@@ -591,7 +679,7 @@ func TestDeletingTheHealthCheckClearsItsMarks(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	f.machine(g, "m", false, corev1.ConditionFalse, time.Now().Add(-time.Hour))
+	f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
 	mhc := f.healthCheck(g, nil)
 	g.Eventually(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "m")
@@ -606,4 +694,151 @@ func TestDeletingTheHealthCheckClearsItsMarks(t *testing.T) {
 		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(mhc), &caprv1.MachineHealthCheck{})
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
 	}, eventually, poll).Should(Succeed())
+}
+
+func TestRemediateMachineAnnotationRequestsAManualRemediation(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "asked", withAnnotations(map[string]string{clusterv1.RemediateMachineAnnotation: ""}))
+	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	f.healthCheck(g, nil)
+	// The remediator reads only the MachineRemediation: the request says who asked for it.
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "asked"}, mr)).To(Succeed())
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceManual))
+		g.Expect(mr.Spec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckManualRequestReason))
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "sick"}, mr)).To(Succeed())
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
+	}, eventually, poll).Should(Succeed())
+}
+
+func TestSkipRemediationOrPausedWithdrawsPendingRequest(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	skip := f.machine(g, "skip", nodeReady(corev1.ConditionFalse, long))
+	pause := f.machine(g, "pause", nodeReady(corev1.ConditionFalse, long))
+	running := f.machine(g, "running", nodeReady(corev1.ConditionFalse, long))
+	f.healthCheck(g, nil)
+	g.Eventually(func() bool {
+		return remediationExists(f.ns, "skip") && remediationExists(f.ns, "pause") && remediationExists(f.ns, "running")
+	}, eventually, poll).Should(BeTrue())
+	// A remediator started this one: it is completed whatever happens to the Machine.
+	setPhase(g, f.ns, "running", caprv1.MachineRemediationPhaseRunning)
+
+	patchAnnotation(g, skip, clusterv1.MachineSkipRemediationAnnotation, "")
+	patchAnnotation(g, pause, clusterv1.PausedAnnotation, "")
+	patchAnnotation(g, running, clusterv1.MachineSkipRemediationAnnotation, "")
+	g.Eventually(func(g Gomega) {
+		g.Expect(remediationExists(f.ns, "skip")).To(BeFalse(), "a Pending request of a skip-remediation Machine is withdrawn")
+		g.Expect(remediationExists(f.ns, "pause")).To(BeFalse(), "a Pending request of a paused Machine is withdrawn")
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func() bool { return remediationExists(f.ns, "running") }, 2*time.Second, poll).Should(BeTrue())
+}
+
+func TestEtcdQuorumLossIsReportedAndTheSurvivorIsNotMarked(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 3)
+	for i := range 3 {
+		f.machine(g, fmt.Sprintf("cp-%d", i), controlPlane())
+	}
+	// Two of three members are dead; the survivor answers but has no leader: quorum is lost.
+	fakeEtcd.set(f.ns+"-cp-0", machinehealthcheck.EtcdMemberHealth{Problem: "has no leader"})
+	fakeEtcd.set(f.ns+"-cp-1", machinehealthcheck.EtcdMemberHealth{Problem: "unreachable"})
+	fakeEtcd.set(f.ns+"-cp-2", machinehealthcheck.EtcdMemberHealth{Problem: "unreachable"})
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Checks.EtcdMember = &caprv1.EtcdMemberCheck{TimeoutSeconds: ptr.To[int32](10)}
+	})
+	// The dead members are marked once their 10s timeout expires, within a 5s poll.
+	g.Eventually(func(g Gomega) {
+		mhc := getHealthCheck(g, f.ns)
+		cond := conditions.Get(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(cond.Reason).To(Equal(machinehealthcheck.EtcdQuorumLostReason))
+		g.Expect(cond.Message).To(ContainSubstring("1 of 3 voting members are up and a quorum is 2"))
+		g.Expect(cond.Message).To(ContainSubstring(f.ns + "-cp-1"))
+		g.Expect(mhc.Status.RemediationsAllowed).To(HaveValue(BeEquivalentTo(0)))
+		for _, dead := range []string{"cp-1", "cp-2"} {
+			rec, _ := markOf(g, f.ns, dead)
+			g.Expect(rec).NotTo(BeNil())
+			g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason))
+		}
+		notes := notesOf(g, f.ns, "hc", machinehealthcheck.EventEtcdQuorumLost)
+		g.Expect(notes).To(HaveLen(1))
+		g.Expect(notes[0]).To(ContainSubstring(f.ns + "-cp-1"))
+		g.Expect(notes[0]).To(ContainSubstring(f.ns + "-cp-2"))
+		g.Expect(notes[0]).NotTo(ContainSubstring(f.ns + "-cp-0"))
+	}, 2*eventually, poll).Should(Succeed())
+	// The survivor's "no leader" is the cluster's state, not its own fault; nothing is requested while
+	// quorum is lost; the Warning is given once, not on every reconcile (the check polls every 5s).
+	g.Consistently(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "cp-0")
+		g.Expect(rec).To(BeNil())
+		for i := range 3 {
+			g.Expect(remediationExists(f.ns, fmt.Sprintf("cp-%d", i))).To(BeFalse())
+		}
+		g.Expect(emissions(g, f.ns, machinehealthcheck.EventEtcdQuorumLost)).To(Equal(1))
+	}, 7*time.Second, poll).Should(Succeed())
+}
+
+func TestNoUnreachableWarningBeforeTheFirstConnection(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckWorkloadClusterReachableCondition)).To(BeTrue())
+		g.Expect(remediationExists(f.ns, "sick")).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+	// The ClusterCache had not connected when the health check was first reconciled: that is not an
+	// unreachable workload cluster.
+	g.Expect(emissions(g, f.ns, caprv1.EventWorkloadClusterUnreachable)).To(BeZero())
+}
+
+func TestUnreachableWarningOncePerTransition(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ns, err := capienv.CreateNamespace(ctx, k8sClient, "mhc")
+	g.Expect(err).NotTo(HaveOccurred())
+	cluster := capienv.NewCluster(ns, "far", clusterv1.ContractVersionedObjectReference{})
+	g.Expect(k8sClient.Create(ctx, cluster)).To(Succeed())
+	g.Expect(capienv.SetClusterReady(ctx, k8sClient, cluster, true)).To(Succeed())
+	cfg := *testEnv.Config
+	cfg.Host = "https://127.0.0.1:1"
+	g.Expect(k8sClient.Create(ctx, kubeconfig.GenerateSecret(cluster, kubeconfig.FromEnvTestConfig(&cfg, cluster)))).To(Succeed())
+	g.Expect(k8sClient.Create(ctx, &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: "far",
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
+		},
+	})).To(Succeed())
+	// A burst of Machine events while the health check is being reconciled, as on a manager's start:
+	// reconciles follow each other faster than the health check's own status patch reaches the cache.
+	machines := make([]*clusterv1.Machine, 0, 5)
+	for i := range 5 {
+		m := capienv.NewMachine(ns, "far", fmt.Sprintf("m-%d", i), false)
+		m.Labels["pool"] = "a"
+		g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
+		machines = append(machines, m)
+	}
+	for round := range 10 {
+		for _, m := range machines {
+			patchAnnotation(g, m, "touch", fmt.Sprint(round))
+		}
+	}
+	g.Eventually(func(g Gomega) {
+		g.Expect(emissions(g, ns, caprv1.EventWorkloadClusterUnreachable)).To(BeNumerically(">=", 1))
+	}, eventually, poll).Should(Succeed())
+	// The ClusterCache retries every 2s and each failure enqueues the health check again: still one
+	// Warning for the one transition.
+	g.Consistently(func(g Gomega) {
+		g.Expect(emissions(g, ns, caprv1.EventWorkloadClusterUnreachable)).To(Equal(1))
+	}, 6*time.Second, poll).Should(Succeed())
 }

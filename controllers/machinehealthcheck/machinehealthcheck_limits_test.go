@@ -1,0 +1,67 @@
+package machinehealthcheck
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+func TestQuorumOf(t *testing.T) {
+	healthy := EtcdMemberHealth{Healthy: true}
+	dead := EtcdMemberHealth{Problem: "unreachable"}
+	leaderless := EtcdMemberHealth{Problem: etcdProblemNoLeader}
+	learner := EtcdMemberHealth{Problem: etcdProblemLearner}
+	tests := []struct {
+		name   string
+		health map[string]EtcdMemberHealth
+		lost   bool
+		dead   []string
+	}{
+		{name: "all healthy", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": healthy}},
+		{name: "one of three dead keeps quorum", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": dead}, dead: []string{"c"}},
+		{name: "two of three dead, survivor without leader", lost: true,
+			health: map[string]EtcdMemberHealth{"a": leaderless, "b": dead, "c": dead}, dead: []string{"b", "c"}},
+		{name: "a learner does not vote", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": dead, "d": learner}, dead: []string{"c"}},
+		{name: "two of five dead keeps quorum", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": healthy, "d": dead, "e": dead},
+			dead: []string{"d", "e"}},
+		{name: "no members: not known to be lost", health: map[string]EtcdMemberHealth{}},
+		{name: "an election: every member up without a leader", health: map[string]EtcdMemberHealth{"a": leaderless, "b": leaderless, "c": leaderless}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			q := quorumOf(tt.health)
+			g.Expect(q.lost()).To(Equal(tt.lost))
+			g.Expect(q.dead).To(Equal(tt.dead))
+		})
+	}
+	NewWithT(t).Expect(etcdQuorum{}.lost()).To(BeFalse(), "etcd not read: quorum unknown, not lost")
+}
+
+func TestExcuseLeaderless(t *testing.T) {
+	g := NewWithT(t)
+	targets := []target{
+		{machine: machine(asControlPlane), etcd: &etcdMemberFact{problem: etcdProblemNoLeader}},
+		{machine: machine(asControlPlane), etcd: &etcdMemberFact{problem: "unreachable"}},
+		{machine: machine(asControlPlane), etcd: &etcdMemberFact{healthy: true}},
+	}
+	excuseLeaderless(targets)
+	g.Expect(targets[0].etcd).To(BeNil())
+	g.Expect(targets[1].etcd).NotTo(BeNil())
+	g.Expect(targets[2].etcd).NotTo(BeNil())
+}
+
+func TestLimitsRemaining(t *testing.T) {
+	g := NewWithT(t)
+	noControlPlane := limitDecision{allowed: true, limit: -1}
+	g.Expect(limits{trigger: limitDecision{allowed: true, remaining: 2, limit: 3}, controlPlane: noControlPlane}.remaining()).To(Equal(2))
+	// 1 of 3 control-plane Machines unhealthy: triggerIf leaves 2, the quorum-safe limit 0.
+	g.Expect(limits{trigger: limitDecision{allowed: true, remaining: 2, limit: 3},
+		controlPlane: controlPlaneDecision(3, 3, 1)}.remaining()).To(Equal(0))
+	// Refused by the control-plane limit: nothing more may be remediated, whatever triggerIf leaves.
+	refused := limits{trigger: limitDecision{allowed: true, remaining: 3, limit: 3}, controlPlane: controlPlaneDecision(3, 3, 2)}
+	g.Expect(refused.remaining()).To(Equal(0))
+	g.Expect(refused.refusal().reason).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
+}
