@@ -15,6 +15,9 @@ const (
 	MachineHealthCheckRemediationAllowedReason = "RemediationAllowed"
 	// MachineHealthCheckTooManyUnhealthyReason is used when triggerIf short-circuits remediation.
 	MachineHealthCheckTooManyUnhealthyReason = "TooManyUnhealthy"
+	// MachineHealthCheckEtcdQuorumLostReason is used when the cluster's etcd has lost quorum: nothing
+	// automatic is done (disaster recovery is a person's job); the message names the dead members.
+	MachineHealthCheckEtcdQuorumLostReason = "EtcdQuorumLost"
 	// MachineHealthCheckControlPlaneQuorumLimitReason is used when more control-plane Machines are unhealthy than the
 	// quorum-safe limit floor((N-1)/2) allows.
 	MachineHealthCheckControlPlaneQuorumLimitReason = "ControlPlaneQuorumLimit"
@@ -66,6 +69,9 @@ const (
 	EventRemediationRestricted = "RemediationRestricted"
 	// EventRemediationRequested is emitted on a Machine when its MachineRemediation is created.
 	EventRemediationRequested = "RemediationRequested"
+	// EventEtcdQuorumLost is emitted (Warning) on a MachineHealthCheck when its cluster's etcd loses
+	// quorum, naming the dead members.
+	EventEtcdQuorumLost = "EtcdQuorumLost"
 	// EventWorkloadClusterUnreachable is emitted when the workload cluster cannot be reached.
 	EventWorkloadClusterUnreachable = "WorkloadClusterUnreachable"
 )
@@ -310,8 +316,9 @@ type MachineHealthCheckStatus struct {
 	// +optional
 	CurrentHealthy *int32 `json:"currentHealthy,omitempty"`
 
-	// remediationsAllowed is how many more Machines may become unhealthy before remediation is
-	// short-circuited.
+	// remediationsAllowed is how many more targets may become unhealthy and still be remediated now
+	// (triggerIf, capped by the quorum-safe limit when there are control-plane targets); 0 whenever
+	// the RemediationAllowed condition is False.
 	// +optional
 	RemediationsAllowed *int32 `json:"remediationsAllowed,omitempty"`
 

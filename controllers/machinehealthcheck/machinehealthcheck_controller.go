@@ -537,8 +537,8 @@ func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, lim l
 	mhc.Status.RemediationsAllowed = ptr.To(int32(0))
 	entered := r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
 		Reason: refusal.reason, Message: refusal.message})
-	if entered && refusal.reason == EtcdQuorumLostReason {
-		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, EventEtcdQuorumLost, "HealthCheck", "%s", refusal.message)
+	if entered && refusal.reason == caprv1.MachineHealthCheckEtcdQuorumLostReason {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventEtcdQuorumLost, "HealthCheck", "%s", refusal.message)
 	}
 	if restricted > 0 {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventRemediationRestricted, "HealthCheck", "%s", refusal.message)

@@ -158,15 +158,6 @@ func parseUnhealthyRange(r string) (int, int, error) {
 	return lo, hi, nil
 }
 
-const (
-	// EtcdQuorumLostReason is the RemediationAllowed reason when the cluster's etcd has lost quorum.
-	// TODO: move to api/v1alpha1 as MachineHealthCheckEtcdQuorumLostReason.
-	EtcdQuorumLostReason = "EtcdQuorumLost"
-	// EventEtcdQuorumLost is the Warning event on the health check when etcd quorum is lost.
-	// TODO: move to api/v1alpha1 next to the other Event* reasons.
-	EventEtcdQuorumLost = "EtcdQuorumLost"
-)
-
 // Problems of an etcd member (EtcdMemberHealth.Problem, as etcdutil words them) that say something
 // about the etcd cluster rather than about the member.
 // TODO(etcd): EtcdMemberHealth should say these in fields of their own instead of in Problem's text.
@@ -219,7 +210,7 @@ func quorumLostDecision(cp limitDecision, q etcdQuorum) limitDecision {
 	if len(q.dead) > 0 {
 		dead = strings.Join(q.dead, ", ")
 	}
-	return limitDecision{limit: cp.limit, reason: EtcdQuorumLostReason, message: fmt.Sprintf(
+	return limitDecision{limit: cp.limit, reason: caprv1.MachineHealthCheckEtcdQuorumLostReason, message: fmt.Sprintf(
 		"Remediation of control-plane Machines is not allowed: etcd has lost quorum, %d of %d voting members are up and a quorum is %d; dead members (by Node): %s; members that are up but have no leader are not marked",
 		q.counts.Healthy, q.counts.Voting, etcdutil.Quorum(q.counts.Voting), dead)}
 }

@@ -169,7 +169,7 @@ func TestQuorumLostDoesNothing(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		mhc := &caprv1.MachineHealthCheck{}
 		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "cp"}, mhc)).To(Succeed())
-		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
+		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(Equal(caprv1.MachineHealthCheckEtcdQuorumLostReason))
 	}, time.Minute, 200*time.Millisecond).Should(Succeed())
 
 	manual := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: machines[0].Name},

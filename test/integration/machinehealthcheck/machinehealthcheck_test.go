@@ -759,7 +759,7 @@ func TestEtcdQuorumLossIsReportedAndTheSurvivorIsNotMarked(t *testing.T) {
 		cond := conditions.Get(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-		g.Expect(cond.Reason).To(Equal(machinehealthcheck.EtcdQuorumLostReason))
+		g.Expect(cond.Reason).To(Equal(caprv1.MachineHealthCheckEtcdQuorumLostReason))
 		g.Expect(cond.Message).To(ContainSubstring("1 of 3 voting members are up and a quorum is 2"))
 		g.Expect(cond.Message).To(ContainSubstring(f.ns + "-cp-1"))
 		g.Expect(mhc.Status.RemediationsAllowed).To(HaveValue(BeEquivalentTo(0)))
@@ -768,7 +768,7 @@ func TestEtcdQuorumLossIsReportedAndTheSurvivorIsNotMarked(t *testing.T) {
 			g.Expect(rec).NotTo(BeNil())
 			g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason))
 		}
-		notes := notesOf(g, f.ns, "hc", machinehealthcheck.EventEtcdQuorumLost)
+		notes := notesOf(g, f.ns, "hc", caprv1.EventEtcdQuorumLost)
 		g.Expect(notes).To(HaveLen(1))
 		g.Expect(notes[0]).To(ContainSubstring(f.ns + "-cp-1"))
 		g.Expect(notes[0]).To(ContainSubstring(f.ns + "-cp-2"))
@@ -782,7 +782,7 @@ func TestEtcdQuorumLossIsReportedAndTheSurvivorIsNotMarked(t *testing.T) {
 		for i := range 3 {
 			g.Expect(remediationExists(f.ns, fmt.Sprintf("cp-%d", i))).To(BeFalse())
 		}
-		g.Expect(emissions(g, f.ns, machinehealthcheck.EventEtcdQuorumLost)).To(Equal(1))
+		g.Expect(emissions(g, f.ns, caprv1.EventEtcdQuorumLost)).To(Equal(1))
 	}, 7*time.Second, poll).Should(Succeed())
 }
 

@@ -42,7 +42,7 @@ func run(m *testing.M) int {
 
 	mgrCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	mgr, err := ctrl.NewManager(testEnv.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(testEnv.ManagerConfig, ctrl.Options{
 		Scheme:  testEnv.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache:   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),
