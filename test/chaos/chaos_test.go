@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	. "github.com/onsi/gomega"
 	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -340,8 +342,12 @@ func runScenario(t *testing.T, seed int64) {
 		case skipped[victim]:
 			// Skips remediation: never started after the annotation, or finished.
 		default:
-			// Still there: it must wait, saying why.
-			g.Expect(err).NotTo(HaveOccurred(), "seed %d: unhealthy %s has no remediation request and is not replaced", seed, victim)
+			// Still there: it must wait, saying why (its request, or the health check's limits).
+			if apierrors.IsNotFound(err) {
+				g.Expect(healthCheckRefusal(wc)).NotTo(BeEmpty(), "seed %d: unhealthy %s has no remediation request and is not replaced", seed, victim)
+				continue
+			}
+			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending), "seed %d: %s", seed, victim)
 			c := conditions.Get(mr, caprv1.MachineRemediationProgressingCondition)
 			g.Expect(c).NotTo(BeNil(), "seed %d: %s waits without saying why", seed, victim)
@@ -382,13 +388,29 @@ func atRest(wc *sandbox.WorkloadCluster, victims, skipped map[string]bool) error
 		}
 		mr, ok := requests[victim]
 		if !ok {
-			return fmt.Errorf("victim %s has no remediation request yet", victim)
+			// No request: the health check must say why it asks for none (its limits).
+			if why := healthCheckRefusal(wc); why == "" {
+				return fmt.Errorf("victim %s has no remediation request yet", victim)
+			}
+			continue
 		}
 		if mr.Status.Phase != caprv1.MachineRemediationPhasePending || conditions.GetMessage(mr, caprv1.MachineRemediationProgressingCondition) == "" {
 			return fmt.Errorf("victim %s: remediation %s without a reason", victim, mr.Status.Phase)
 		}
 	}
 	return nil
+}
+
+// healthCheckRefusal is the message of the health check's RemediationAllowed=False ("" otherwise).
+func healthCheckRefusal(wc *sandbox.WorkloadCluster) string {
+	mhc := &caprv1.MachineHealthCheck{}
+	if sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "cp"}, mhc) != nil {
+		return ""
+	}
+	if conditions.IsFalse(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition) {
+		return conditions.GetMessage(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)
+	}
+	return ""
 }
 
 func leaderMachine(wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) *clusterv1.Machine {
