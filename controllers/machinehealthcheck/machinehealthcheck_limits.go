@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
 // This file holds the "max unhealthy" decisions: triggerIf (as CAPI) and the quorum-safe limit for
@@ -60,7 +60,7 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 // controlPlaneDecision applies the quorum-safe limit min(userLimit, floor((N-1)/2)) to the
 // control-plane targets, of which unhealthy are not healthy. userLimit < 0 means none.
 func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int) limitDecision {
-	limit := etcdutil.EffectiveControlPlaneLimit(userLimit, desiredReplicas)
+	limit := quorum.EffectiveControlPlaneLimit(userLimit, desiredReplicas)
 	if unhealthy > limit {
 		return limitDecision{limit: limit, message: fmt.Sprintf(
 			"Remediation of control-plane Machines is not allowed, %d of %d desired control-plane Machines are not started or unhealthy and the quorum-safe limit is %d",

@@ -1,49 +1,82 @@
-package etcdutil
-
-// The quorum math of design §5, as plain functions over counts. V is the number of voting members,
-// H the number of healthy voting members, L the number of learners, q(n) = floor(n/2)+1.
+// Package quorum is the quorum math of CAPR: pure functions over member counts, with no etcd client
+// (the health checker uses it without importing clientv3). V is the number of voting members, H the
+// number of healthy voting members, L the number of learners, q(n) = floor(n/2)+1.
 //
 // Every safety decision about etcd membership made by CAPR goes through these functions, so the
 // invariants are enforced (and table-tested) in this one place.
+package quorum
 
 // Counts summarises an etcd cluster for the quorum math.
 type Counts struct {
 	// Voting is V, the number of voting members (learners excluded).
 	Voting int
-	// Healthy is H, the number of healthy voting members.
+	// Healthy is H, the number of voting members seen healthy. A member that could not be reached is
+	// not counted: for every safety check an unreachable member counts as unhealthy.
 	Healthy int
 	// Learners is L, the number of learners (members that do not vote yet).
 	Learners int
+	// Unreachable is how many voting members could not be asked at all (their kubelet or node may be
+	// down while etcd runs). They are unknown, not proven dead; they are not counted in Healthy.
+	Unreachable int
+	// QuorumProven is true when a linearizable read (a member list without WithSerializable) was
+	// answered: etcd serves it only through a leader backed by a quorum, so quorum exists whatever H
+	// says.
+	QuorumProven bool
+	// Serializable is true when no member could serve a linearizable read and the counts come from one
+	// member's node-local member list. Such counts are not authoritative: no membership change may be
+	// decided on them.
+	Serializable bool
 }
 
-// Quorum returns q(n) = floor(n/2)+1, the number of voting members that must agree.
-func Quorum(n int) int {
+// Of returns q(n) = floor(n/2)+1, the number of voting members that must agree.
+func Of(n int) int {
 	return n/2 + 1
 }
 
-// QuorumPresent is true when H ≥ q(V). Without quorum nothing automatic may happen: disaster
-// recovery is a human's job.
-func QuorumPresent(c Counts) bool {
-	return c.Voting > 0 && c.Healthy >= Quorum(c.Voting)
+// Present is true when quorum exists: proven by a linearizable read, or H ≥ q(V) for counts that carry
+// no proof (built by hand). Counts from a node-local (serializable) member list never show quorum.
+// Without quorum nothing automatic may happen: disaster recovery is a human's job.
+func Present(c Counts) bool {
+	if c.Voting < 1 || c.Serializable {
+		return false
+	}
+	return c.QuorumProven || c.Healthy >= Of(c.Voting)
+}
+
+// Lost is true when the counts show that quorum is gone: not proven by a linearizable read and fewer
+// than q(V) voting members healthy. Unlike !Present, it is false for counts whose H is short only
+// because members could not be reached while etcd still answers linearizably.
+func Lost(c Counts) bool {
+	return c.Voting > 0 && !c.QuorumProven && (c.Serializable || c.Healthy < Of(c.Voting))
 }
 
 // FailureMargin is how many more healthy voting members may fail before quorum is lost (negative
-// when quorum is already lost).
+// when quorum is already lost, or when members are unreachable and cannot be counted on).
 func FailureMargin(c Counts) int {
-	return c.Healthy - Quorum(c.Voting)
+	return c.Healthy - Of(c.Voting)
 }
 
-// CanAddMember says whether scaling up by one member is quorum-safe. A member that joins as a learner
-// does not vote, so it is safe whenever quorum is present. A member that joins as a voting member
-// counts as unhealthy until it is seen healthy, so it needs H ≥ q(V+1).
+// CanAddMember says whether adding one member is quorum-safe and would be accepted by etcd.
+//
+// etcd 3.6 (go.etcd.io/etcd/server/v3 etcdserver/server.go, EtcdServer.mayAddMember) refuses every
+// add, learners included, unless the leader has been connected for HealthInterval (5s) to a quorum of
+// V+1 voting members, itself included and the new member counted as not connected
+// (etcdserver/util.go, isConnectedToQuorumAfterAddingNewMemberSince, numConnectedSince over
+// RaftCluster.VotingMembers: learners never count). A single-member cluster is the exception: it may
+// always grow. A voting add additionally needs q(V+1) started members
+// (membership.RaftCluster.IsReadyToAddVotingMember), implied here because a healthy member is started.
+// The healthy members stand for the members connected to the leader, so the rule is H ≥ q(V+1) for
+// learners and voters alike, except that a learner may join a healthy single-member cluster. CAPR
+// keeps H ≥ q(V+1) for a voting add to a single member (etcd allows it, but the cluster then has no
+// quorum until the new member starts).
 func CanAddMember(c Counts, asLearner bool) bool {
-	if !QuorumPresent(c) {
+	if !Present(c) {
 		return false
 	}
-	if asLearner {
-		return true
+	if asLearner && c.Voting == 1 {
+		return c.Healthy == 1
 	}
-	return c.Healthy >= Quorum(c.Voting+1)
+	return c.Healthy >= Of(c.Voting+1)
 }
 
 // Victim describes the member about to be removed.
@@ -60,7 +93,7 @@ type Victim struct {
 // member is never removed. Removing a learner never changes the vote, so it is safe whenever quorum
 // is present.
 func CanRemoveMember(c Counts, v Victim) bool {
-	if !QuorumPresent(c) {
+	if !Present(c) {
 		return false
 	}
 	if v.Learner {
@@ -76,7 +109,7 @@ func CanRemoveMember(c Counts, v Victim) bool {
 	if after.Voting < 1 {
 		return false
 	}
-	return after.Healthy >= Quorum(after.Voting)
+	return after.Healthy >= Of(after.Voting)
 }
 
 // MaxUnhealthyControlPlane is the quorum-safe number of control-plane Machines that may be unhealthy
