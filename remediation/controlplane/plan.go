@@ -157,10 +157,13 @@ func quorumWait(in OrderInput) (reason, message string) {
 		unreachable = strings.Join(in.Unreachable, ", ")
 	}
 	switch {
-	case c.Serializable && c.Unreachable > 0:
-		return caprv1.MachineRemediationEtcdUnreachableReason, fmt.Sprintf(
-			"no etcd member could serve a linearizable read and %s cannot be reached: whether quorum exists is unknown (%d of %d voting members healthy in one member's local view); nothing is done on a node-local member list",
-			unreachable, c.Healthy, c.Voting)
+	case c.Serializable:
+		// Every member that could be reached answered only from its node-local view: none of them is
+		// part of a working quorum. Members that could not be reached may run, but they would have to
+		// be partitioned from the reachable ones; nothing is decided on a node-local list.
+		return caprv1.MachineRemediationQuorumLostReason, fmt.Sprintf(
+			"etcd has lost quorum: no member could serve a linearizable read (%d of %d voting members healthy in one member's local view, %d unreachable and not proven down): nothing is done automatically; if the members are really down, disaster recovery is needed",
+			c.Healthy, c.Voting, c.Unreachable)
 	case quorum.Lost(c):
 		return caprv1.MachineRemediationQuorumLostReason, fmt.Sprintf(
 			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed",
