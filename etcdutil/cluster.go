@@ -224,8 +224,11 @@ func (d *dials) close() {
 	d.mu.Unlock()
 	for node, r := range results {
 		<-r.done
+		d.mu.Lock()
+		failed := r.failed
+		d.mu.Unlock()
 		if r.cli != nil {
-			d.c.release(node, r.cli, r.failed)
+			d.c.release(node, r.cli, failed)
 		}
 	}
 }
