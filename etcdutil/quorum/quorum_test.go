@@ -166,3 +166,38 @@ func TestMaxUnhealthyControlPlane(t *testing.T) {
 	g.Expect(EffectiveControlPlaneLimit(10, 7)).To(Equal(3))
 	g.Expect(EffectiveControlPlaneLimit(0, 3)).To(Equal(0))
 }
+
+// A linearizable read proves quorum whatever H says; a node-local (serializable) view never shows it.
+func TestPresentAndLostWithProof(t *testing.T) {
+	tests := []struct {
+		name          string
+		counts        Counts
+		present, lost bool
+	}{
+		{"no proof, majority healthy", Counts{Voting: 3, Healthy: 2}, true, false},
+		{"no proof, minority healthy", Counts{Voting: 3, Healthy: 1}, false, true},
+		{"proven, two unreachable", Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}, true, false},
+		{"node-local view, all healthy", Counts{Voting: 3, Healthy: 3, Serializable: true}, false, true},
+		{"node-local view, two unreachable", Counts{Voting: 3, Unreachable: 2, Serializable: true}, false, true},
+		{"no members", Counts{}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			g.Expect(Present(tt.counts)).To(Equal(tt.present))
+			g.Expect(Lost(tt.counts)).To(Equal(tt.lost))
+		})
+	}
+}
+
+// Unreachable members count as unhealthy for every change, even with quorum proven.
+func TestUnreachableMembersCountAsUnhealthy(t *testing.T) {
+	g := NewWithT(t)
+	proven := Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}
+	g.Expect(CanAddMember(proven, true)).To(BeFalse())
+	g.Expect(CanAddMember(proven, false)).To(BeFalse())
+	g.Expect(CanRemoveMember(proven, Victim{})).To(BeFalse())
+	serializable := Counts{Voting: 3, Healthy: 3, Serializable: true}
+	g.Expect(CanAddMember(serializable, true)).To(BeFalse())
+	g.Expect(CanRemoveMember(serializable, Victim{})).To(BeFalse())
+}
