@@ -2,8 +2,10 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
@@ -22,7 +24,7 @@ func (e *etcdMemberSource) MemberHealth(ctx context.Context, cluster *clusterv1.
 	machines := &clusterv1.MachineList{}
 	if err := e.client.List(ctx, machines, client.InNamespace(cluster.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing the control-plane Machines of cluster %s: %w", cluster.Name, err)
 	}
 	var nodes []string
 	for _, m := range machines.Items {
@@ -36,13 +38,21 @@ func (e *etcdMemberSource) MemberHealth(ctx context.Context, cluster *clusterv1.
 	}
 	state, err := ec.Inspect(ctx, nodes)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("inspecting the etcd members of cluster %s: %w", cluster.Name, err)
 	}
 	out := map[string]machinehealthcheck.EtcdMemberHealth{}
+	keep := nodes
 	for _, m := range state.Members {
 		if m.Name != "" {
 			out[m.Name] = machinehealthcheck.EtcdMemberHealth{Healthy: m.Healthy, Problem: m.Problem}
+			keep = append(keep, m.Name)
 		}
+	}
+	// The cached clients of members whose Machines and members are gone are closed now, not when idle.
+	e.workload.Retain(cluster.UID, keep)
+	if !state.QuorumProven {
+		ctrl.LoggerFrom(ctx).Info("No etcd member could serve a linearizable read: member health is one member's local view",
+			"unreachable", state.UnreachableNames())
 	}
 	return out, nil
 }

@@ -3,13 +3,18 @@ package etcdutil
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/logutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/proxy"
 )
@@ -23,9 +28,18 @@ const (
 )
 
 // Connector opens a client to the etcd member running on one node. Every client it returns has
-// exactly one endpoint, so that a call is known to have been answered by that member.
+// exactly one endpoint, so that a call is known to have been answered by that member. The caller
+// closes the client, unless the Connector is a SharedConnector.
 type Connector interface {
 	Connect(ctx context.Context, node string) (*clientv3.Client, error)
+}
+
+// SharedConnector is a Connector whose clients are shared between calls (Workload's client cache):
+// callers never close them, and hand back a client whose call failed with Discard, which closes it and
+// makes the next Connect dial again.
+type SharedConnector interface {
+	Connector
+	Discard(node string, cli *clientv3.Client)
 }
 
 // PortForward reaches the member on a node the way KCP does: through the workload cluster's API
@@ -78,16 +92,29 @@ func (d *Direct) Connect(ctx context.Context, node string) (*clientv3.Client, er
 	return newClient(ctx, ep, d.TLS, orDuration(d.DialTimeout, DefaultDialTimeout), nil)
 }
 
+// etcdLogger is the etcd client's logger: etcd's own default zap configuration
+// (go.etcd.io/etcd/client/pkg/v3/logutil, the one KCP uses for its etcd clients) at error level, so
+// that client errors are logged (JSON on stderr) without the client's info chatter.
+var etcdLogger = sync.OnceValue(func() *zap.Logger {
+	lg, err := logutil.CreateDefaultZapLogger(zapcore.ErrorLevel)
+	if err != nil {
+		// The default configuration is static; building it does not fail in practice.
+		return zap.NewExample()
+	}
+	return lg.Named("etcd-client")
+})
+
+// newClient creates a client with one endpoint and waits, at most dialTimeout, until its connection is
+// ready. clientv3 dials in the background (no grpc.WithBlock, which gRPC deprecates) and etcd's calls
+// wait for a ready connection (WaitForReady), so without this wait an unreachable member would only
+// show as a call timeout; here it is a dial error within the dial timeout.
 func newClient(ctx context.Context, endpoint string, tlsConfig *tls.Config, dialTimeout time.Duration,
 	dial func(context.Context, string) (net.Conn, error)) (*clientv3.Client, error) {
 	cfg := clientv3.Config{
-		Context:     ctx,
-		Endpoints:   []string{endpoint},
-		DialTimeout: dialTimeout,
-		TLS:         tlsConfig,
-		Logger:      zap.NewNop(),
-		// Fail fast instead of waiting for a connection that will not come.
-		DialOptions:          []grpc.DialOption{grpc.WithBlock()}, //nolint:staticcheck // a blocking dial bounded by DialTimeout is what we want here.
+		Endpoints:            []string{endpoint},
+		DialTimeout:          dialTimeout,
+		TLS:                  tlsConfig,
+		Logger:               etcdLogger(),
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 	}
@@ -96,9 +123,30 @@ func newClient(ctx context.Context, endpoint string, tlsConfig *tls.Config, dial
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
+		return nil, fmt.Errorf("creating etcd client for %s: %w", endpoint, err)
+	}
+	if err := waitReady(ctx, cli, dialTimeout); err != nil {
+		_ = cli.Close()
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", endpoint, err)
 	}
 	return cli, nil
+}
+
+// waitReady waits until the client's connection is ready, at most timeout.
+func waitReady(ctx context.Context, cli *clientv3.Client, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, errors.New("etcd dial timeout expired"))
+	defer cancel()
+	conn := cli.ActiveConnection()
+	conn.Connect()
+	for {
+		state := conn.GetState()
+		if state == connectivity.Ready {
+			return nil
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			return fmt.Errorf("connection %s: %w", state, context.Cause(ctx))
+		}
+	}
 }
 
 func orDuration(d, def time.Duration) time.Duration {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -19,9 +21,10 @@ type MemberStatus struct {
 	Name      string
 	PeerURLs  []string
 	IsLearner bool
-	// Reachable is true when the member answered Status through its own node.
+	// Reachable is true when the member answered Status through its own node. A member that is not
+	// reachable is unknown, not dead: its kubelet or node may be down while etcd runs.
 	Reachable bool
-	// Alarms are the alarms raised for this member (NOSPACE, CORRUPT).
+	// Alarms are the alarms raised for this member (NOSPACE, CORRUPT), from AlarmList.
 	Alarms []string
 	// Healthy is true for a reachable, unalarmed member that knows a leader.
 	Healthy bool
@@ -34,8 +37,12 @@ type State struct {
 	ClusterID uint64
 	LeaderID  uint64
 	Members   []MemberStatus
-	// Serializable is true when no member could serve a linearizable member list (no quorum), so the
-	// list is one member's local view.
+	// QuorumProven is true when the member list was read linearizably: etcd serves that only through
+	// a leader backed by a quorum, so quorum exists even when members cannot be reached.
+	QuorumProven bool
+	// Serializable is true when no member could serve a linearizable member list, so the list is one
+	// member's local view. It is not authoritative: Counts carries the flag and the quorum math
+	// (etcdutil/quorum) refuses every membership change on it.
 	Serializable bool
 }
 
@@ -61,7 +68,7 @@ func (s *State) ByID(id uint64) *MemberStatus {
 
 // Counts summarises the state for the quorum math.
 func (s *State) Counts() Counts {
-	var c Counts
+	c := Counts{QuorumProven: s.QuorumProven, Serializable: s.Serializable}
 	for _, m := range s.Members {
 		switch {
 		case m.IsLearner:
@@ -71,9 +78,29 @@ func (s *State) Counts() Counts {
 			if m.Healthy {
 				c.Healthy++
 			}
+			if unreachable(m) {
+				c.Unreachable++
+			}
 		}
 	}
 	return c
+}
+
+// unreachable is a started voting member that could not be asked.
+func unreachable(m MemberStatus) bool {
+	return !m.IsLearner && m.Name != "" && !m.Reachable
+}
+
+// UnreachableNames lists the voting members that could not be reached (unknown, not proven down).
+func (s *State) UnreachableNames() []string {
+	var out []string
+	for _, m := range s.Members {
+		if unreachable(m) {
+			out = append(out, m.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Unhealthy lists the voting members that are not healthy, as "name (problem)".
@@ -110,73 +137,186 @@ func (s *State) Table() string {
 	return b.String()
 }
 
-// Cluster performs membership operations on one etcd cluster. Every call is bounded by CallTimeout.
+// Cluster performs membership operations on one etcd cluster. Every call is bounded by CallTimeout,
+// every dial by the Connector's dial timeout, and an Inspect as a whole by InspectTimeout.
 type Cluster struct {
 	Connector   Connector
 	CallTimeout time.Duration
+	// InspectTimeout bounds one Inspect: members are dialled and asked in parallel, so one Inspect
+	// takes about one dial plus two calls even when members are unreachable (default 3×CallTimeout).
+	InspectTimeout time.Duration
 }
 
 func (c *Cluster) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeoutCause(ctx, orDuration(c.CallTimeout, DefaultCallTimeout), errors.New("etcd call timeout expired"))
 }
 
-// connectAny connects to the first of nodes that answers a member list, and returns the list.
-func (c *Cluster) connectAny(ctx context.Context, nodes []string, serializable bool) (*clientv3.Client, *clientv3.MemberListResponse, error) {
-	var errs []error
-	for _, node := range nodes {
-		cli, err := c.Connector.Connect(ctx, node)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+// release hands a client back: a shared client is kept unless its call failed, any other is closed.
+func (c *Cluster) release(node string, cli *clientv3.Client, failed bool) {
+	if shared, ok := c.Connector.(SharedConnector); ok {
+		if failed {
+			shared.Discard(node, cli)
 		}
-		cctx, cancel := c.callCtx(ctx)
-		var opts []clientv3.OpOption
-		if serializable {
-			opts = append(opts, clientv3.WithSerializable())
-		}
-		resp, err := cli.MemberList(cctx, opts...)
-		cancel()
-		if err != nil {
-			_ = cli.Close()
-			errs = append(errs, fmt.Errorf("member list through node %s: %w", node, err))
-			continue
-		}
-		return cli, resp, nil
+		return
 	}
-	if len(errs) == 0 {
-		return nil, nil, errors.New("no node to reach etcd through")
-	}
-	return nil, nil, fmt.Errorf("no etcd member could be reached: %w", errors.Join(errs...))
+	_ = cli.Close()
 }
 
-// Inspect reads the member list (through the first of nodes that answers) and the status of every
-// member through its own node. When no member can serve a linearizable list (quorum lost), the list
-// is read serializably so that the state still says which members are down.
+// dials connects to each node at most once per operation (a node that did not answer is not dialled
+// again), concurrently; get waits for the node's dial.
+type dials struct {
+	c       *Cluster
+	ctx     context.Context
+	mu      sync.Mutex
+	results map[string]*dialResult
+}
+
+type dialResult struct {
+	done chan struct{}
+	cli  *clientv3.Client
+	err  error
+	// failed records that a call through cli failed, so the client is discarded at the end.
+	failed bool
+}
+
+func (c *Cluster) newDials(ctx context.Context) *dials {
+	return &dials{c: c, ctx: ctx, results: map[string]*dialResult{}}
+}
+
+// start begins dialling node (once) and returns its pending result.
+func (d *dials) start(node string) *dialResult {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r, ok := d.results[node]; ok {
+		return r
+	}
+	r := &dialResult{done: make(chan struct{})}
+	d.results[node] = r
+	go func() {
+		defer close(r.done)
+		r.cli, r.err = d.c.Connector.Connect(d.ctx, node)
+		if r.err != nil {
+			r.err = fmt.Errorf("reaching the etcd member on node %s: %w", node, r.err)
+		}
+	}()
+	return r
+}
+
+func (d *dials) get(node string) (*clientv3.Client, error) {
+	r := d.start(node)
+	<-r.done
+	return r.cli, r.err
+}
+
+// fail marks the client of node as failed: it is discarded (shared) at close.
+func (d *dials) fail(node string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r, ok := d.results[node]; ok {
+		r.failed = true
+	}
+}
+
+// close releases every client once all dials are done.
+func (d *dials) close() {
+	d.mu.Lock()
+	results := maps.Clone(d.results)
+	d.mu.Unlock()
+	for node, r := range results {
+		<-r.done
+		d.mu.Lock()
+		failed := r.failed
+		d.mu.Unlock()
+		if r.cli != nil {
+			d.c.release(node, r.cli, failed)
+		}
+	}
+}
+
+// memberList reads the member list through the first of nodes that answers. All nodes are dialled and
+// asked at once; linearizable (serializable=false) lists only come from a member that has quorum.
+func (d *dials) memberList(ctx context.Context, nodes []string, serializable bool) (string, *clientv3.MemberListResponse, error) {
+	if len(nodes) == 0 {
+		return "", nil, errors.New("no node to reach etcd through")
+	}
+	type answer struct {
+		node string
+		resp *clientv3.MemberListResponse
+		err  error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	answers := make(chan answer, len(nodes))
+	for _, node := range nodes {
+		d.start(node)
+		go func() {
+			cli, err := d.get(node)
+			if err != nil {
+				answers <- answer{node: node, err: err}
+				return
+			}
+			cctx, ccancel := d.c.callCtx(ctx)
+			defer ccancel()
+			var opts []clientv3.OpOption
+			if serializable {
+				opts = append(opts, clientv3.WithSerializable())
+			}
+			resp, err := cli.MemberList(cctx, opts...)
+			if err != nil {
+				err = fmt.Errorf("member list through node %s: %w", node, err)
+			}
+			answers <- answer{node: node, resp: resp, err: err}
+		}()
+	}
+	var errs []error
+	for range nodes {
+		a := <-answers
+		if a.err == nil {
+			return a.node, a.resp, nil
+		}
+		errs = append(errs, a.err)
+	}
+	return "", nil, fmt.Errorf("no etcd member could be reached: %w", errors.Join(errs...))
+}
+
+// Inspect reads the member list and the status of every member through its own node. All members
+// are dialled and asked in parallel, each at most once, within InspectTimeout. The list is read
+// linearizably when any member can serve it (State.QuorumProven); otherwise serializably, so that
+// the state still says which members are down, marked State.Serializable (not authoritative).
 func (c *Cluster) Inspect(ctx context.Context, nodes []string) (*State, error) {
-	cli, list, err := c.connectAny(ctx, nodes, false)
-	state := &State{}
+	ctx, cancel := context.WithTimeoutCause(ctx, orDuration(c.InspectTimeout, 3*orDuration(c.CallTimeout, DefaultCallTimeout)),
+		errors.New("etcd inspection timeout expired"))
+	defer cancel()
+	d := c.newDials(ctx)
+	defer d.close()
+
+	state := &State{QuorumProven: true}
+	via, list, err := d.memberList(ctx, nodes, false)
 	if err != nil {
 		var serr error
-		cli, list, serr = c.connectAny(ctx, nodes, true)
+		via, list, serr = d.memberList(ctx, nodes, true)
 		if serr != nil {
 			return nil, err
 		}
-		state.Serializable = true
+		state.QuorumProven, state.Serializable = false, true
 	}
-	defer func() { _ = cli.Close() }()
 	state.ClusterID = list.Header.GetClusterId()
 
 	alarms := map[uint64][]string{}
-	if !state.Serializable {
-		actx, cancel := c.callCtx(ctx)
-		if resp, err := cli.AlarmList(actx); err == nil {
-			for _, a := range resp.Alarms {
-				if a.Alarm != pb.AlarmType_NONE {
-					alarms[a.MemberID] = append(alarms[a.MemberID], a.Alarm.String())
-				}
+	if state.QuorumProven {
+		cli, _ := d.get(via)
+		actx, acancel := c.callCtx(ctx)
+		resp, err := cli.AlarmList(actx)
+		acancel()
+		if err != nil {
+			d.fail(via)
+			return nil, fmt.Errorf("listing etcd alarms through node %s: %w", via, err)
+		}
+		for _, a := range resp.Alarms {
+			if a.Alarm != pb.AlarmType_NONE {
+				alarms[a.MemberID] = append(alarms[a.MemberID], a.Alarm.String())
 			}
 		}
-		cancel()
 	}
 
 	state.Members = make([]MemberStatus, len(list.Members))
@@ -185,7 +325,7 @@ func (c *Cluster) Inspect(ctx context.Context, nodes []string) (*State, error) {
 	for i, m := range list.Members {
 		state.Members[i] = MemberStatus{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner, Alarms: alarms[m.ID]}
 		wg.Go(func() {
-			leaders[i] = c.probe(ctx, &state.Members[i])
+			leaders[i] = c.probe(ctx, d, &state.Members[i])
 		})
 	}
 	wg.Wait()
@@ -193,39 +333,31 @@ func (c *Cluster) Inspect(ctx context.Context, nodes []string) (*State, error) {
 	return state, nil
 }
 
-// probe fills Reachable/Healthy/Problem of one member and returns the leader it reports.
-func (c *Cluster) probe(ctx context.Context, m *MemberStatus) uint64 {
+// probe fills Reachable/Healthy/Problem of one member and returns the leader it reports. Health is
+// decided from Status (a leader known) and the alarms from AlarmList; Status.Errors is meant for
+// humans (KCP relies on alarms only, controlplane/kubeadm/pkg/etcd newEtcdClient) and is not read.
+func (c *Cluster) probe(ctx context.Context, d *dials, m *MemberStatus) uint64 {
 	if m.Name == "" {
 		m.Problem = "not started"
 		return 0
 	}
-	cli, err := c.Connector.Connect(ctx, m.Name)
+	cli, err := d.get(m.Name)
 	if err != nil {
 		m.Problem = "unreachable"
 		return 0
 	}
-	defer func() { _ = cli.Close() }()
 	sctx, cancel := c.callCtx(ctx)
 	defer cancel()
 	st, err := cli.Status(sctx, cli.Endpoints()[0])
 	if err != nil {
+		d.fail(m.Name)
 		m.Problem = "unreachable"
 		return 0
 	}
 	m.Reachable = true
-	// Every member reports the cluster's alarms in its errors; alarms are attributed to the member
-	// they were raised for (AlarmList), so only other errors count here.
-	var errs []string
-	for _, e := range st.Errors {
-		if !strings.Contains(e, "alarm:") {
-			errs = append(errs, e)
-		}
-	}
 	switch {
 	case len(m.Alarms) > 0:
 		m.Problem = "alarmed (" + strings.Join(m.Alarms, ",") + ")"
-	case len(errs) > 0:
-		m.Problem = "reports errors: " + strings.Join(errs, "; ")
 	case st.Leader == 0:
 		m.Problem = "has no leader"
 	case m.IsLearner:
@@ -263,10 +395,11 @@ func (c *Cluster) MoveLeader(ctx context.Context, leaderNode string, to uint64) 
 	if err != nil {
 		return fmt.Errorf("reaching the leader on node %s: %w", leaderNode, err)
 	}
-	defer func() { _ = cli.Close() }()
 	cctx, cancel := c.callCtx(ctx)
 	defer cancel()
-	if _, err := cli.MoveLeader(cctx, to); err != nil {
+	_, err = cli.MoveLeader(cctx, to)
+	c.release(leaderNode, cli, err != nil)
+	if err != nil {
 		return fmt.Errorf("moving etcd leadership from %s to %x: %w", leaderNode, to, err)
 	}
 	return nil
@@ -275,14 +408,16 @@ func (c *Cluster) MoveLeader(ctx context.Context, leaderNode string, to uint64) 
 // ErrLastMember is returned when asked to remove the only member of a cluster.
 var ErrLastMember = errors.New("refusing to remove the last etcd member")
 
-// RemoveMember removes the member with ID id through the first of via that answers. A member that
-// is already gone is success (the call is idempotent); the last member is never removed.
+// RemoveMember removes the member with ID id through the first of via that answers a linearizable
+// member list. A member that is already gone is success (the call is idempotent); the last member is
+// never removed.
 func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) error {
-	cli, list, err := c.connectAny(ctx, via, false)
+	d := c.newDials(ctx)
+	defer d.close()
+	node, list, err := d.memberList(ctx, via, false)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = cli.Close() }()
 	found := false
 	for _, m := range list.Members {
 		found = found || m.ID == id
@@ -293,13 +428,17 @@ func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) err
 	if len(list.Members) == 1 {
 		return ErrLastMember
 	}
+	cli, _ := d.get(node)
 	cctx, cancel := c.callCtx(ctx)
 	defer cancel()
 	if _, err := cli.MemberRemove(cctx, id); err != nil {
-		if strings.Contains(err.Error(), "member not found") {
+		// etcd answers rpctypes.ErrGRPCMemberNotFound; the client turns it into rpctypes.ErrMemberNotFound
+		// (clientv3.ContextError → rpctypes.Error).
+		if errors.Is(err, rpctypes.ErrMemberNotFound) {
 			return nil
 		}
-		return fmt.Errorf("removing etcd member %x: %w", id, err)
+		d.fail(node)
+		return fmt.Errorf("removing etcd member %x through node %s: %w", id, node, err)
 	}
 	return nil
 }

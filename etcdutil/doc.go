@@ -1,8 +1,22 @@
-// Package etcdutil reaches a workload cluster's etcd and holds the quorum math.
+// Package etcdutil reaches a workload cluster's etcd; the quorum math it feeds lives in etcdutil/quorum,
+// which does not import the etcd client.
 //
-// quorum.go holds the pure decisions of design §5 (quorum present, safe to add, safe to remove,
-// quorum-safe maxUnhealthy). client.go builds clients the way KCP does: port-forward through the
-// workload cluster's API server to the etcd-<node> pod with a client certificate signed by the CA in
-// secret <cluster>-etcd, or direct endpoints for external etcd and tests. cluster.go has the
-// membership operations, each bounded by a timeout.
+// client.go builds clients the way KCP does: port-forward through the workload cluster's API server
+// to the etcd-<node> pod (CAPI's controlplane/kubeadm/pkg/proxy dialer) with a client certificate
+// signed by the CA in secret <cluster>-etcd, or direct endpoints for external etcd and tests. The
+// etcd client dials in the background and logs through etcd's own zap configuration at error level.
+// clientcache.go shares connected clients per cluster and node (workload.go wires it per Cluster,
+// reads the CA secret at most once a minute, and forgets idle clusters). cluster.go has the
+// membership operations: Inspect dials and asks every member in parallel, each once, within one
+// deadline, and reports whether a linearizable read proved quorum (State.QuorumProven) or the list
+// is one member's node-local view (State.Serializable, never acted on).
+//
+// KCP's exported etcd client (sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/etcd and
+// pkg.EtcdClientGenerator) was evaluated and is not used as a client: etcd.NewClient costs an extra
+// Status round trip per connection, owns and closes its clients (no sharing), and the generator dials
+// nodes one after the other (forFirstAvailableNode), which is the sequential behaviour this package
+// avoids. Its certificate cache (pkg.Management.ClientCertCache, util/cache) needs a context-bound
+// expiry goroutine and keys by cluster only, so a rotated CA is not noticed. What fits is reused: the
+// proxy dialer, the non-blocking dial with DialTimeout, alarms from AlarmList only, and etcd's default
+// zap logger (go.etcd.io/etcd/client/pkg/v3/logutil, as KCP's main.go does).
 package etcdutil

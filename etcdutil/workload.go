@@ -22,9 +22,14 @@ import (
 const EndpointsAnnotation = "remediation.cluster.x-k8s.io/etcd-endpoints"
 
 // clientCertValidity and clientCertRenewAfter bound the life of the client certificates CAPR signs.
+// secretRecheck is how long a cluster's etcd CA secret is trusted before it is read again (a rotated
+// CA is picked up within it); idleAfter is how long a cluster's clients and certificate are kept
+// without use (the health checker uses them every few seconds while the cluster exists).
 const (
 	clientCertValidity   = 24 * time.Hour
 	clientCertRenewAfter = 12 * time.Hour
+	secretRecheck        = time.Minute
+	idleAfter            = 10 * time.Minute
 )
 
 // Workload builds etcd access for a workload cluster: port-forward through its API server (REST
@@ -38,37 +43,110 @@ type Workload struct {
 	DialTimeout  time.Duration
 	CallTimeout  time.Duration
 
-	mu    sync.Mutex
-	certs map[types.UID]cachedTLS
+	mu        sync.Mutex
+	certs     map[types.UID]*cachedTLS
+	clients   ClientCache
+	lastSweep time.Time
+	// now is time.Now, replaceable in tests.
+	now func() time.Time
 }
 
 type cachedTLS struct {
-	caHash  [32]byte
-	created time.Time
-	config  *tls.Config
+	// resourceVersion and caHash identify the CA secret the certificate was signed from; checked is
+	// when the secret was last read; used is when the entry was last used.
+	resourceVersion string
+	caHash          [32]byte
+	created         time.Time
+	checked         time.Time
+	used            time.Time
+	config          *tls.Config
 }
 
-// ForCluster returns an etcdutil.Cluster for a CAPI Cluster.
+func (w *Workload) clock() time.Time {
+	if w.now != nil {
+		return w.now()
+	}
+	return time.Now()
+}
+
+// Forget drops everything kept for a cluster (its certificate and its connected clients): call it
+// when the Cluster is deleted. Entries of clusters nobody asks for are dropped after idleAfter anyway.
+func (w *Workload) Forget(cluster types.UID) {
+	w.mu.Lock()
+	delete(w.certs, cluster)
+	w.mu.Unlock()
+	w.clients.Forget(string(cluster))
+}
+
+// Retain closes the cached clients of a cluster for nodes not in nodes (their Machines are gone).
+func (w *Workload) Retain(cluster types.UID, nodes []string) {
+	w.clients.Retain(string(cluster), nodes)
+}
+
+// sweep drops the certificates and clients not used for idleAfter, at most once a minute.
+func (w *Workload) sweep() {
+	now := w.clock()
+	w.mu.Lock()
+	if now.Sub(w.lastSweep) < time.Minute {
+		w.mu.Unlock()
+		return
+	}
+	w.lastSweep = now
+	for uid, c := range w.certs {
+		if now.Sub(c.used) > idleAfter {
+			delete(w.certs, uid)
+		}
+	}
+	w.mu.Unlock()
+	w.clients.sweepBefore(now.Add(-idleAfter))
+}
+
+// connectorGeneration tells cached clients built for another TLS configuration or address apart.
+type connectorGeneration struct {
+	tls  *tls.Config
+	addr string
+}
+
+// ForCluster returns an etcdutil.Cluster for a CAPI Cluster. Its clients are shared with every other
+// Cluster returned for the same CAPI Cluster (one connection per member, reused until it fails, its
+// certificate or address changes, or it is idle for idleAfter).
 func (w *Workload) ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (*Cluster, error) {
+	w.sweep()
 	tlsConfig, err := w.tlsFor(ctx, cluster)
 	if err != nil {
 		return nil, err
 	}
+	scope := string(cluster.UID)
 	if v, ok := cluster.Annotations[EndpointsAnnotation]; ok {
 		endpoints := map[string]string{}
 		if err := json.Unmarshal([]byte(v), &endpoints); err != nil {
 			return nil, fmt.Errorf("annotation %s on Cluster %s is not a JSON object of member name to host:port: %w", EndpointsAnnotation, cluster.Name, err)
 		}
-		return &Cluster{Connector: &Direct{Endpoints: endpoints, TLS: tlsConfig, DialTimeout: w.DialTimeout}, CallTimeout: w.CallTimeout}, nil
+		direct := &Direct{Endpoints: endpoints, TLS: tlsConfig, DialTimeout: w.DialTimeout}
+		return &Cluster{Connector: w.clients.For(scope, connectorGeneration{tls: tlsConfig, addr: v}, direct), CallTimeout: w.CallTimeout}, nil
 	}
 	restConfig, err := w.ClusterCache.GetRESTConfig(ctx, client.ObjectKeyFromObject(cluster))
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster %s cannot be reached: %w", cluster.Name, err)
 	}
-	return &Cluster{Connector: &PortForward{RESTConfig: restConfig, TLS: tlsConfig, DialTimeout: w.DialTimeout}, CallTimeout: w.CallTimeout}, nil
+	pf := &PortForward{RESTConfig: restConfig, TLS: tlsConfig, DialTimeout: w.DialTimeout}
+	return &Cluster{Connector: w.clients.For(scope, connectorGeneration{tls: tlsConfig, addr: restConfig.Host}, pf), CallTimeout: w.CallTimeout}, nil
 }
 
+// tlsFor returns the cluster's client TLS configuration. The CA secret is read at most once per
+// secretRecheck; the certificate is signed again only when the secret's resourceVersion (and CA)
+// changed or the certificate is due for renewal.
 func (w *Workload) tlsFor(ctx context.Context, cluster *clusterv1.Cluster) (*tls.Config, error) {
+	now := w.clock()
+	w.mu.Lock()
+	cached := w.certs[cluster.UID]
+	if cached != nil && now.Sub(cached.checked) < secretRecheck && now.Sub(cached.created) < clientCertRenewAfter {
+		cached.used = now
+		w.mu.Unlock()
+		return cached.config, nil
+	}
+	w.mu.Unlock()
+
 	ca := &corev1.Secret{}
 	name := cluster.Name + "-etcd"
 	if err := w.SecretReader.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, ca); err != nil {
@@ -81,13 +159,16 @@ func (w *Workload) tlsFor(ctx context.Context, cluster *clusterv1.Cluster) (*tls
 	hash := sha256.Sum256(append(append([]byte{}, caCert...), caKey...))
 
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.certs == nil {
-		w.certs = map[types.UID]cachedTLS{}
+		w.certs = map[types.UID]*cachedTLS{}
 	}
-	if c, ok := w.certs[cluster.UID]; ok && c.caHash == hash && time.Since(c.created) < clientCertRenewAfter {
+	if c, ok := w.certs[cluster.UID]; ok && c.resourceVersion == ca.ResourceVersion && c.caHash == hash && now.Sub(c.created) < clientCertRenewAfter {
+		c.checked, c.used = now, now
+		w.mu.Unlock()
 		return c.config, nil
 	}
+	w.mu.Unlock()
+
 	var cert tls.Certificate
 	var err error
 	if len(caKey) > 0 {
@@ -106,8 +187,10 @@ func (w *Workload) tlsFor(ctx context.Context, cluster *clusterv1.Cluster) (*tls
 	}
 	config, err := TLSConfig(caCert, cert)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("etcd TLS configuration for cluster %s: %w", cluster.Name, err)
 	}
-	w.certs[cluster.UID] = cachedTLS{caHash: hash, created: time.Now(), config: config}
+	w.mu.Lock()
+	w.certs[cluster.UID] = &cachedTLS{resourceVersion: ca.ResourceVersion, caHash: hash, created: now, checked: now, used: now, config: config}
+	w.mu.Unlock()
 	return config, nil
 }

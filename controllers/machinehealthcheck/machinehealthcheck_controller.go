@@ -68,6 +68,9 @@ type Reconciler struct {
 	// WatchFilterValue is the label value used to filter events prior to reconciliation.
 	WatchFilterValue string
 
+	// etcdUnhealthy remembers since when etcd members are unhealthy (machinehealthcheck_etcd.go).
+	etcdUnhealthy etcdSince
+
 	controller controller.Controller
 	recorder   events.EventRecorder
 	// reported and firstConnection hold what this process has seen between reconciles; their zero

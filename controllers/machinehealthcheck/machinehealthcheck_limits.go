@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
 // This file holds the "max unhealthy" decisions: triggerIf (as CAPI) and the quorum-safe limit for
@@ -106,7 +106,7 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 // controlPlaneDecision applies the quorum-safe limit min(userLimit, floor((N-1)/2)) to the
 // control-plane targets, of which unhealthy are not healthy. userLimit < 0 means none.
 func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int) limitDecision {
-	limit := etcdutil.EffectiveControlPlaneLimit(userLimit, desiredReplicas)
+	limit := quorum.EffectiveControlPlaneLimit(userLimit, desiredReplicas)
 	if unhealthy > limit {
 		return limitDecision{limit: limit, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf(
 			"Remediation of control-plane Machines is not allowed, %d of %d desired control-plane Machines are not started or unhealthy and the quorum-safe limit is %d",
@@ -172,7 +172,7 @@ type etcdQuorum struct {
 	known bool
 	// counts are the voting members and, as Healthy, those that are up: healthy, or whose only
 	// problem is that there is no leader (during an election every member has none).
-	counts etcdutil.Counts
+	counts quorum.Counts
 	// dead are the voting members that are not up, by Node.
 	dead []string
 }
@@ -200,7 +200,7 @@ func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 
 // lost reports whether etcd is known to have lost quorum: fewer voting members are up than a quorum.
 func (q etcdQuorum) lost() bool {
-	return q.known && q.counts.Voting > 0 && !etcdutil.QuorumPresent(q.counts)
+	return q.known && q.counts.Voting > 0 && !quorum.Present(q.counts)
 }
 
 // quorumLostDecision refuses control-plane remediation while etcd has no quorum: no order of steps
@@ -212,7 +212,7 @@ func quorumLostDecision(cp limitDecision, q etcdQuorum) limitDecision {
 	}
 	return limitDecision{limit: cp.limit, reason: caprv1.MachineHealthCheckEtcdQuorumLostReason, message: fmt.Sprintf(
 		"Remediation of control-plane Machines is not allowed: etcd has lost quorum, %d of %d voting members are up and a quorum is %d; dead members (by Node): %s; members that are up but have no leader are not marked",
-		q.counts.Healthy, q.counts.Voting, etcdutil.Quorum(q.counts.Voting), dead)}
+		q.counts.Healthy, q.counts.Voting, quorum.Of(q.counts.Voting), dead)}
 }
 
 // excuseLeaderless drops the etcd observation of control-plane targets whose member's only problem

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
-	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -153,46 +151,4 @@ func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.Obje
 		out = append(out, r.healthChecksFor(ctx, cluster.Namespace, cluster.Name, &machines.Items[i])...)
 	}
 	return out
-}
-
-// etcdSince remembers since when each control-plane Machine's etcd member has been seen unhealthy.
-// It lives in memory: after a restart the timeout starts again, which can only delay a mark, never
-// make one early.
-type etcdSince struct {
-	mu    sync.Mutex
-	since map[types.UID]time.Time
-}
-
-var etcdUnhealthySince = &etcdSince{since: map[types.UID]time.Time{}}
-
-// observeEtcdMembers fills target.etcd for control-plane targets from the etcd member source.
-func (r *Reconciler) observeEtcdMembers(ctx context.Context, cluster *clusterv1.Cluster, targets []target, now time.Time) error {
-	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
-	if err != nil {
-		return err
-	}
-	etcdUnhealthySince.mu.Lock()
-	defer etcdUnhealthySince.mu.Unlock()
-	for i := range targets {
-		m := targets[i].machine
-		if !isControlPlane(m) || !m.Status.NodeRef.IsDefined() {
-			continue
-		}
-		h, ok := health[m.Status.NodeRef.Name]
-		if !ok {
-			h = EtcdMemberHealth{Problem: "missing from the member list"}
-		}
-		if h.Healthy {
-			delete(etcdUnhealthySince.since, m.UID)
-			targets[i].etcd = &etcdMemberFact{healthy: true}
-			continue
-		}
-		since, seen := etcdUnhealthySince.since[m.UID]
-		if !seen {
-			since = now
-			etcdUnhealthySince.since[m.UID] = now
-		}
-		targets[i].etcd = &etcdMemberFact{problem: h.Problem, since: since}
-	}
-	return nil
 }

@@ -3,10 +3,11 @@ package controlplane
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
 // This file holds the pure decisions of a control-plane remediation (design §6): which order to
@@ -49,9 +50,12 @@ func (v VictimMember) String() string {
 type OrderInput struct {
 	Policy      caprv1.ControlPlaneOrder
 	Initialized bool
-	// Counts are the etcd cluster's counts, victim included.
-	Counts etcdutil.Counts
-	Victim VictimMember
+	// Counts are the etcd cluster's counts, victim included (etcdutil.State.Counts).
+	Counts quorum.Counts
+	// Unreachable names the voting members that could not be reached (etcdutil.State.UnreachableNames),
+	// for the messages; optional.
+	Unreachable []string
+	Victim      VictimMember
 	// AddsLearners is true when the control-plane provider joins new members as learners.
 	AddsLearners bool
 	// ProviderRefusesScaleUpNow is why the provider would not create a replacement now ("" = it would).
@@ -80,10 +84,8 @@ func ChooseOrder(in OrderInput) OrderDecision {
 			Reason: "the control plane is not initialized yet: the Machine is replaced without scaling up (as KCP does for the first Machine)"}
 	}
 	c := in.Counts
-	if !etcdutil.QuorumPresent(c) {
-		return OrderDecision{WaitReason: caprv1.MachineRemediationQuorumLostReason, WaitMessage: fmt.Sprintf(
-			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed",
-			c.Healthy, c.Voting, etcdutil.Quorum(c.Voting))}
+	if wait, msg := quorumWait(in); wait != "" {
+		return OrderDecision{WaitReason: wait, WaitMessage: msg}
 	}
 	learnerVictim := in.Victim == VictimLearner
 	if c.Learners > 0 && (!learnerVictim || c.Learners != 1) {
@@ -92,10 +94,10 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	}
 
 	canRemove := in.Victim == VictimMissing ||
-		etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: in.Victim == VictimHealthy, Learner: learnerVictim})
+		quorum.CanRemoveMember(c, quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: learnerVictim})
 	after := countsAfterRemoval(c, in.Victim)
-	addFirst := etcdutil.CanAddMember(c, in.AddsLearners)
-	addAfter := etcdutil.CanAddMember(after, in.AddsLearners)
+	addFirst := quorum.CanAddMember(c, in.AddsLearners)
+	addAfter := quorum.CanAddMember(after, in.AddsLearners)
 	how := "as a voting member"
 	if in.AddsLearners {
 		how = "as a learner"
@@ -123,7 +125,7 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		notFirst = "the ordering policy is RemoveMemberFirst"
 	case !addFirst:
 		notFirst = fmt.Sprintf("adding a member %s first is not quorum-safe (%d/%d healthy, %d needed after the add)",
-			how, c.Healthy, c.Voting, etcdutil.Quorum(c.Voting+1))
+			how, c.Healthy, c.Voting, quorum.Of(c.Voting+1))
 	default:
 		notFirst = "the control-plane provider would not scale up now: " + in.ProviderRefusesScaleUpNow
 	}
@@ -144,14 +146,50 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		in.Victim, notFirst, after.Healthy, after.Voting))
 }
 
-func countsAfterRemoval(c etcdutil.Counts, v VictimMember) etcdutil.Counts {
+// quorumWait says why nothing may be decided on the counts: quorum lost, or not known. etcd answering a
+// linearizable read proves quorum (quorum.Counts.QuorumProven): members that cannot be reached are then
+// unknown, not dead, and "quorum lost" or "disaster recovery" is never said; the safety checks below
+// count them as unhealthy.
+func quorumWait(in OrderInput) (reason, message string) {
+	c := in.Counts
+	unreachable := fmt.Sprintf("%d voting member(s)", c.Unreachable)
+	if len(in.Unreachable) > 0 {
+		unreachable = strings.Join(in.Unreachable, ", ")
+	}
+	switch {
+	case c.Serializable:
+		// Every member that could be reached answered only from its node-local view: none of them is
+		// part of a working quorum. Members that could not be reached may run, but they would have to
+		// be partitioned from the reachable ones; nothing is decided on a node-local list.
+		return caprv1.MachineRemediationQuorumLostReason, fmt.Sprintf(
+			"etcd has lost quorum: no member could serve a linearizable read (%d of %d voting members healthy in one member's local view, %d unreachable and not proven down): nothing is done automatically; if the members are really down, disaster recovery is needed",
+			c.Healthy, c.Voting, c.Unreachable)
+	case quorum.Lost(c):
+		return caprv1.MachineRemediationQuorumLostReason, fmt.Sprintf(
+			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed",
+			c.Healthy, c.Voting, quorum.Of(c.Voting))
+	case c.Healthy < quorum.Of(c.Voting) && c.Unreachable > 0:
+		// Quorum is proven but too few members can be seen healthy for any membership change; the
+		// checks below would refuse too, this says why.
+		return caprv1.MachineRemediationEtcdUnreachableReason, fmt.Sprintf(
+			"etcd answered a linearizable read, so quorum exists, but %s cannot be reached (%d of %d voting members seen healthy, %d needed): unreachable members are not proven down, membership changes wait until they can be reached",
+			unreachable, c.Healthy, c.Voting, quorum.Of(c.Voting))
+	case c.Healthy < quorum.Of(c.Voting):
+		return caprv1.MachineRemediationNotQuorumSafeReason, fmt.Sprintf(
+			"etcd answered a linearizable read, so quorum exists, but only %d of %d voting members are healthy (%d needed for a membership change)",
+			c.Healthy, c.Voting, quorum.Of(c.Voting))
+	}
+	return "", ""
+}
+
+func countsAfterRemoval(c quorum.Counts, v VictimMember) quorum.Counts {
 	switch v {
 	case VictimHealthy:
-		return etcdutil.Counts{Voting: c.Voting - 1, Healthy: c.Healthy - 1, Learners: c.Learners}
+		return quorum.Counts{Voting: c.Voting - 1, Healthy: c.Healthy - 1, Learners: c.Learners}
 	case VictimUnhealthy:
-		return etcdutil.Counts{Voting: c.Voting - 1, Healthy: c.Healthy, Learners: c.Learners}
+		return quorum.Counts{Voting: c.Voting - 1, Healthy: c.Healthy, Learners: c.Learners}
 	case VictimLearner:
-		return etcdutil.Counts{Voting: c.Voting, Healthy: c.Healthy, Learners: c.Learners - 1}
+		return quorum.Counts{Voting: c.Voting, Healthy: c.Healthy, Learners: c.Learners - 1}
 	default:
 		return c
 	}

@@ -10,7 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
 func TestChooseOrder(t *testing.T) {
@@ -21,37 +21,52 @@ func TestChooseOrder(t *testing.T) {
 		order      caprv1.ControlPlaneOrder
 		waitReason string
 	}{
-		{"not initialized: replace", OrderInput{Policy: auto, Counts: etcdutil.Counts{}}, caprv1.ControlPlaneOrderReplace, ""},
+		{"not initialized: replace", OrderInput{Policy: auto, Counts: quorum.Counts{}}, caprv1.ControlPlaneOrderReplace, ""},
 		{"3 healthy, node broken: scale up first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"3 members, victim member dead: remove first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
-		{"3 members, victim dead, provider adds learners: scale up first is safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"3 members, victim dead, provider adds learners: etcd refuses even a learner (2 of 4), remove first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"5 members, victim dead, provider adds learners: scale up first (4 of 6)", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"3 members, two unreachable, linearizable read answered: quorum proven, not lost: wait for etcd", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}, Victim: VictimUnhealthy, Unreachable: []string{"n2", "n3"}},
+			"", caprv1.MachineRemediationEtcdUnreachableReason},
+		{"3 members, one unreachable, quorum proven: the unreachable victim counts as unhealthy, remove first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"3 members, two reachable but alarmed, quorum proven: not lost, not safe", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 1, QuorumProven: true}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"node-local list, two unreachable: the reachable member has no quorum, nothing done", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 0, Unreachable: 2, Serializable: true}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
+		{"node-local list, every member answered, none has quorum: quorum lost", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 0, Serializable: true}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
+		{"node-local list claiming full health is still not acted on", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3, Serializable: true}, Victim: VictimHealthy}, "", caprv1.MachineRemediationQuorumLostReason},
 		{"5 members, victim dead: scale up first is still safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"5 members, two dead, victim dead: remove first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"5 members, two dead, victim healthy: neither is safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 5, Healthy: 3}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"3 members, another dead, victim healthy: wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 2}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"3 members, two dead: quorum lost", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 1}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
+			Counts: quorum.Counts{Voting: 3, Healthy: 1}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
 		{"victim member missing: remove is a no-op, then scale up", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+			Counts: quorum.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"learner pending: wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"victim is the only learner: removable", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"policy RemoveMemberFirst with healthy victim", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"provider refuses scale-up now: remove first", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"provider refuses both: wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"single member healthy: adding a voter is not safe, removing the last is refused", OrderInput{Policy: auto, Initialized: true,
-			Counts: etcdutil.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,6 +76,13 @@ func TestChooseOrder(t *testing.T) {
 			g.Expect(d.WaitReason).To(Equal(tt.waitReason), d.Reason)
 			if tt.waitReason != "" {
 				g.Expect(d.WaitMessage).NotTo(BeEmpty())
+				for _, n := range tt.in.Unreachable {
+					g.Expect(d.WaitMessage).To(ContainSubstring(n))
+				}
+				if tt.in.Counts.QuorumProven {
+					g.Expect(d.WaitMessage).NotTo(ContainSubstring("disaster recovery"))
+					g.Expect(d.WaitMessage).To(ContainSubstring("quorum exists"))
+				}
 			} else {
 				g.Expect(d.Reason).NotTo(BeEmpty())
 			}
@@ -68,52 +90,179 @@ func TestChooseOrder(t *testing.T) {
 	}
 }
 
-// TestChosenOrdersNeverLoseQuorum checks every order ChooseOrder allows against the quorum math at each
-// membership change it implies, for every cluster up to 7 members (the invariant, exhaustively).
+// simCluster is an independent model of an etcd cluster for TestChosenOrdersNeverLoseQuorum: one
+// entry per member, and etcd 3.6's own reconfiguration checks written from its source
+// (go.etcd.io/etcd/server/v3 etcdserver/server.go mayAddMember, mayPromoteMember, mayRemoveMember;
+// etcdserver/util.go numConnectedSince; membership/cluster.go IsReadyTo*). It does not use package
+// quorum: the oracle must not be the code under test.
+type simCluster []simMember
+
+type simMember struct {
+	name  string
+	voter bool
+	// up is a running member connected to the leader; a member that is not up is still "started"
+	// (it has a name) in etcd's sense.
+	up bool
+}
+
+func (s simCluster) voters() (all, up int) {
+	for _, m := range s {
+		if m.voter {
+			all++
+			if m.up {
+				up++
+			}
+		}
+	}
+	return all, up
+}
+
+// hasQuorum: the up voters are a strict majority of the voters.
+func (s simCluster) hasQuorum() bool {
+	all, up := s.voters()
+	return all > 0 && 2*up > all
+}
+
+// acceptsAdd is mayAddMember: the leader (itself up) must be connected to a majority of V+1 voters,
+// the new one counted as not connected, except in a single-voter cluster; a voting add also needs a
+// majority of V+1 started members (all voters here are started).
+func (s simCluster) acceptsAdd() bool {
+	all, up := s.voters()
+	if all == 1 {
+		return true
+	}
+	return 2*up > all+1
+}
+
+// acceptsPromote is IsReadyToPromoteMember: started voters plus the learner are a majority of V+1.
+func (s simCluster) acceptsPromote() bool {
+	all, _ := s.voters()
+	return 2*(all+1) > all+1
+}
+
+// acceptsRemove is mayRemoveMember for a voting member.
+func (s simCluster) acceptsRemove(name string) bool {
+	all, up := s.voters()
+	var victim simMember
+	for _, m := range s {
+		if m.name == name {
+			victim = m
+		}
+	}
+	if !victim.voter {
+		return true
+	}
+	// IsReadyToRemoveVotingMember: the other (started) voters are a majority of themselves: always.
+	if !victim.up {
+		return true // a member the leader is not connected to is not part of the active quorum
+	}
+	return 2*(up-1) > all-1 && up-1 >= 1
+}
+
+func (s simCluster) without(name string) simCluster {
+	var out simCluster
+	for _, m := range s {
+		if m.name != name {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (s simCluster) set(name string, voter, up bool) simCluster {
+	out := append(simCluster(nil), s...)
+	for i := range out {
+		if out[i].name == name {
+			out[i].voter, out[i].up = voter, up
+		}
+	}
+	return out
+}
+
+// TestChosenOrdersNeverLoseQuorum runs every order ChooseOrder allows through the simulated cluster,
+// for every cluster up to 7 members (victim healthy, dead, missing; provider adding learners or
+// voters; members unreachable with or without a linearizable read): every membership change must be
+// accepted by etcd's own checks and quorum must hold after each of them. Unreachable members are
+// simulated as dead (the worst case). ChooseOrder must never say quorum is lost when it is proven.
 func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 	for v := 1; v <= 7; v++ {
 		for h := 0; h <= v; h++ {
-			for _, victim := range []VictimMember{VictimHealthy, VictimUnhealthy, VictimMissing} {
-				for _, learners := range []bool{false, true} {
-					if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v {
-						continue
+			for u := 0; u <= v-h; u++ {
+				for _, proven := range []bool{false, true} {
+					for _, victim := range []VictimMember{VictimHealthy, VictimUnhealthy, VictimMissing} {
+						for _, learners := range []bool{false, true} {
+							if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v {
+								continue
+							}
+							if proven && 2*(h+u) <= v {
+								continue // a linearizable read cannot be answered without a quorum of running members
+							}
+							checkChosenOrder(t, v, h, u, proven, victim, learners)
+						}
 					}
-					c := etcdutil.Counts{Voting: v, Healthy: h}
-					d := ChooseOrder(OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: c, Victim: victim, AddsLearners: learners})
-					name := fmt.Sprintf("V%d_H%d_%s_learners%t", v, h, victim, learners)
-					t.Run(name, func(t *testing.T) {
-						g := NewWithT(t)
-						if d.WaitReason != "" {
-							return
-						}
-						g.Expect(etcdutil.QuorumPresent(c)).To(BeTrue())
-						// The new member counts as unhealthy until it is seen healthy.
-						addVoting := func(c etcdutil.Counts) etcdutil.Counts {
-							if learners {
-								return c
-							}
-							return etcdutil.Counts{Voting: c.Voting + 1, Healthy: c.Healthy}
-						}
-						switch d.Order {
-						case caprv1.ControlPlaneOrderScaleUpFirst:
-							g.Expect(etcdutil.QuorumPresent(addVoting(c))).To(BeTrue(), "while the replacement joins")
-							// Replacement healthy and voting; then the victim is removed.
-							withNew := etcdutil.Counts{Voting: v + 1, Healthy: h + 1}
-							if victim != VictimMissing {
-								g.Expect(etcdutil.CanRemoveMember(withNew, etcdutil.Victim{Healthy: victim == VictimHealthy})).To(BeTrue())
-							}
-						case caprv1.ControlPlaneOrderRemoveMemberFirst:
-							after := countsAfterRemoval(c, victim)
-							g.Expect(etcdutil.QuorumPresent(after)).To(BeTrue(), "after removal")
-							g.Expect(etcdutil.QuorumPresent(addVoting(after))).To(BeTrue(), "while the replacement joins")
-						default:
-							t.Fatalf("unexpected order %q", d.Order)
-						}
-					})
 				}
 			}
 		}
 	}
+}
+
+func checkChosenOrder(t *testing.T, v, h, u int, proven bool, victim VictimMember, learners bool) {
+	t.Helper()
+	c := quorum.Counts{Voting: v, Healthy: h, Unreachable: u, QuorumProven: proven}
+	d := ChooseOrder(OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: c, Victim: victim, AddsLearners: learners})
+	name := fmt.Sprintf("V%d_H%d_U%d_proven%t_%s_learners%t", v, h, u, proven, victim, learners)
+	t.Run(name, func(t *testing.T) {
+		g := NewWithT(t)
+		if proven {
+			g.Expect(d.WaitReason).NotTo(Equal(caprv1.MachineRemediationQuorumLostReason), d.WaitMessage)
+		}
+		if d.WaitReason != "" {
+			return
+		}
+		// The members: h up voters, the rest down (unreachable ones simulated as dead); the victim is
+		// an up voter when healthy, a down one when unhealthy.
+		var s simCluster
+		for i := range v {
+			s = append(s, simMember{name: fmt.Sprintf("m%d", i), voter: true, up: i < h})
+		}
+		victimName := ""
+		switch victim {
+		case VictimHealthy:
+			victimName = "m0"
+		case VictimUnhealthy:
+			victimName = fmt.Sprintf("m%d", v-1)
+		}
+		g.Expect(s.hasQuorum()).To(BeTrue(), "an order was chosen without quorum")
+		add := func(s simCluster, step string) simCluster {
+			g.Expect(s.acceptsAdd()).To(BeTrue(), "etcd refuses the add (%s)", step)
+			s = append(s, simMember{name: "new", voter: !learners})
+			g.Expect(s.hasQuorum()).To(BeTrue(), "quorum lost while the replacement joins (%s)", step)
+			s = s.set("new", !learners, true)
+			if learners {
+				g.Expect(s.acceptsPromote()).To(BeTrue(), "etcd refuses the promotion (%s)", step)
+				s = s.set("new", true, true)
+			}
+			g.Expect(s.hasQuorum()).To(BeTrue(), "quorum lost after the replacement joined (%s)", step)
+			return s
+		}
+		remove := func(s simCluster, step string) simCluster {
+			if victimName == "" {
+				return s
+			}
+			g.Expect(s.acceptsRemove(victimName)).To(BeTrue(), "etcd refuses the removal (%s)", step)
+			s = s.without(victimName)
+			g.Expect(s.hasQuorum()).To(BeTrue(), "quorum lost by the removal (%s)", step)
+			return s
+		}
+		switch d.Order {
+		case caprv1.ControlPlaneOrderScaleUpFirst:
+			remove(add(s, "scale up first"), "scale up first")
+		case caprv1.ControlPlaneOrderRemoveMemberFirst:
+			add(remove(s, "remove first"), "remove first")
+		default:
+			t.Fatalf("unexpected order %q", d.Order)
+		}
+	})
 }
 
 func TestCheckRetryLimits(t *testing.T) {

@@ -53,7 +53,7 @@ func TestPortForwardPathToRealEtcd(t *testing.T) {
 	}}
 	state, err := viaAPIServer.Inspect(ctx, nodes)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3}))
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
 
 	g.Expect(sb.StopKubelet(ctx, wc, nodes[0])).To(Succeed())
 	state, err = viaAPIServer.Inspect(ctx, nodes)
@@ -62,5 +62,5 @@ func TestPortForwardPathToRealEtcd(t *testing.T) {
 	g.Expect(state.Counts().Healthy).To(Equal(2))
 	truth, err := sb.EtcdState(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(truth.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3}), "the member itself is still healthy")
+	g.Expect(truth.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}), "the member itself is still healthy")
 }

@@ -44,7 +44,7 @@ func TestInspectHealthyCluster(t *testing.T) {
 	state, err := inspector(c).Inspect(context.Background(), []string{"n1", "n2", "n3"})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(state.Members).To(HaveLen(3))
-	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3}))
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
 	g.Expect(state.LeaderID).NotTo(BeZero())
 	g.Expect(state.ByID(state.LeaderID)).NotTo(BeNil())
 	g.Expect(state.Serializable).To(BeFalse())
@@ -60,7 +60,7 @@ func TestInspectDeadMemberAndLostQuorum(t *testing.T) {
 	c.Kill("n2")
 	state, err := inspector(c).Inspect(ctx, []string{"n2", "n1", "n3"}) // the dead one first: skipped
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 2}))
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}))
 	g.Expect(state.ByName("n2").Problem).To(Equal("unreachable"))
 	g.Expect(etcdutil.QuorumPresent(state.Counts())).To(BeTrue())
 

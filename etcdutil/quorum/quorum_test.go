@@ -1,0 +1,203 @@
+package quorum
+
+import (
+	"fmt"
+	"testing"
+
+	. "github.com/onsi/gomega"
+)
+
+// majority is an oracle independent of Of's formula: a group of healthy voters keeps quorum
+// when it is a strict majority of the voters.
+func majority(healthy, voting int) bool { return voting > 0 && 2*healthy > voting }
+
+func TestQuorum(t *testing.T) {
+	g := NewWithT(t)
+	for n, want := range map[int]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 4} {
+		g.Expect(Of(n)).To(Equal(want), "q(%d)", n)
+	}
+}
+
+func TestQuorumPresentEveryCombination(t *testing.T) {
+	for v := 0; v <= 7; v++ {
+		for h := 0; h <= v; h++ {
+			for l := 0; l <= 2; l++ {
+				c := Counts{Voting: v, Healthy: h, Learners: l}
+				t.Run(fmt.Sprintf("V%d_H%d_L%d", v, h, l), func(t *testing.T) {
+					NewWithT(t).Expect(Present(c)).To(Equal(majority(h, v)))
+				})
+			}
+		}
+	}
+}
+
+// etcdAcceptsAdd is etcd 3.6's own add rule, written from its source rather than from CanAddMember:
+// EtcdServer.mayAddMember (etcdserver/server.go) counts the voting members the leader is connected
+// to, itself included (numConnectedSince over RaftCluster.VotingMembers, learners never count), and
+// needs a quorum of the cluster with the new member in it (isConnectedToQuorumAfterAddingNewMemberSince),
+// except for a single-member cluster. A voting add also needs that many started members
+// (RaftCluster.IsReadyToAddVotingMember). The healthy voting members stand for the connected ones.
+func etcdAcceptsAdd(healthyVoters, voters int, learner bool) bool {
+	connected := healthyVoters
+	started := healthyVoters
+	if voters == 1 {
+		return true // both checks let a single-member cluster grow
+	}
+	if !learner && !majority(started, voters+1) {
+		return false
+	}
+	return majority(connected, voters+1)
+}
+
+func TestCanAddMemberEveryCombination(t *testing.T) {
+	for v := 1; v <= 7; v++ {
+		for h := 0; h <= v; h++ {
+			for l := 0; l <= 2; l++ {
+				for _, learner := range []bool{true, false} {
+					c := Counts{Voting: v, Healthy: h, Learners: l}
+					t.Run(fmt.Sprintf("V%d_H%d_L%d_learner%t", v, h, l, learner), func(t *testing.T) {
+						// Quorum must be there, and etcd must accept the add.
+						want := majority(h, v) && etcdAcceptsAdd(h, v, learner)
+						if !learner {
+							// The new voter is unhealthy until seen healthy: the healthy ones must be a
+							// majority of the enlarged cluster (stricter than etcd for one member).
+							want = want && majority(h, v+1)
+						}
+						NewWithT(t).Expect(CanAddMember(c, learner)).To(Equal(want))
+					})
+				}
+			}
+		}
+	}
+}
+
+func TestCanAddLearnerKnownCases(t *testing.T) {
+	tests := []struct {
+		name   string
+		counts Counts
+		want   bool
+	}{
+		{"3 of 3 healthy: the leader reaches 3 of 4", Counts{Voting: 3, Healthy: 3}, true},
+		{"2 of 3 healthy: 2 of 4 is no quorum, etcd refuses even a learner", Counts{Voting: 3, Healthy: 2}, false},
+		{"4 of 5 healthy: 4 of 6", Counts{Voting: 5, Healthy: 4}, true},
+		{"3 of 5 healthy: 3 of 6 is no quorum", Counts{Voting: 5, Healthy: 3}, false},
+		{"2 of 2 healthy: 2 of 3", Counts{Voting: 2, Healthy: 2}, true},
+		{"single member: may always grow", Counts{Voting: 1, Healthy: 1}, true},
+		{"learners do not count towards the quorum", Counts{Voting: 3, Healthy: 2, Learners: 2}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			NewWithT(t).Expect(CanAddMember(tt.counts, true)).To(Equal(tt.want))
+		})
+	}
+}
+
+func TestCanRemoveMemberEveryCombination(t *testing.T) {
+	for v := 1; v <= 7; v++ {
+		for h := 0; h <= v; h++ {
+			for l := 0; l <= 2; l++ {
+				for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
+					if victim.Healthy && h == 0 {
+						continue // a healthy victim needs at least one healthy member
+					}
+					if victim.Learner && l == 0 {
+						continue // a learner victim needs at least one learner
+					}
+					if !victim.Healthy && !victim.Learner && h == v {
+						continue // an unhealthy voting victim needs an unhealthy member
+					}
+					c := Counts{Voting: v, Healthy: h, Learners: l}
+					name := fmt.Sprintf("V%d_H%d_L%d_healthy%t_learner%t", v, h, l, victim.Healthy, victim.Learner)
+					t.Run(name, func(t *testing.T) {
+						var want bool
+						switch {
+						case !majority(h, v):
+							want = false // quorum already lost: nothing automatic
+						case victim.Learner:
+							want = true
+						case l > 0:
+							want = false // a learner pending promotion
+						default:
+							hAfter := h
+							if victim.Healthy {
+								hAfter--
+							}
+							want = v-1 >= 1 && majority(hAfter, v-1)
+						}
+						NewWithT(t).Expect(CanRemoveMember(c, victim)).To(Equal(want))
+					})
+				}
+			}
+		}
+	}
+}
+
+func TestCanRemoveMemberKnownCases(t *testing.T) {
+	tests := []struct {
+		name   string
+		counts Counts
+		victim Victim
+		want   bool
+	}{
+		{"3 members, dead victim: 2 of 2 remain", Counts{Voting: 3, Healthy: 2, Learners: 0}, Victim{}, true},
+		{"3 members all healthy, healthy victim: 2 of 2 remain", Counts{Voting: 3, Healthy: 3, Learners: 0}, Victim{Healthy: true}, true},
+		{"3 members, one other dead, healthy victim: 1 of 2 would lose quorum", Counts{Voting: 3, Healthy: 2, Learners: 0}, Victim{Healthy: true}, false},
+		{"3 members, two dead: quorum already lost", Counts{Voting: 3, Healthy: 1, Learners: 0}, Victim{}, false},
+		{"5 members, two dead, dead victim: 3 of 4", Counts{Voting: 5, Healthy: 3, Learners: 0}, Victim{}, true},
+		{"4 voters after scale-up, healthy victim: 3 of 3", Counts{Voting: 4, Healthy: 4, Learners: 0}, Victim{Healthy: true}, true},
+		{"learner pending promotion blocks removal", Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim{Healthy: true}, false},
+		{"never the last member", Counts{Voting: 1, Healthy: 1, Learners: 0}, Victim{Healthy: true}, false},
+		{"2 members, dead victim: 1 of 1", Counts{Voting: 2, Healthy: 1, Learners: 0}, Victim{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			NewWithT(t).Expect(CanRemoveMember(tt.counts, tt.victim)).To(Equal(tt.want))
+		})
+	}
+}
+
+func TestMaxUnhealthyControlPlane(t *testing.T) {
+	g := NewWithT(t)
+	for n, want := range map[int]int{0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3} {
+		g.Expect(MaxUnhealthyControlPlane(n)).To(Equal(want), "n=%d", n)
+	}
+	g.Expect(EffectiveControlPlaneLimit(-1, 5)).To(Equal(2))
+	g.Expect(EffectiveControlPlaneLimit(1, 5)).To(Equal(1))
+	g.Expect(EffectiveControlPlaneLimit(10, 7)).To(Equal(3))
+	g.Expect(EffectiveControlPlaneLimit(0, 3)).To(Equal(0))
+}
+
+// A linearizable read proves quorum whatever H says; a node-local (serializable) view never shows it.
+func TestPresentAndLostWithProof(t *testing.T) {
+	tests := []struct {
+		name          string
+		counts        Counts
+		present, lost bool
+	}{
+		{"no proof, majority healthy", Counts{Voting: 3, Healthy: 2}, true, false},
+		{"no proof, minority healthy", Counts{Voting: 3, Healthy: 1}, false, true},
+		{"proven, two unreachable", Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}, true, false},
+		{"node-local view, all healthy", Counts{Voting: 3, Healthy: 3, Serializable: true}, false, true},
+		{"node-local view, two unreachable", Counts{Voting: 3, Unreachable: 2, Serializable: true}, false, true},
+		{"no members", Counts{}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			g.Expect(Present(tt.counts)).To(Equal(tt.present))
+			g.Expect(Lost(tt.counts)).To(Equal(tt.lost))
+		})
+	}
+}
+
+// Unreachable members count as unhealthy for every change, even with quorum proven.
+func TestUnreachableMembersCountAsUnhealthy(t *testing.T) {
+	g := NewWithT(t)
+	proven := Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}
+	g.Expect(CanAddMember(proven, true)).To(BeFalse())
+	g.Expect(CanAddMember(proven, false)).To(BeFalse())
+	g.Expect(CanRemoveMember(proven, Victim{})).To(BeFalse())
+	serializable := Counts{Voting: 3, Healthy: 3, Serializable: true}
+	g.Expect(CanAddMember(serializable, true)).To(BeFalse())
+	g.Expect(CanRemoveMember(serializable, Victim{})).To(BeFalse())
+}

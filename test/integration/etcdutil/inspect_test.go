@@ -1,0 +1,143 @@
+package etcdutil_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/etcdutil/quorum"
+)
+
+// countingConnector counts the dials per node.
+type countingConnector struct {
+	inner etcdutil.Connector
+	mu    sync.Mutex
+	dials map[string]int
+}
+
+func (c *countingConnector) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
+	c.mu.Lock()
+	if c.dials == nil {
+		c.dials = map[string]int{}
+	}
+	c.dials[node]++
+	c.mu.Unlock()
+	return c.inner.Connect(ctx, node)
+}
+
+func (c *countingConnector) counts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.dials {
+		out[k] = v
+	}
+	return out
+}
+
+// blackhole accepts TCP connections and never answers: a member behind it is alive for etcd but
+// cannot be reached (as behind a node whose kubelet is down); a dial to it hangs until its timeout.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+// Two of three members cannot be reached but run: the linearizable member list answered through the
+// third proves quorum. The state must say so (never "quorum lost"), count the two as unreachable, and
+// dial every node once although the unreachable ones are listed first.
+func TestInspectQuorumProvenWithUnreachableMembers(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	direct := c.Direct()
+	hole := blackhole(t)
+	direct.Endpoints["n2"], direct.Endpoints["n3"] = hole, hole
+	direct.DialTimeout = time.Second
+	conn := &countingConnector{inner: direct}
+	ec := &etcdutil.Cluster{Connector: conn, CallTimeout: 2 * time.Second}
+
+	state, err := ec.Inspect(context.Background(), []string{"n2", "n3", "n1"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.QuorumProven).To(BeTrue())
+	g.Expect(state.Serializable).To(BeFalse())
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}))
+	g.Expect(quorum.Present(state.Counts())).To(BeTrue(), "a linearizable read proves quorum")
+	g.Expect(quorum.Lost(state.Counts())).To(BeFalse())
+	g.Expect(state.UnreachableNames()).To(Equal([]string{"n2", "n3"}))
+	g.Expect(state.ByName("n2").Problem).To(Equal("unreachable"))
+	g.Expect(state.ByName("n1").Healthy).To(BeTrue())
+	// Parallel and remembered: each node dialled once (the old sequential code dialled the
+	// unreachable nodes for the member list and again for their status).
+	g.Expect(conn.counts()).To(Equal(map[string]int{"n1": 1, "n2": 1, "n3": 1}))
+}
+
+// Clients are shared through a ClientCache: repeated inspections dial each member once; Retain and
+// Forget close the clients of Machines and clusters that are gone.
+func TestClientCacheSharesClients(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	conn := &countingConnector{inner: c.Direct()}
+	cache := &etcdutil.ClientCache{}
+	ec := &etcdutil.Cluster{Connector: cache.For("cluster-a", 1, conn), CallTimeout: 2 * time.Second}
+	ctx := context.Background()
+	for range 3 {
+		state, err := ec.Inspect(ctx, []string{"n1", "n2", "n3"})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(state.Counts().Healthy).To(Equal(3))
+	}
+	g.Expect(conn.counts()).To(Equal(map[string]int{"n1": 1, "n2": 1, "n3": 1}))
+	g.Expect(cache.Len()).To(Equal(3))
+
+	// Another generation (a renewed certificate) replaces the clients.
+	ec2 := &etcdutil.Cluster{Connector: cache.For("cluster-a", 2, conn), CallTimeout: 2 * time.Second}
+	_, err := ec2.Inspect(ctx, []string{"n1"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(conn.counts()).To(Equal(map[string]int{"n1": 2, "n2": 2, "n3": 2}))
+	g.Expect(cache.Len()).To(Equal(3))
+
+	cache.Retain("cluster-a", []string{"n1", "n2"})
+	g.Expect(cache.Len()).To(Equal(2))
+	cache.Forget("cluster-a")
+	g.Expect(cache.Len()).To(Equal(0))
+
+	// A member that dies: its client fails, is discarded, and the member shows unreachable.
+	_, err = ec.Inspect(ctx, []string{"n1"})
+	g.Expect(err).NotTo(HaveOccurred())
+	c.Kill("n3")
+	g.Eventually(func(g Gomega) {
+		state, err := ec.Inspect(ctx, []string{"n1"})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(state.ByName("n3").Problem).To(Equal("unreachable"))
+	}, 20*time.Second, 200*time.Millisecond).Should(Succeed())
+	g.Expect(cache.Len()).To(Equal(2), "the dead member's client is not kept")
+}
