@@ -234,7 +234,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}()
 
 	if terminal(mr) {
-		return r.reconcileTerminal(ctx, s)
+		return r.reconcileTerminal(ctx, s), nil
 	}
 	if !machineGone && !util.IsControlPlaneMachine(machine) {
 		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)

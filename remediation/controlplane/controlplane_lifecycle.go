@@ -41,11 +41,11 @@ func terminal(mr *caprv1.MachineRemediation) bool {
 // reconcileTerminal handles finished requests: a deleted one lets go of its finalizer, a Failed one
 // with the retry annotation starts again from Pending. A finished request holds nothing (succeed and
 // fail release the lock before they record the phase).
-func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) ctrl.Result {
 	mr := s.mr
 	if !mr.DeletionTimestamp.IsZero() {
 		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
-		return ctrl.Result{}, nil
+		return ctrl.Result{}
 	}
 	if _, ok := mr.Annotations[caprv1.RetryAnnotation]; ok && mr.Status.Phase == caprv1.MachineRemediationPhaseFailed {
 		delete(mr.Annotations, caprv1.RetryAnnotation)
@@ -55,9 +55,9 @@ func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) (ctrl.Resu
 		msg := fmt.Sprintf("Retry requested: the remediation starts again (it had failed: %s)", previous)
 		r.event(mr, corev1.EventTypeNormal, EventRemediationRetried, msg)
 		ctrl.LoggerFrom(ctx).Info("Failed control-plane remediation retried on request")
-		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+		return ctrl.Result{RequeueAfter: time.Millisecond}
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{}
 }
 
 // reconcileDelete aborts: undo before the point of no return, finish after it.

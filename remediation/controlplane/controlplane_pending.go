@@ -130,8 +130,8 @@ func (r *Reconciler) startPreconditions(ctx context.Context, s *scope) (RetryDec
 		return retry, &waiting{reason: caprv1.MachineRemediationAnotherRemediationInProgressReason, requeue: waitLong, message: fmt.Sprintf(
 			"the remediation of control-plane Machine %s is in progress; control-plane Machines are remediated one at a time", other)}, nil
 	}
-	if _, err := Replicas(s.cp); err != nil {
-		return retry, &waiting{reason: caprv1.MachineRemediationWaitingForPreconditionsReason, message: err.Error(), requeue: waitLong}, nil
+	if _, replicasErr := Replicas(s.cp); replicasErr != nil {
+		return retry, &waiting{reason: caprv1.MachineRemediationWaitingForPreconditionsReason, message: replicasErr.Error(), requeue: waitLong}, nil //nolint:nilerr // a control plane without spec.replicas is a reason to wait, said in the condition
 	}
 	return retry, nil, nil
 }

@@ -11,7 +11,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util/annotations"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -147,10 +146,6 @@ func (r *Reconciler) inspectEtcd(ctx context.Context, s *scope) (*etcdutil.State
 	}
 	s.etcdState, s.etcdErr = s.etcd.Inspect(ctx, s.nodes())
 	return s.etcdState, s.etcdErr
-}
-
-func initialized(cluster *clusterv1.Cluster) bool {
-	return conditions.IsTrue(cluster, clusterv1.ClusterControlPlaneInitializedCondition)
 }
 
 // lock returns who holds the control plane (nil when nobody).

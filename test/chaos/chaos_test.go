@@ -264,7 +264,6 @@ func runScenario(t *testing.T, seed int64) {
 	victims := map[string]bool{}
 	skipped := map[string]bool{}
 	for _, f := range p.faults {
-		f := f
 		m := machines[f.target]
 		if f.kind.machineFault() {
 			if f.kind == stopLeaderKubelet {
@@ -318,7 +317,7 @@ func runScenario(t *testing.T, seed int64) {
 	cp := &sbcontrolplanev1.SandboxControlPlane{}
 	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: wc.Name + "-cp"}, cp)).To(Succeed())
 	g.Expect(*cp.Spec.Replicas).To(Equal(p.size), "seed %d: control-plane replicas at rest", seed)
-	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "seed %d: lock left at rest", seed)
+	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "seed %d: lock left at rest (%s)", seed, requestsSummary(wc))
 	now, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(now).To(HaveLen(int(p.size)), "seed %d: control-plane Machines at rest", seed)
@@ -399,6 +398,20 @@ func atRest(wc *sandbox.WorkloadCluster, victims, skipped map[string]bool) error
 		}
 	}
 	return nil
+}
+
+// requestsSummary says what each request of the cluster is doing (for failure messages).
+func requestsSummary(wc *sandbox.WorkloadCluster) string {
+	list := &caprv1.MachineRemediationList{}
+	if err := sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)); err != nil {
+		return err.Error()
+	}
+	out := ""
+	for _, mr := range list.Items {
+		out += fmt.Sprintf("%s: %s step %q (%s: %s); ", mr.Name, mr.Status.Phase, mr.Status.CurrentStep,
+			conditions.GetReason(&mr, caprv1.MachineRemediationProgressingCondition), conditions.GetMessage(&mr, caprv1.MachineRemediationProgressingCondition))
+	}
+	return out
 }
 
 // healthCheckRefusal is the message of the health check's RemediationAllowed=False ("" otherwise).
@@ -541,7 +554,7 @@ func annotateMachine(wc *sandbox.WorkloadCluster, name, key string) error {
 func waitGone(obj client.Object, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if err := sb.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); client.IgnoreNotFound(err) == nil && err != nil {
+		if err := sb.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); apierrors.IsNotFound(err) {
 			return nil
 		}
 		select {
