@@ -17,14 +17,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
@@ -40,16 +37,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(zap.New(zap.Level(zapcore.Level(2))))
-	var err error
-	sb, err = sandbox.Start(ctx)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	sb.Stop()
-	os.Exit(code)
+	os.Exit(sandbox.RunTests(m, func(s *sandbox.Sandbox) { sb = s }))
 }
 
 // Environment variables set by `make chaos`.
@@ -317,7 +305,7 @@ func runScenario(t *testing.T, seed int64) {
 	cp := &sbcontrolplanev1.SandboxControlPlane{}
 	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: wc.Name + "-cp"}, cp)).To(Succeed())
 	g.Expect(*cp.Spec.Replicas).To(Equal(p.size), "seed %d: control-plane replicas at rest", seed)
-	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "seed %d: lock left at rest (%s)", seed, requestsSummary(wc))
+	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "seed %d: lock %q left at rest (%s)", seed, cp.Annotations[caprv1.ControlPlaneLockAnnotation], requestsSummary(wc))
 	now, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(now).To(HaveLen(int(p.size)), "seed %d: control-plane Machines at rest", seed)
@@ -459,7 +447,7 @@ func inject(t *testing.T, wc *sandbox.WorkloadCluster, kind faultKind, m cluster
 	case stripLock:
 		forDuration(stop, 20*time.Second, func() { stripLockOnce(wc) })
 	case skipRemediation:
-		err = annotateMachine(wc, m.Name, clusterv1.MachineSkipRemediationAnnotation)
+		err = client.IgnoreNotFound(sb.AnnotateMachine(ctx, wc, m.Name, clusterv1.MachineSkipRemediationAnnotation, true))
 	case writeConflicts:
 		forDuration(stop, 15*time.Second, func() { touchAll(wc) })
 	case crashController:
@@ -539,16 +527,6 @@ func touchAll(wc *sandbox.WorkloadCluster) {
 			_ = sb.Client.Patch(ctx, mr, client.MergeFrom(base))
 		}
 	}
-}
-
-func annotateMachine(wc *sandbox.WorkloadCluster, name, key string) error {
-	m := &clusterv1.Machine{}
-	if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, m); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	base := m.DeepCopy()
-	metav1.SetMetaDataAnnotation(&m.ObjectMeta, key, "")
-	return sb.Client.Patch(ctx, m, client.MergeFrom(base))
 }
 
 func waitGone(obj client.Object, timeout time.Duration) error {

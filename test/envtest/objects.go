@@ -36,9 +36,20 @@ func NewCluster(namespace, name string, controlPlane clusterv1.ContractVersioned
 	}
 }
 
-// SetClusterReady sets the Cluster's InfrastructureReady and (if initialized) ControlPlaneInitialized
-// conditions, as CAPI's Cluster controller would.
-func SetClusterReady(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, initialized bool) error {
+// ClusterStatus is what SetClusterStatus reports about a Cluster.
+type ClusterStatus int
+
+const (
+	// ControlPlaneInitialized means infrastructure ready and the control plane initialized.
+	ControlPlaneInitialized ClusterStatus = iota
+	// InfrastructureReadyOnly means infrastructure ready, the control plane not initialized yet.
+	InfrastructureReadyOnly
+)
+
+// SetClusterReady sets the Cluster's InfrastructureReady and ControlPlaneInitialized conditions (and
+// status.initialization) as CAPI's Cluster controller would.
+func SetClusterReady(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, state ClusterStatus) error {
+	initialized := state == ControlPlaneInitialized
 	base := cluster.DeepCopy()
 	conditions.Set(cluster, metav1.Condition{Type: clusterv1.ClusterInfrastructureReadyCondition, Status: metav1.ConditionTrue, Reason: "Ready"})
 	status := metav1.ConditionFalse
@@ -64,9 +75,8 @@ func CreateKubeconfigSecret(ctx context.Context, c client.Client, cfg *rest.Conf
 	return nil
 }
 
-// NewMachine returns a Machine of cluster with the CAPI contract's required fields; controlPlane adds
-// the cluster.x-k8s.io/control-plane label.
-func NewMachine(namespace, cluster, name string, controlPlane bool) *clusterv1.Machine {
+// NewMachine returns a Machine of cluster with the CAPI contract's required fields.
+func NewMachine(namespace, cluster, name string, opts ...MachineOption) *clusterv1.Machine {
 	m := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: namespace,
@@ -81,11 +91,17 @@ func NewMachine(namespace, cluster, name string, controlPlane bool) *clusterv1.M
 			},
 		},
 	}
-	if controlPlane {
-		m.Labels[clusterv1.MachineControlPlaneLabel] = ""
+	for _, o := range opts {
+		o(m)
 	}
 	return m
 }
+
+// MachineOption changes a Machine made by NewMachine.
+type MachineOption func(*clusterv1.Machine)
+
+// AsControlPlane labels the Machine cluster.x-k8s.io/control-plane.
+func AsControlPlane(m *clusterv1.Machine) { m.Labels[clusterv1.MachineControlPlaneLabel] = "" }
 
 // SetMachineNode sets the Machine's nodeRef and InfrastructureReady condition, as CAPI's Machine
 // controller would once the Node exists.

@@ -243,14 +243,14 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	if err := c.Create(ctx, cluster); err != nil {
 		return nil, fmt.Errorf("creating Cluster: %w", err)
 	}
-	if err := capienv.SetClusterReady(ctx, c, cluster, false); err != nil {
+	if err := capienv.SetClusterReady(ctx, c, cluster, capienv.InfrastructureReadyOnly); err != nil {
 		return nil, err
 	}
 	if err := capienv.CreateKubeconfigSecret(ctx, c, s.Env.Config, cluster); err != nil {
 		return nil, err
 	}
 	for i := range spec.Workers {
-		m := capienv.NewMachine(ns, name, fmt.Sprintf("%s-worker-%d", name, i), false)
+		m := capienv.NewMachine(ns, name, fmt.Sprintf("%s-worker-%d", name, i))
 		if err := c.Create(ctx, m); err != nil {
 			return nil, fmt.Errorf("creating worker Machine: %w", err)
 		}

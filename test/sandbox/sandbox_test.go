@@ -2,15 +2,11 @@ package sandbox_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/capr-io/capr/etcdutil"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -20,16 +16,7 @@ import (
 var sb *sandbox.Sandbox
 
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
-	var err error
-	sb, err = sandbox.Start(context.Background())
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	sb.Stop()
-	os.Exit(code)
+	os.Exit(sandbox.RunTests(m, func(s *sandbox.Sandbox) { sb = s }))
 }
 
 // TestPortForwardPathToRealEtcd reaches every member through the API server's pods/portforward and

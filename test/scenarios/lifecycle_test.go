@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,6 +59,15 @@ func eventCount(g Gomega, namespace, name, reason string) int {
 	return n
 }
 
+// expectRequestGone waits until the request named after a Machine no longer exists.
+func expectRequestGone(t *testing.T, wc *sandbox.WorkloadCluster, name string) {
+	t.Helper()
+	NewWithT(t).Eventually(func(g Gomega) {
+		err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, &caprv1.MachineRemediation{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "request %s still there (err: %v)", name, err)
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+}
+
 // pendingRequest creates a MachineRemediation by hand for a Machine.
 func pendingRequest(g Gomega, wc *sandbox.WorkloadCluster, machine string, source caprv1.RemediationSource) {
 	mr := &caprv1.MachineRemediation{
@@ -74,9 +85,7 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t)
 	victim := controlPlane(g, wc)[1]
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 
 	sb.HoldProvisioning(wc, true)
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -90,11 +99,7 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 	// The health check goes first, so that it does not ask again for the still-broken Machine.
 	g.Expect(sb.Client.DeleteAllOf(ctx, &caprv1.MachineHealthCheck{}, client.InNamespace(wc.Namespace))).To(Succeed())
 	g.Expect(sb.Client.Delete(ctx, getRemediation(g, wc, victim.Name))).To(Succeed())
-	g.Eventually(func(g Gomega) {
-		err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim.Name}, &caprv1.MachineRemediation{})
-		g.Expect(client.IgnoreNotFound(err)).To(Succeed())
-		g.Expect(err).To(HaveOccurred(), "the request is still there")
-	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+	expectRequestGone(t, wc, victim.Name)
 	cp := controlPlaneObject(g, wc)
 	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3), "replicas left at the surge size")
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "lock left behind")
@@ -113,9 +118,7 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To[int32](3)}
 	}))
 	victim := controlPlane(g, wc)[1]
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 
 	sb.HoldProvisioning(wc, true)
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -152,9 +155,7 @@ func TestLostLockNeverAllowsTwoRunning(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t, withControlPlane(5))
 	machines := controlPlane(g, wc)
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 	running := sb.WatchRunning(ctx, wc)
 
 	stop := make(chan struct{})
@@ -194,9 +195,7 @@ func TestStaleLockHoldersDoNotBlock(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t)
 	machines := controlPlane(g, wc)
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 
 	// A request whose Machine is gone, holding the lock (a start that crashed, then the Machine went).
 	pendingRequest(g, wc, "gone", caprv1.MachineRemediationSourceHealthCheck)
@@ -230,32 +229,16 @@ func TestStopSignals(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t)
 	machines := controlPlane(g, wc)
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 
 	annotate := func(m clusterv1.Machine, key string, set bool) {
-		live := getMachine(g, wc, m.Name)
-		base := live.DeepCopy()
-		if live.Annotations == nil {
-			live.Annotations = map[string]string{}
-		}
-		if set {
-			live.Annotations[key] = ""
-		} else {
-			delete(live.Annotations, key)
-		}
-		g.Expect(sb.Client.Patch(ctx, live, client.MergeFrom(base))).To(Succeed())
+		g.Expect(sb.AnnotateMachine(ctx, wc, m.Name, key, set)).To(Succeed())
 	}
 
 	skipped := machines[0]
 	annotate(skipped, clusterv1.MachineSkipRemediationAnnotation, true)
 	pendingRequest(g, wc, skipped.Name, caprv1.MachineRemediationSourceManual)
-	g.Eventually(func(g Gomega) {
-		err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: skipped.Name}, &caprv1.MachineRemediation{})
-		g.Expect(client.IgnoreNotFound(err)).To(Succeed())
-		g.Expect(err).To(HaveOccurred(), "the request of a Machine that skips remediation was not withdrawn")
-	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+	expectRequestGone(t, wc, skipped.Name)
 
 	paused := machines[1]
 	annotate(paused, clusterv1.PausedAnnotation, true)
@@ -280,9 +263,7 @@ func TestUninitializedControlPlaneFailsClosedThenReplacesWithShippedRBAC(t *test
 	g := NewWithT(t)
 	wc := newCluster(t)
 	machines := controlPlane(g, wc)
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 
 	cluster := &clusterv1.Cluster{}
 	g.Expect(sb.Client.Get(ctx, wc.Key(), cluster)).To(Succeed())
@@ -300,7 +281,7 @@ func TestUninitializedControlPlaneFailsClosedThenReplacesWithShippedRBAC(t *test
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
 
 	g.Expect(sb.Client.Get(ctx, wc.Key(), cluster)).To(Succeed())
-	g.Expect(capienv.SetClusterReady(ctx, sb.Client, cluster, false)).To(Succeed())
+	g.Expect(capienv.SetClusterReady(ctx, sb.Client, cluster, capienv.InfrastructureReadyOnly)).To(Succeed())
 	mr := waitRemediated(t, wc, victim.Name, 3)
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderReplace))
 }

@@ -11,7 +11,6 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/controlplane"
-	"github.com/capr-io/capr/test/sandbox"
 )
 
 // TestNodeNotReadyMemberHealthyScalesUpFirst: the Node stops reporting but its etcd member is
@@ -23,9 +22,7 @@ func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
 	check := writeData(t, wc)
 	machines := controlPlane(g, wc)
 	victim := machines[1]
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 	watch := sb.WatchQuorum(ctx, wc)
 
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -54,9 +51,7 @@ func TestDeadMemberRemovesFirst(t *testing.T) {
 	wc := newCluster(t)
 	check := writeData(t, wc)
 	victim := controlPlane(g, wc)[0]
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 	watch := sb.WatchQuorum(ctx, wc)
 
 	sb.KillEtcdMember(wc, victim.Status.NodeRef.Name)
@@ -90,9 +85,7 @@ func TestLeaderWithUnreachableKubeletIsRemovedAnyway(t *testing.T) {
 		}
 	}
 	g.Expect(victim).NotTo(BeEmpty())
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 	watch := sb.WatchQuorum(ctx, wc)
 
 	g.Expect(sb.StopKubelet(ctx, wc, leaderNode)).To(Succeed())
@@ -122,9 +115,7 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	check := writeData(t, wc)
 	machines := controlPlane(g, wc)
 	a, b := machines[0], machines[3]
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 	watch := sb.WatchQuorum(ctx, wc)
 
 	sb.KillEtcdMember(wc, a.Status.NodeRef.Name)
@@ -160,9 +151,7 @@ func TestQuorumLostDoesNothing(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t)
 	machines := controlPlane(g, wc)
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer capr.Stop()
+	startCAPR(t)
 
 	sb.KillEtcdMember(wc, machines[0].Status.NodeRef.Name)
 	sb.KillEtcdMember(wc, machines[1].Status.NodeRef.Name)

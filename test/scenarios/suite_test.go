@@ -8,11 +8,8 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -31,20 +28,16 @@ var (
 const remediationTimeout = 3 * time.Minute
 
 func TestMain(m *testing.M) {
-	level := 2 // errors only
-	if os.Getenv("CAPR_TEST_VERBOSE") != "" {
-		level = -4
-	}
-	ctrl.SetLogger(zap.New(zap.Level(zapLevel(level))))
-	var err error
-	sb, err = sandbox.Start(ctx)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	sb.Stop()
-	os.Exit(code)
+	os.Exit(sandbox.RunTests(m, func(s *sandbox.Sandbox) { sb = s }))
+}
+
+// startCAPR starts CAPR's manager (with the RBAC it ships) for the rest of the test.
+func startCAPR(t testing.TB) *sandbox.CAPR {
+	t.Helper()
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capr.Stop)
+	return capr
 }
 
 // clusterOptions configure newCluster.
@@ -177,5 +170,3 @@ func getMachine(g Gomega, wc *sandbox.WorkloadCluster, name string) *clusterv1.M
 	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, m)).To(Succeed())
 	return m
 }
-
-func zapLevel(l int) zapcore.Level { return zapcore.Level(l) }

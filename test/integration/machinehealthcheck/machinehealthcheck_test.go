@@ -81,7 +81,7 @@ func newFixture(t *testing.T, g *WithT, cpReplicas int32) *fixture {
 	}
 	f.cluster = capienv.NewCluster(ns, "c1", cpRef)
 	g.Expect(k8sClient.Create(ctx, f.cluster)).To(Succeed())
-	g.Expect(capienv.SetClusterReady(ctx, k8sClient, f.cluster, true)).To(Succeed())
+	g.Expect(capienv.SetClusterReady(ctx, k8sClient, f.cluster, capienv.ControlPlaneInitialized)).To(Succeed())
 	g.Expect(capienv.CreateKubeconfigSecret(ctx, k8sClient, testEnv.Config, f.cluster)).To(Succeed())
 	return f
 }
@@ -134,7 +134,10 @@ func (f *fixture) machine(g *WithT, name string, options ...machineOption) *clus
 	for _, o := range options {
 		o(&spec)
 	}
-	m := capienv.NewMachine(f.ns, f.cluster.Name, name, spec.controlPlane)
+	m := capienv.NewMachine(f.ns, f.cluster.Name, name)
+	if spec.controlPlane {
+		capienv.AsControlPlane(m)
+	}
 	m.Labels["pool"] = "a"
 	if len(spec.annotations) > 0 {
 		m.Annotations = spec.annotations
@@ -403,10 +406,10 @@ func TestNodeStartupTimeoutAndMissingNode(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	noNode := capienv.NewMachine(f.ns, f.cluster.Name, "no-node", false)
+	noNode := capienv.NewMachine(f.ns, f.cluster.Name, "no-node")
 	noNode.Labels["pool"] = "a"
 	g.Expect(k8sClient.Create(ctx, noNode)).To(Succeed())
-	gone := capienv.NewMachine(f.ns, f.cluster.Name, "gone", false)
+	gone := capienv.NewMachine(f.ns, f.cluster.Name, "gone")
 	gone.Labels["pool"] = "a"
 	g.Expect(k8sClient.Create(ctx, gone)).To(Succeed())
 	g.Expect(capienv.SetMachineNode(ctx, k8sClient, gone, f.ns+"-never-created")).To(Succeed())
@@ -491,11 +494,11 @@ func TestSkipRemediationAndPausedMachinesAreNotTargets(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	long := time.Now().Add(-time.Hour)
-	skipped := capienv.NewMachine(f.ns, f.cluster.Name, "skipped", false)
+	skipped := capienv.NewMachine(f.ns, f.cluster.Name, "skipped")
 	skipped.Labels["pool"] = "a"
 	skipped.Annotations = map[string]string{clusterv1.MachineSkipRemediationAnnotation: ""}
 	g.Expect(k8sClient.Create(ctx, skipped)).To(Succeed())
-	paused := capienv.NewMachine(f.ns, f.cluster.Name, "paused", false)
+	paused := capienv.NewMachine(f.ns, f.cluster.Name, "paused")
 	paused.Labels["pool"] = "a"
 	paused.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
 	g.Expect(k8sClient.Create(ctx, paused)).To(Succeed())
@@ -524,19 +527,25 @@ func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
 	}, 2*time.Second, poll).Should(Succeed())
 }
 
-func TestUnreachableWorkloadClusterMarksNothing(t *testing.T) {
-	t.Parallel()
-	g := NewWithT(t)
+// unreachableCluster creates a ready Cluster "far" in a new namespace (returned) whose kubeconfig
+// points at a port nothing listens on: its workload cluster cannot be reached.
+func unreachableCluster(g Gomega) string {
 	ns, err := capienv.CreateNamespace(ctx, k8sClient, "mhc")
 	g.Expect(err).NotTo(HaveOccurred())
 	cluster := capienv.NewCluster(ns, "far", clusterv1.ContractVersionedObjectReference{})
 	g.Expect(k8sClient.Create(ctx, cluster)).To(Succeed())
-	g.Expect(capienv.SetClusterReady(ctx, k8sClient, cluster, true)).To(Succeed())
-	// A kubeconfig that points at a port nothing listens on: the workload cluster is unreachable.
+	g.Expect(capienv.SetClusterReady(ctx, k8sClient, cluster, capienv.ControlPlaneInitialized)).To(Succeed())
 	cfg := *testEnv.Config
 	cfg.Host = "https://127.0.0.1:1"
 	g.Expect(k8sClient.Create(ctx, kubeconfig.GenerateSecret(cluster, kubeconfig.FromEnvTestConfig(&cfg, cluster)))).To(Succeed())
-	m := capienv.NewMachine(ns, "far", "m", false)
+	return ns
+}
+
+func TestUnreachableWorkloadClusterMarksNothing(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ns := unreachableCluster(g)
+	m := capienv.NewMachine(ns, "far", "m")
 	m.Labels["pool"] = "a"
 	// Even a remediate-machine request waits: nothing is marked while the cluster cannot be seen.
 	m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
@@ -804,14 +813,7 @@ func TestNoUnreachableWarningBeforeTheFirstConnection(t *testing.T) {
 func TestUnreachableWarningOncePerTransition(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
-	ns, err := capienv.CreateNamespace(ctx, k8sClient, "mhc")
-	g.Expect(err).NotTo(HaveOccurred())
-	cluster := capienv.NewCluster(ns, "far", clusterv1.ContractVersionedObjectReference{})
-	g.Expect(k8sClient.Create(ctx, cluster)).To(Succeed())
-	g.Expect(capienv.SetClusterReady(ctx, k8sClient, cluster, true)).To(Succeed())
-	cfg := *testEnv.Config
-	cfg.Host = "https://127.0.0.1:1"
-	g.Expect(k8sClient.Create(ctx, kubeconfig.GenerateSecret(cluster, kubeconfig.FromEnvTestConfig(&cfg, cluster)))).To(Succeed())
+	ns := unreachableCluster(g)
 	g.Expect(k8sClient.Create(ctx, &caprv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
 		Spec: caprv1.MachineHealthCheckSpec{
@@ -823,7 +825,7 @@ func TestUnreachableWarningOncePerTransition(t *testing.T) {
 	// reconciles follow each other faster than the health check's own status patch reaches the cache.
 	machines := make([]*clusterv1.Machine, 0, 5)
 	for i := range 5 {
-		m := capienv.NewMachine(ns, "far", fmt.Sprintf("m-%d", i), false)
+		m := capienv.NewMachine(ns, "far", fmt.Sprintf("m-%d", i))
 		m.Labels["pool"] = "a"
 		g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
 		machines = append(machines, m)

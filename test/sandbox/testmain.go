@@ -1,0 +1,52 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"go.uber.org/zap/zapcore"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+// VerboseEnv is the environment variable that, when set, makes the controllers under test log everything (not just errors).
+const VerboseEnv = "CAPR_TEST_VERBOSE"
+
+// RunTests is the TestMain of a package whose tests run on the sandbox: it starts the sandbox, hands
+// it to set, runs the tests, stops the sandbox and returns the exit code for os.Exit.
+func RunTests(m *testing.M, set func(*Sandbox)) int {
+	level := zapcore.DPanicLevel // controller errors are expected in fault tests; failures speak for themselves
+	if os.Getenv(VerboseEnv) != "" {
+		level = zapcore.Level(-4)
+	}
+	ctrl.SetLogger(zap.New(zap.Level(level)))
+	sb, err := Start(context.Background())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
+		return 1
+	}
+	defer sb.Stop()
+	set(sb)
+	return m.Run()
+}
+
+// AnnotateMachine sets (or, with set false, removes) an annotation on a Machine of the cluster.
+func (s *Sandbox) AnnotateMachine(ctx context.Context, wc *WorkloadCluster, name, key string, set bool) error {
+	m := &clusterv1.Machine{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: name}, m); err != nil {
+		return err
+	}
+	base := m.DeepCopy()
+	if set {
+		metav1.SetMetaDataAnnotation(&m.ObjectMeta, key, "")
+	} else {
+		delete(m.Annotations, key)
+	}
+	return s.Client.Patch(ctx, m, client.MergeFrom(base))
+}
