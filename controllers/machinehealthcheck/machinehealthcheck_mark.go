@@ -54,24 +54,13 @@ func setMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time)
 			changed = annotations.AddAnnotations(m, map[string]string{caprv1.UnhealthyAnnotation: value}) || changed
 		}
 	}
-	cond := metav1.Condition{
+	changed = setCondition(m, metav1.Condition{
 		Type:    caprv1.MachineCAPRHealthCheckSucceededCondition,
 		Status:  metav1.ConditionFalse,
 		Reason:  ev.reason,
 		Message: ev.message,
-	}
-	if !hasSameCondition(m, cond) {
-		conditions.Set(m, cond)
-		changed = true
-	}
-	switch {
-	case !changed:
-		return markUnchanged
-	case wasMarked:
-		return markUpdated
-	default:
-		return markSet
-	}
+	}) || changed
+	return transition(changed, wasMarked, markUpdated, markSet)
 }
 
 func clearMark(m *clusterv1.Machine, checker string) markChange {
@@ -81,22 +70,34 @@ func clearMark(m *clusterv1.Machine, checker string) markChange {
 		delete(m.Annotations, caprv1.UnhealthyAnnotation)
 		changed = true
 	}
-	cond := metav1.Condition{
+	changed = setCondition(m, metav1.Condition{
 		Type:   caprv1.MachineCAPRHealthCheckSucceededCondition,
 		Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineCAPRHealthCheckSucceededReason,
+	}) || changed
+	return transition(changed, wasMarked, markCleared, markUpdated)
+}
+
+// setCondition sets the condition unless the Machine already has it (same status, reason, message);
+// it reports whether it changed anything.
+func setCondition(m *clusterv1.Machine, cond metav1.Condition) bool {
+	if hasSameCondition(m, cond) {
+		return false
 	}
-	if !hasSameCondition(m, cond) {
-		conditions.Set(m, cond)
-		changed = true
-	}
+	conditions.Set(m, cond)
+	return true
+}
+
+// transition classifies a write of the mark: nothing changed, or what it means given whether the
+// Machine was marked before.
+func transition(changed, wasMarked bool, ifWasMarked, ifWasNot markChange) markChange {
 	switch {
 	case !changed:
 		return markUnchanged
 	case wasMarked:
-		return markCleared
+		return ifWasMarked
 	default:
-		return markUpdated
+		return ifWasNot
 	}
 }
 

@@ -142,16 +142,21 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 	}
 
 	// Machine conditions.
-	for _, c := range cfg.machineConditions {
-		cond := conditions.Get(m, c.Type)
-		if cond == nil || cond.Status != c.Status {
-			continue
+	conditionTimeout := func(matches bool, since time.Time, timeoutSeconds *int32, reason, message string) {
+		if !matches {
+			return
 		}
-		timeout := seconds(c.TimeoutSeconds)
-		if expired, remaining := timedOut(cond.LastTransitionTime.Time, timeout, now); expired {
-			fail(caprv1.MachineCAPRHealthCheckUnhealthyMachineReason, fmt.Sprintf("Condition %s on Machine is reporting status %s for more than %s", c.Type, c.Status, timeout))
+		timeout := seconds(timeoutSeconds)
+		if expired, remaining := timedOut(since, timeout, now); expired {
+			fail(reason, fmt.Sprintf("%s for more than %s", message, timeout))
 		} else {
 			wait(remaining)
+		}
+	}
+	for _, c := range cfg.machineConditions {
+		if cond := conditions.Get(m, c.Type); cond != nil {
+			conditionTimeout(cond.Status == c.Status, cond.LastTransitionTime.Time, c.TimeoutSeconds, caprv1.MachineCAPRHealthCheckUnhealthyMachineReason,
+				fmt.Sprintf("Condition %s on Machine is reporting status %s", c.Type, c.Status))
 		}
 	}
 
@@ -171,15 +176,9 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 		}
 	default:
 		for _, c := range cfg.nodeConditions {
-			cond := nodeCondition(t.node, c.Type)
-			if cond == nil || cond.Status != c.Status {
-				continue
-			}
-			timeout := seconds(c.TimeoutSeconds)
-			if expired, remaining := timedOut(cond.LastTransitionTime.Time, timeout, now); expired {
-				fail(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, fmt.Sprintf("Condition %s on Node is reporting status %s for more than %s", c.Type, c.Status, timeout))
-			} else {
-				wait(remaining)
+			if cond := nodeCondition(t.node, c.Type); cond != nil {
+				conditionTimeout(cond.Status == c.Status, cond.LastTransitionTime.Time, c.TimeoutSeconds, caprv1.MachineCAPRHealthCheckUnhealthyNodeReason,
+					fmt.Sprintf("Condition %s on Node is reporting status %s", c.Type, c.Status))
 			}
 		}
 	}

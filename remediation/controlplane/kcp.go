@@ -38,15 +38,34 @@ type kcpRemediationData struct {
 	RetryCount int         `json:"retryCount"`
 }
 
+// kcpRemediationDataFromAnnotation and marshal are the one codec of KCP's remediation-in-progress
+// value in CAPR; kcp_test checks it against KCP's own RemediationDataFromAnnotation (sigs.k8s.io/cluster-api
+// controlplane/kubeadm/reconcilers/kubeadmcontrolplane/remediation.go).
+func kcpRemediationDataFromAnnotation(value string) (*kcpRemediationData, error) {
+	d := &kcpRemediationData{}
+	if err := json.Unmarshal([]byte(value), d); err != nil {
+		return nil, fmt.Errorf("unmarshalling value %q of annotation %s: %w", value, controlplanev1.RemediationInProgressAnnotation, err)
+	}
+	return d, nil
+}
+
+func (d *kcpRemediationData) marshal() (string, error) {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return "", fmt.Errorf("marshalling KCP remediation data of %s: %w", d.Machine, err)
+	}
+	return string(b), nil
+}
+
 // BeforeScaleUp sets KCP's remediation-in-progress annotation, which makes KCP use its relaxed
 // preflight for the replacement and copy the record into the new Machine's remediation-for (so KCP's
 // own retry accounting stays consistent). KCP removes the annotation when it creates the Machine.
 func (KCP) BeforeScaleUp(cp *unstructured.Unstructured, victim string, started time.Time, retryCount int32) error {
-	value, err := json.Marshal(kcpRemediationData{Machine: victim, Timestamp: metav1.NewTime(started.UTC()), RetryCount: int(retryCount)})
+	value, err := (&kcpRemediationData{Machine: victim, Timestamp: metav1.NewTime(started.UTC()), RetryCount: int(retryCount)}).marshal()
 	if err != nil {
 		return err
 	}
-	annotations.AddAnnotations(cp, map[string]string{controlplanev1.RemediationInProgressAnnotation: string(value)})
+	annotations.AddAnnotations(cp, map[string]string{controlplanev1.RemediationInProgressAnnotation: value})
 	return nil
 }
 
@@ -57,8 +76,7 @@ func (KCP) ClearScaleUp(cp *unstructured.Unstructured, victim string) bool {
 	if !ok {
 		return false
 	}
-	data := kcpRemediationData{}
-	if err := json.Unmarshal([]byte(value), &data); err != nil || data.Machine != victim {
+	if data, err := kcpRemediationDataFromAnnotation(value); err != nil || data.Machine != victim {
 		return false
 	}
 	a := cp.GetAnnotations()

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	kcpreconciler "sigs.k8s.io/cluster-api/controlplane/kubeadm/reconcilers/kubeadmcontrolplane"
+
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
 	. "github.com/onsi/gomega"
@@ -153,4 +155,23 @@ func TestKCPBeforeScaleUpSetsRemediationInProgress(t *testing.T) {
 	other.SetAPIVersion("controlplane.cluster.x-k8s.io/v1alpha1")
 	other.SetKind("SandboxControlPlane")
 	g.Expect(AdapterFor(other)).To(Equal(Generic{}))
+}
+
+// TestKCPRemediationDataIsReadByKCP: what BeforeScaleUp writes is what KCP's own parser reads, and
+// ClearScaleUp removes only the value naming its victim.
+func TestKCPRemediationDataIsReadByKCP(t *testing.T) {
+	g := NewWithT(t)
+	cp := kcpObject()
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", started, 2)).To(Succeed())
+	data, err := kcpreconciler.RemediationDataFromAnnotation(cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation])
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data.Machine).To(Equal("victim"))
+	g.Expect(data.Timestamp.Time.Equal(started)).To(BeTrue())
+	g.Expect(data.RetryCount).To(Equal(2))
+
+	g.Expect(KCP{}.ClearScaleUp(cp, "another")).To(BeFalse(), "a value naming another Machine is KCP's or another remediation's")
+	g.Expect(cp.GetAnnotations()).To(HaveKey(controlplanev1.RemediationInProgressAnnotation))
+	g.Expect(KCP{}.ClearScaleUp(cp, "victim")).To(BeTrue())
+	g.Expect(cp.GetAnnotations()).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
 }
