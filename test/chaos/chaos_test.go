@@ -445,7 +445,7 @@ func inject(t *testing.T, wc *sandbox.WorkloadCluster, kind faultKind, m cluster
 	case deleteRequest:
 		err = deleteWhenRunning(wc, stop)
 	case stripLock:
-		forDuration(stop, 20*time.Second, func() { stripLockOnce(wc) })
+		forDuration(stop, 20*time.Second, func() { _ = sb.StripControlPlaneLock(ctx, wc) })
 	case skipRemediation:
 		err = client.IgnoreNotFound(sb.AnnotateMachine(ctx, wc, m.Name, clusterv1.MachineSkipRemediationAnnotation, true))
 	case writeConflicts:
@@ -493,18 +493,6 @@ func deleteWhenRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error 
 				return client.IgnoreNotFound(sb.Client.Delete(ctx, &list.Items[i]))
 			}
 		}
-	}
-}
-
-func stripLockOnce(wc *sandbox.WorkloadCluster) {
-	cp := &sbcontrolplanev1.SandboxControlPlane{}
-	if sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp) != nil {
-		return
-	}
-	if _, ok := cp.Annotations[caprv1.ControlPlaneLockAnnotation]; ok {
-		base := cp.DeepCopy()
-		delete(cp.Annotations, caprv1.ControlPlaneLockAnnotation)
-		_ = sb.Client.Patch(ctx, cp, client.MergeFrom(base))
 	}
 }
 

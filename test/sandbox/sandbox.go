@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -358,6 +360,21 @@ func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node str
 	}
 	s.Log.Add(wc.Name, "FAULT: kubelet on %s stopped (etcd there still runs)", node)
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
+}
+
+// StripControlPlaneLock removes CAPR's lock annotation from the cluster's control-plane object, as a
+// GitOps tool replacing the object (or a person) would.
+func (s *Sandbox) StripControlPlaneLock(ctx context.Context, wc *WorkloadCluster) error {
+	cp := &controlplanev1.SandboxControlPlane{}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp); err != nil {
+		return err
+	}
+	if _, ok := cp.Annotations[caprv1.ControlPlaneLockAnnotation]; !ok {
+		return nil
+	}
+	base := cp.DeepCopy()
+	delete(cp.Annotations, caprv1.ControlPlaneLockAnnotation)
+	return s.Client.Patch(ctx, cp, client.MergeFrom(base))
 }
 
 // HoldProvisioning makes new Machines of the cluster never come up (no Node, no etcd member) until

@@ -168,15 +168,7 @@ func TestLostLockNeverAllowsTwoRunning(t *testing.T) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			cp := &sbcontrolplanev1.SandboxControlPlane{}
-			if sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp) != nil {
-				continue
-			}
-			if _, ok := cp.Annotations[caprv1.ControlPlaneLockAnnotation]; ok {
-				base := cp.DeepCopy()
-				delete(cp.Annotations, caprv1.ControlPlaneLockAnnotation)
-				_ = sb.Client.Patch(ctx, cp, client.MergeFrom(base))
-			}
+			_ = sb.StripControlPlaneLock(ctx, wc)
 		}
 	}()
 	for _, m := range machines[1:3] {
