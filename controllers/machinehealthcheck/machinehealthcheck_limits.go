@@ -19,7 +19,7 @@ import (
 )
 
 // This file holds the "max unhealthy" decisions: triggerIf (as CAPI) and the quorum-safe limit for
-// control-plane targets (design §5). They are the one place where these limits are enforced.
+// control-plane targets (etcdutil/quorum EffectiveControlPlaneLimit). They are the one place where these limits are enforced.
 
 // limitDecision is whether remediation is allowed for a group of targets.
 type limitDecision struct {

@@ -99,7 +99,8 @@ func foreignMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool
 }
 
 // evaluate decides whether one target is healthy, unhealthy or pending at time now. It follows CAPI's
-// MachineHealthCheck semantics (research/capi-anchor.md §2.3) and adds the etcd member check and
+// MachineHealthCheck semantics (sigs.k8s.io/cluster-api core/reconcilers/machinehealthcheck
+// machinehealthcheck_targets.go, needsRemediation) and adds the etcd member check and
 // hand-written marks.
 func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) evaluation {
 	m := t.machine

@@ -10,7 +10,7 @@ import (
 	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
-// This file holds the pure decisions of a control-plane remediation (design §6): which order to
+// This file holds the pure decisions of a control-plane remediation: which order to
 // follow, which steps that order has, whether retry limits allow the remediation, and which of several
 // waiting remediations goes first. The controller only gathers inputs and applies outputs.
 
