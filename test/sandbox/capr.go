@@ -217,12 +217,17 @@ type QuorumWatcher struct {
 	lost    []string
 }
 
+// unansweredIsLost is how long no member may answer before the watcher counts quorum as lost.
+const unansweredIsLost = 3 * time.Second
+
 // WatchQuorum starts sampling.
 func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumWatcher {
 	wctx, cancel := context.WithCancel(ctx)
 	w := &QuorumWatcher{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
+		var failingSince time.Time
+		reported := false
 		for wctx.Err() == nil {
 			ec := &etcdutil.Cluster{CallTimeout: 500 * time.Millisecond, Connector: &etcdutil.Direct{
 				Endpoints: wc.Etcd.Endpoints(), TLS: wc.Etcd.ClientTLS(), DialTimeout: 500 * time.Millisecond}}
@@ -238,9 +243,17 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 			}
 			w.mu.Lock()
 			w.samples++
-			if err != nil {
-				w.lost = append(w.lost, fmt.Sprintf("%s: no member answered: %v", time.Now().Format(time.StampMilli), err))
-			} else {
+			switch {
+			case err != nil && failingSince.IsZero():
+				failingSince = time.Now()
+			case err != nil && time.Since(failingSince) > unansweredIsLost && !reported:
+				// A leader election makes linearizable calls (member list, alarms) time out for a
+				// moment; only a cluster that answers nothing for longer counts as without quorum.
+				w.lost = append(w.lost, fmt.Sprintf("%s: no member answered for %s: %v", time.Now().Format(time.StampMilli), unansweredIsLost, err))
+				reported = true
+			case err != nil:
+			default:
+				failingSince, reported = time.Time{}, false
 				voting, up := 0, 0
 				for _, m := range state.Members {
 					if !m.IsLearner {
