@@ -230,18 +230,12 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized {
 		return etcdQuorum{}
 	}
-	log := ctrl.LoggerFrom(ctx)
-	if err := r.observeEtcdMembers(ctx, cluster, targets, now); err != nil {
-		log.Info("Could not read etcd member health; the etcd member check is skipped this time", "err", err.Error())
-		return etcdQuorum{}
-	}
-	// TODO(etcd): observeEtcdMembers reads the member map itself; once it takes the map as an
-	// argument, etcd is read once per round instead of twice.
 	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
 	if err != nil {
-		log.Info("Could not read etcd member health; quorum is not assessed this time", "err", err.Error())
+		ctrl.LoggerFrom(ctx).Info("Could not read etcd member health; the etcd member check and the quorum are skipped this time", "err", err.Error())
 		return etcdQuorum{}
 	}
+	r.observeEtcdMembers(health, targets, now)
 	q := quorumOf(health)
 	if q.lost() {
 		excuseLeaderless(targets)

@@ -1,12 +1,10 @@
 package machinehealthcheck
 
 import (
-	"context"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
 // etcdForgetAfter is how long an unhealthy-since time is kept once no health check observes its
@@ -29,11 +27,7 @@ type etcdSinceEntry struct {
 
 // observeEtcdMembers fills target.etcd for control-plane targets from the etcd member source. A
 // Machine seen healthy is forgotten at once; one not observed for etcdForgetAfter (gone) is pruned.
-func (r *Reconciler) observeEtcdMembers(ctx context.Context, cluster *clusterv1.Cluster, targets []target, now time.Time) error {
-	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
-	if err != nil {
-		return err
-	}
+func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targets []target, now time.Time) {
 	e := &r.etcdUnhealthy
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -67,5 +61,4 @@ func (r *Reconciler) observeEtcdMembers(ctx context.Context, cluster *clusterv1.
 		e.since[m.UID] = entry
 		targets[i].etcd = &etcdMemberFact{problem: h.Problem, since: entry.since}
 	}
-	return nil
 }
