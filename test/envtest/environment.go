@@ -55,6 +55,10 @@ type Options struct {
 	ExtraCRDDirs []string
 	// AddToScheme registers more types with the scheme.
 	AddToScheme []func(*kruntime.Scheme) error
+	// CAPIWebhooks installs CAPI's, CABPK's and KCP's admission webhook configurations: the API
+	// server then refuses what CAPI's own handlers refuse (see WebhookServerOptions), and every
+	// request for those objects fails until a manager serves the handlers.
+	CAPIWebhooks bool
 }
 
 // ModuleRoot returns the root of the CAPR module (the directory holding go.mod).
@@ -95,21 +99,30 @@ func AssetsDir() (string, error) {
 	return dir, nil
 }
 
-// CAPICRDDirs returns CAPI's CRD directories from the sigs.k8s.io/cluster-api module in the module cache.
-func CAPICRDDirs() ([]string, error) {
+// CAPIModuleDir returns the directory of the sigs.k8s.io/cluster-api module in the module cache.
+func CAPIModuleDir() (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api")
 	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("locating the sigs.k8s.io/cluster-api module for its CRDs (go list -m): %w", err)
+		return "", fmt.Errorf("locating the sigs.k8s.io/cluster-api module (go list -m): %w", err)
 	}
 	capi := strings.TrimSpace(string(out))
 	if capi == "" {
-		return nil, errors.New("sigs.k8s.io/cluster-api is not in the module cache: run `go mod download`")
+		return "", errors.New("sigs.k8s.io/cluster-api is not in the module cache: run `go mod download`")
+	}
+	return capi, nil
+}
+
+// CAPICRDDirs returns CAPI's CRD directories from the sigs.k8s.io/cluster-api module in the module cache.
+func CAPICRDDirs() ([]string, error) {
+	capi, err := CAPIModuleDir()
+	if err != nil {
+		return nil, err
 	}
 	dirs := []string{
 		filepath.Join(capi, "core", "config", "crd", "bases"),
@@ -127,6 +140,10 @@ func CAPICRDDirs() ([]string, error) {
 // Start starts kube-apiserver and etcd and installs the CRDs.
 func Start(opts Options) (*Environment, error) {
 	assets, err := AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	capiDir, err := CAPIModuleDir()
 	if err != nil {
 		return nil, err
 	}
@@ -149,6 +166,11 @@ func Start(opts Options) (*Environment, error) {
 		// The data is thrown away: do not wait for the API server to drain long-running watches.
 		ControlPlaneStopTimeout: 5 * time.Second,
 		Scheme:                  scheme,
+	}
+	if opts.CAPIWebhooks {
+		if env.WebhookInstallOptions, err = capiWebhookInstallOptions(capiDir); err != nil {
+			return nil, err
+		}
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -13,8 +13,13 @@ import (
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/remotecommand"
 	"k8s.io/cri-streaming/pkg/streaming/portforward"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Kubelet is a kubelet stand-in for one sandbox Node: an HTTPS server whose address and port are in
@@ -27,11 +32,30 @@ type Kubelet struct {
 	mu     sync.Mutex
 	// target is host:port of the etcd member's client endpoint ("" for workers).
 	target string
+	// stopBeat stops the Lease heartbeat (nil when there is none).
+	stopBeat context.CancelFunc
+	// apiServer is host:port that port 6443 (the kube-apiserver-<node> static pod) leads to ("" when
+	// the node runs no API server).
+	apiServer string
 }
 
 // StartKubelet starts a kubelet stand-in forwarding etcd-pod port 2379 to target.
 func StartKubelet(target string) *Kubelet {
 	k := &Kubelet{target: target}
+	k.start()
+	return k
+}
+
+// StartControlPlaneKubelet starts a kubelet stand-in of a kubeadm control-plane node: port 2379 (the
+// etcd-<node> pod) leads to the node's etcd member, port 6443 (kube-apiserver-<node>) to apiServer,
+// whose serving certificate KCP inspects for its expiry.
+func StartControlPlaneKubelet(etcd, apiServer string) *Kubelet {
+	k := &Kubelet{target: etcd, apiServer: apiServer}
+	k.start()
+	return k
+}
+
+func (k *Kubelet) start() {
 	k.server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		portforward.ServePortForward(w, req, k, "", "", &portforward.V4Options{},
 			5*time.Minute, remotecommand.DefaultStreamCreationTimeout, []string{portforward.ProtocolV1Name})
@@ -39,7 +63,6 @@ func StartKubelet(target string) *Kubelet {
 	// Handshakes cut by a stopped kubelet are the fault being injected, not news.
 	k.server.Config.ErrorLog = log.New(io.Discard, "", 0)
 	k.server.StartTLS()
-	return k
 }
 
 // Address returns the host and port the Node advertises.
@@ -50,13 +73,16 @@ func (k *Kubelet) Address() (string, int32) {
 }
 
 // PortForward implements portforward.PortForwarder: it connects the stream to the etcd member.
-func (k *Kubelet) PortForward(ctx context.Context, _ string, _ string, _ int32, stream io.ReadWriteCloser) error {
+func (k *Kubelet) PortForward(ctx context.Context, _ string, _ string, port int32, stream io.ReadWriteCloser) error {
 	defer func() { _ = stream.Close() }()
 	k.mu.Lock()
 	target := k.target
+	if port == 6443 {
+		target = k.apiServer
+	}
 	k.mu.Unlock()
 	if target == "" {
-		return fmt.Errorf("no etcd on this node")
+		return fmt.Errorf("nothing listens on port %d of this node", port)
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", target)
@@ -74,8 +100,61 @@ func (k *Kubelet) PortForward(ctx context.Context, _ string, _ string, _ int32, 
 	return nil
 }
 
+// leaseRenewInterval is how often the kubelet stand-in renews its Node's Lease (the kubelet's default is
+// 10 s for a 40 s lease; shorter here so that the node lifecycle controller's short grace period in the
+// sandbox still sees a steady heartbeat).
+const leaseRenewInterval = 2 * time.Second
+
+// startHeartbeat renews the Node's Lease in kube-node-lease until StopHeartbeat or Stop: the signal the
+// node lifecycle controller reads. A stopped heartbeat is a real one.
+func (k *Kubelet) startHeartbeat(c client.Client, node string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	k.mu.Lock()
+	k.stopBeat = cancel
+	k.mu.Unlock()
+	go func() {
+		ticker := time.NewTicker(leaseRenewInterval)
+		defer ticker.Stop()
+		for {
+			renewLease(ctx, c, node)
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+		}
+	}()
+}
+
+func renewLease(ctx context.Context, c client.Client, node string) {
+	now := metav1.NewMicroTime(time.Now())
+	lease := nodeLease(node)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(lease), lease); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return // retried on the next tick
+		}
+		lease.Spec = coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(40)), RenewTime: &now}
+		_ = c.Create(ctx, lease)
+		return
+	}
+	base := lease.DeepCopy()
+	lease.Spec.RenewTime = &now
+	_ = c.Patch(ctx, lease, client.MergeFrom(base))
+}
+
+// StopHeartbeat stops renewing the Node's Lease; the kubelet keeps serving.
+func (k *Kubelet) StopHeartbeat() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopBeat != nil {
+		k.stopBeat()
+		k.stopBeat = nil
+	}
+}
+
 // Stop stops the kubelet stand-in and drops every tunnel through it.
 func (k *Kubelet) Stop() {
+	k.StopHeartbeat()
 	k.server.CloseClientConnections()
 	k.server.Close()
 }

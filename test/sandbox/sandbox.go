@@ -49,8 +49,35 @@ type Sandbox struct {
 	// Log records what happened in the world, with times (timelines, benchmarks).
 	Log *EventLog
 
+	opts Options
+	// apiServerCert is what port 6443 of a full-stack control-plane node leads to.
+	apiServerCert *apiServerCertEndpoint
+	// stops stop CAPI's managers (full stack), last started first.
+	stops       []func()
 	stopManager context.CancelFunc
 	managerDone chan error
+}
+
+// Provider selects what plays CAPI's providers in the sandbox.
+type Provider string
+
+const (
+	// ProviderSandbox is the lightweight stand-in: a sandbox control-plane provider, and an
+	// infrastructure provider that also does the parts of CAPI's Machine controller the sandbox needs.
+	// Fast; used by most scenarios and the fault suite.
+	ProviderSandbox Provider = "sandbox"
+	// ProviderKubeadm is the full stack: CAPI's own core, kubeadm bootstrap and KubeadmControlPlane
+	// reconcilers and admission webhooks run in-process; the sandbox infrastructure provider only plays
+	// the machines (bootstrap data in, etcd member, Node, static-pod mirror Pods out).
+	ProviderKubeadm Provider = "kubeadm"
+)
+
+// Options configures a sandbox.
+type Options struct {
+	// Provider defaults to ProviderSandbox.
+	Provider Provider
+	// CAPI selects optional CAPI reconcilers (ProviderKubeadm only).
+	CAPI CAPIOptions
 }
 
 // WorkloadCluster is one sandbox workload cluster.
@@ -88,6 +115,17 @@ func CRDDir() (string, error) {
 
 // Start starts the API server, etcd and the sandbox providers.
 func Start(ctx context.Context) (*Sandbox, error) {
+	return StartWithOptions(ctx, Options{})
+}
+
+// StartWithOptions starts the API server, etcd and the selected providers.
+func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
+	if opts.Provider == "" {
+		opts.Provider = ProviderSandbox
+	}
+	if opts.Provider != ProviderSandbox && opts.Provider != ProviderKubeadm {
+		return nil, fmt.Errorf("unknown sandbox provider %q: use %q or %q", opts.Provider, ProviderSandbox, ProviderKubeadm)
+	}
 	// The kubelet stand-ins report every tunnel to a stopped etcd member through klog; in the
 	// sandbox that is the expected result of a fault, not news.
 	klog.SetLogger(logr.Discard())
@@ -99,7 +137,10 @@ func Start(ctx context.Context) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	env, err := capienv.Start(capienv.Options{ExtraCRDDirs: []string{crds}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme}})
+	env, err := capienv.Start(capienv.Options{
+		ExtraCRDDirs: []string{crds}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme, AddCAPIToScheme},
+		CAPIWebhooks: opts.Provider == ProviderKubeadm,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -111,14 +152,27 @@ func Start(ctx context.Context) (*Sandbox, error) {
 	s := &Sandbox{
 		Env: env, Client: env.Client, dir: dir, etcdBinary: filepath.Join(assets, "etcd"),
 		clusters: map[types.NamespacedName]*WorkloadCluster{}, kubelets: map[string]*Kubelet{},
-		Log: &EventLog{},
+		Log: &EventLog{}, opts: opts,
 	}
 	if err := s.startProviders(ctx); err != nil {
 		s.Stop()
 		return nil, err
 	}
+	if opts.Provider == ProviderKubeadm {
+		if s.apiServerCert, err = startAPIServerCertEndpoint(); err != nil {
+			s.Stop()
+			return nil, err
+		}
+		if err := s.startCAPI(ctx, opts.CAPI); err != nil {
+			s.Stop()
+			return nil, err
+		}
+	}
 	return s, nil
 }
+
+// Provider returns the providers the sandbox runs.
+func (s *Sandbox) Provider() Provider { return s.opts.Provider }
 
 func (s *Sandbox) startProviders(ctx context.Context) error {
 	mgr, err := ctrl.NewManager(s.Env.Config, ctrl.Options{
@@ -130,15 +184,23 @@ func (s *Sandbox) startProviders(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating the sandbox providers' manager: %w", err)
 	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-controlplane").
-		For(&controlplanev1.SandboxControlPlane{}).Owns(&clusterv1.Machine{}).
-		Complete(&controlPlaneReconciler{s: s, c: mgr.GetClient()}); err != nil {
-		return err
-	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-machine").
-		For(&clusterv1.Machine{}).WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(&machineReconciler{s: s, c: mgr.GetClient()}); err != nil {
-		return err
+	if s.opts.Provider == ProviderKubeadm {
+		if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-infra-machine").
+			For(&infrav1.SandboxMachine{}).WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+			Complete(&infraMachineReconciler{s: s, c: mgr.GetClient()}); err != nil {
+			return err
+		}
+	} else {
+		if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-controlplane").
+			For(&controlplanev1.SandboxControlPlane{}).Owns(&clusterv1.Machine{}).
+			Complete(&controlPlaneReconciler{s: s, c: mgr.GetClient()}); err != nil {
+			return err
+		}
+		if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-machine").
+			For(&clusterv1.Machine{}).WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+			Complete(&machineReconciler{s: s, c: mgr.GetClient()}); err != nil {
+			return err
+		}
 	}
 	mctx, cancel := context.WithCancel(ctx)
 	s.stopManager = cancel
@@ -149,6 +211,9 @@ func (s *Sandbox) startProviders(ctx context.Context) error {
 
 // Stop stops the providers, every etcd member and kubelet, and the API server.
 func (s *Sandbox) Stop() {
+	for i := len(s.stops) - 1; i >= 0; i-- {
+		s.stops[i]()
+	}
 	if s.stopManager != nil {
 		s.stopManager()
 		<-s.managerDone
@@ -161,6 +226,9 @@ func (s *Sandbox) Stop() {
 		c.Etcd.Stop()
 	}
 	s.mu.Unlock()
+	if s.apiServerCert != nil {
+		s.apiServerCert.Stop()
+	}
 	_ = s.Env.Stop()
 	_ = os.RemoveAll(s.dir)
 }
@@ -212,6 +280,13 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	s.clusters[types.NamespacedName{Namespace: spec.Namespace, Name: spec.Name}] = wc
 	s.mu.Unlock()
 
+	if s.opts.Provider == ProviderKubeadm {
+		if err := s.createKubeadmCluster(ctx, spec, wc); err != nil {
+			return nil, err
+		}
+		s.Log.Add(spec.Name, "Cluster %s created on KubeadmControlPlane: %d control-plane Machines", spec.Name, spec.ControlPlane)
+		return wc, s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 5*time.Minute)
+	}
 	c := s.Client
 	ns, name := spec.Namespace, spec.Name
 	labels := map[string]string{clusterv1.ClusterNameLabel: name}

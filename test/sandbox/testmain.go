@@ -21,12 +21,17 @@ const VerboseEnv = "CAPR_TEST_VERBOSE"
 // RunTests is the TestMain of a package whose tests run on the sandbox: it starts the sandbox, hands
 // it to set, runs the tests, stops the sandbox and returns the exit code for os.Exit.
 func RunTests(m *testing.M, set func(*Sandbox)) int {
+	return RunTestsWithOptions(m, Options{}, set)
+}
+
+// RunTestsWithOptions is RunTests with a sandbox started with opts.
+func RunTestsWithOptions(m *testing.M, opts Options, set func(*Sandbox)) int {
 	level := zapcore.DPanicLevel // controller errors are expected in fault tests; failures speak for themselves
 	if os.Getenv(VerboseEnv) != "" {
 		level = zapcore.Level(-4)
 	}
 	ctrl.SetLogger(zap.New(zap.Level(level)))
-	sb, err := Start(context.Background())
+	sb, err := StartWithOptions(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
 		return 1
