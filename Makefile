@@ -24,8 +24,9 @@ CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 ENVTEST_DIR := $(BIN)/k8s
 KUBE_APISERVER := $(ENVTEST_DIR)/kube-apiserver
+KUBE_CONTROLLER_MANAGER := $(ENVTEST_DIR)/kube-controller-manager
 ETCD := $(ENVTEST_DIR)/etcd
-ENVTEST_STAMP := $(ENVTEST_DIR)/.versions-$(KUBERNETES_VERSION)-$(ETCD_VERSION)
+ENVTEST_STAMP := $(ENVTEST_DIR)/.versions-$(KUBERNETES_VERSION)-$(ETCD_VERSION)-kcm
 
 TEST_TIMEOUT ?= 60m
 GO_TEST_FLAGS ?=
@@ -116,7 +117,7 @@ clean: ## Remove built binaries (bin/).
 ##@ Tools and test binaries (built from the Go module proxy)
 
 .PHONY: envtest-assets
-envtest-assets: $(ENVTEST_STAMP) ## Build kube-apiserver and etcd for envtest into bin/k8s.
+envtest-assets: $(ENVTEST_STAMP) ## Build kube-apiserver, kube-controller-manager and etcd for envtest into bin/k8s.
 
 $(ENVTEST_STAMP): hack/tools/kube-apiserver/go.mod hack/tools/etcd/go.mod hack/tools/etcd/main.go
 	@mkdir -p $(ENVTEST_DIR)
@@ -125,6 +126,11 @@ $(ENVTEST_STAMP): hack/tools/kube-apiserver/go.mod hack/tools/etcd/go.mod hack/t
 		-X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
 		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
 		-X k8s.io/component-base/version.gitTreeState=clean" k8s.io/kubernetes/cmd/kube-apiserver
+	@echo "Building kube-controller-manager $(KUBERNETES_VERSION) from the k8s.io/kubernetes module"
+	cd hack/tools/kube-apiserver && go build -o $(KUBE_CONTROLLER_MANAGER) -ldflags "-s -w \
+		-X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
+		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
+		-X k8s.io/component-base/version.gitTreeState=clean" k8s.io/kubernetes/cmd/kube-controller-manager
 	@echo "Building etcd $(ETCD_VERSION) from go.etcd.io/etcd/server/v3"
 	cd hack/tools/etcd && go build -o $(ETCD) -ldflags "-s -w" .
 	@touch $@
