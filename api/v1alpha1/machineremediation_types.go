@@ -136,9 +136,20 @@ type ControlPlaneRemediationStatus struct {
 	// +optional
 	// +listType=atomic
 	MachinesBefore []string `json:"machinesBefore,omitempty"`
-	// replacement is the name of the replacement Machine once it exists.
+	// replacement is the name of the replacement Machine once it exists (the first one, with a surge
+	// of two).
 	// +optional
 	Replacement string `json:"replacement,omitempty"`
+	// surge is how many Machines the remediation adds before the victim goes: 1, or 2 where the
+	// control-plane provider only accepts an odd number of replicas (KubeadmControlPlane with stacked
+	// etcd). The control plane is returned to desiredReplicas at the Delete step.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2
+	Surge int32 `json:"surge,omitempty"`
+	// surgeReason says why that surge.
+	// +optional
+	SurgeReason string `json:"surgeReason,omitempty"`
 	// memberName is the victim's etcd member name (its Node name).
 	// +optional
 	MemberName string `json:"memberName,omitempty"`

@@ -24,9 +24,17 @@ type Adapter interface {
 	// ScaleUpRefusal says why the provider would refuse to create a replacement for victim ("" when
 	// it would create one). afterRemoval asks about the moment after the victim's etcd member is gone.
 	ScaleUpRefusal(view ProviderView, afterRemoval bool) string
-	// BeforeScaleUp may change the control-plane object before its replicas are raised (e.g. KCP's
-	// remediation-in-progress annotation). It must be idempotent.
-	BeforeScaleUp(cp *unstructured.Unstructured, victim string, started time.Time, retryCount int32) error
+	// Surge is how many Machines a remediation adds before the victim goes (1, or 2 where the provider
+	// accepts only odd replica counts), and why.
+	Surge(cp *unstructured.Unstructured) (int32, string)
+	// Busy says why the provider is not quiet enough for a remediation to start (scaling, rolling
+	// out, remediating on its own, replicas owned by someone else); "" when it is.
+	Busy(view ProviderView) string
+	// BeforeScaleUp may change the control-plane object before the provider creates a replacement
+	// (e.g. KCP's remediation-in-progress annotation, stamped with at). It is called again before
+	// each further Machine of a surge, must be idempotent, and must fail rather than overwrite what
+	// the provider set for another Machine.
+	BeforeScaleUp(cp *unstructured.Unstructured, victim string, at time.Time, retryCount int32) error
 	// ClearScaleUp removes what BeforeScaleUp set for victim, when it is still there (an abort or a
 	// failure). It never removes what the provider or another remediation set for another Machine.
 	// It reports whether it changed cp.
@@ -62,6 +70,14 @@ func (Generic) AddsLearners() bool { return false }
 
 // ScaleUpRefusal implements Adapter.
 func (Generic) ScaleUpRefusal(ProviderView, bool) string { return "" }
+
+// Surge implements Adapter: CAPI's contract puts no constraint on replicas.
+func (Generic) Surge(*unstructured.Unstructured) (int32, string) {
+	return 1, "one replacement: the control-plane provider accepts any replica count"
+}
+
+// Busy implements Adapter.
+func (Generic) Busy(ProviderView) string { return "" }
 
 // BeforeScaleUp implements Adapter.
 func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int32) error { return nil }

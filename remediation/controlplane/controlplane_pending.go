@@ -178,6 +178,9 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope) (startPlan, *waiti
 				"control-plane Machine %s is more broken and is remediated first", first)}, nil
 		}
 		view := ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}
+		if busy := s.adapter.Busy(view); busy != "" && !holdsLock(s) {
+			return startPlan{}, &waiting{reason: caprv1.MachineRemediationWaitingForPreconditionsReason, requeue: waitShort, message: busy}, nil
+		}
 		in.ProviderRefusesScaleUpNow = s.adapter.ScaleUpRefusal(view, false)
 		in.ProviderRefusesScaleUpAfterRemoval = s.adapter.ScaleUpRefusal(view, true)
 	}
@@ -227,6 +230,9 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 		ClusterName: s.cluster.Name, Order: plan.decision.Order, OrderReason: plan.decision.Reason,
 		DesiredReplicas: ptr.To(plan.desired), MemberName: s.victimNode(), RetryCount: plan.retryCount,
 	}
+	if plan.decision.Order != caprv1.ControlPlaneOrderReplace {
+		cp.Surge, cp.SurgeReason = s.adapter.Surge(s.cp)
+	}
 	for _, other := range s.machines {
 		cp.MachinesBefore = append(cp.MachinesBefore, other.Name)
 	}
@@ -257,11 +263,22 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 	if plan.state != nil {
 		table = "\n" + plan.state.Table()
 	}
-	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s",
-		s.machine.Name, plan.decision.Order, plan.decision.Reason, table))
+	how := ""
+	if cp.SurgeReason != "" {
+		how = "; " + cp.SurgeReason
+	}
+	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s%s",
+		s.machine.Name, plan.decision.Order, plan.decision.Reason, how, table))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", plan.decision.Order, "reason", plan.decision.Reason,
 		"Cluster", klog.KObj(s.cluster))
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+}
+
+// holdsLock reports whether the control-plane lock names this remediation (a start that crashed
+// after taking it: the provider may already be acting on it).
+func holdsLock(s *scope) bool {
+	l := lockOf(s.cp)
+	return l != nil && l.MachineRemediation == s.mr.Name
 }
 
 // controlPlaneInitialized reads whether the control plane is initialized, failing closed: known is

@@ -3,11 +3,13 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -144,18 +146,39 @@ func (r *Reconciler) etcdOrWait(ctx context.Context, s *scope) (*etcdutil.State,
 	return state, nil
 }
 
-// replacement returns the control-plane Machine created since the remediation started.
-func replacement(s *scope) *clusterv1.Machine {
+// replacements returns the control-plane Machines created since the remediation started, oldest
+// first (a surge of two creates two).
+func replacements(s *scope) []*clusterv1.Machine {
 	before := map[string]bool{}
 	for _, n := range s.mr.Status.ControlPlane.MachinesBefore {
 		before[n] = true
 	}
+	var out []*clusterv1.Machine
 	for _, m := range s.machines {
 		if !before[m.Name] && m.Name != s.mr.Name && m.DeletionTimestamp.IsZero() {
-			return m
+			out = append(out, m)
 		}
 	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].CreationTimestamp.Equal(&out[j].CreationTimestamp) {
+			return out[i].CreationTimestamp.Before(&out[j].CreationTimestamp)
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// replacement returns the first replacement Machine, or nil.
+func replacement(s *scope) *clusterv1.Machine {
+	if reps := replacements(s); len(reps) > 0 {
+		return reps[0]
+	}
 	return nil
+}
+
+// surge is the number of Machines the remediation adds (recorded at start; 1 for records without it).
+func surge(s *scope) int32 {
+	return max(s.mr.Status.ControlPlane.Surge, 1)
 }
 
 func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, error) {
@@ -165,8 +188,9 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 	if err != nil {
 		return stepResult{}, err
 	}
-	if rep := replacement(s); rep != nil || current >= desired+1 {
-		msg := fmt.Sprintf("%s %s replicas %d → %d", s.cp.GetKind(), s.cp.GetName(), desired, desired+1)
+	target := desired + surge(s)
+	if rep := replacement(s); rep != nil || current >= target {
+		msg := fmt.Sprintf("%s %s replicas %d → %d", s.cp.GetKind(), s.cp.GetName(), desired, target)
 		if rep != nil {
 			msg += ", replacement Machine " + rep.Name
 		}
@@ -187,40 +211,98 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
 	}
 	started := s.mr.Status.StartTime.Time
-	if err := r.setReplicas(ctx, s, desired+1, func(cp *unstructured.Unstructured) error {
+	if err := r.setReplicas(ctx, s, target, func(cp *unstructured.Unstructured) error {
 		return s.adapter.BeforeScaleUp(cp, s.mr.Name, started, cps.RetryCount)
 	}); err != nil {
 		return stepResult{}, err
 	}
-	return stepResult{message: fmt.Sprintf("raised replicas to %d", desired+1), requeue: 200 * time.Millisecond}, nil
+	return stepResult{message: fmt.Sprintf("raised replicas to %d", target), requeue: 200 * time.Millisecond}, nil
 }
 
 func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (stepResult, error) {
-	rep := replacement(s)
-	if rep == nil {
+	reps := replacements(s)
+	if len(reps) == 0 {
 		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine", requeue: waitShort}, nil
 	}
-	s.mr.Status.ControlPlane.Replacement = rep.Name
-	if err := r.annotateReplacement(ctx, s, rep); err != nil {
-		return stepResult{}, err
+	s.mr.Status.ControlPlane.Replacement = reps[0].Name
+	for _, rep := range reps {
+		if err := r.annotateReplacement(ctx, s, rep); err != nil {
+			return stepResult{}, err
+		}
 	}
-	if !rep.Status.NodeRef.IsDefined() {
-		return stepResult{message: fmt.Sprintf("waiting for replacement Machine %s to get a Node", rep.Name), requeue: waitShort}, nil
+	for i, rep := range reps {
+		if !rep.Status.NodeRef.IsDefined() { // etcd is not read before there is a member to look for
+			return stepResult{message: fmt.Sprintf("replacement %d of %d: waiting for Machine %s to get a Node", i+1, surge(s), rep.Name), requeue: waitShort}, nil
+		}
 	}
 	state, wait := r.etcdOrWait(ctx, s)
 	if wait != nil {
 		return *wait, nil
 	}
+	for i, rep := range reps {
+		if res := replacementUp(state, rep); res != "" {
+			return stepResult{message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), res), requeue: waitShort}, nil
+		}
+	}
+	if n := int32(len(reps)); n < surge(s) {
+		return r.armNextReplacement(ctx, s, state, reps)
+	}
+	names := make([]string, 0, len(reps))
+	for _, rep := range reps {
+		names = append(names, fmt.Sprintf("%s (Node %s)", rep.Name, rep.Status.NodeRef.Name))
+	}
+	return stepResult{done: true, message: fmt.Sprintf("replacement %s up with a healthy voting etcd member", strings.Join(names, " and "))}, nil
+}
+
+// replacementUp says what a replacement still lacks ("" when it has a Node and a healthy voting member).
+func replacementUp(state *etcdutil.State, rep *clusterv1.Machine) string {
+	if !rep.Status.NodeRef.IsDefined() {
+		return fmt.Sprintf("waiting for Machine %s to get a Node", rep.Name)
+	}
 	member := state.ByName(rep.Status.NodeRef.Name)
 	switch {
 	case member == nil:
-		return stepResult{message: fmt.Sprintf("waiting for the etcd member of %s to join", rep.Name), requeue: waitShort}, nil
+		return fmt.Sprintf("waiting for the etcd member of %s to join", rep.Name)
 	case member.IsLearner:
-		return stepResult{message: fmt.Sprintf("the etcd member of %s is a learner, waiting for its promotion", rep.Name), requeue: waitShort}, nil
+		return fmt.Sprintf("the etcd member of %s is a learner, waiting for its promotion", rep.Name)
 	case !member.Healthy:
-		return stepResult{message: fmt.Sprintf("the etcd member of %s is %s", rep.Name, member.Problem), requeue: waitShort}, nil
+		return fmt.Sprintf("the etcd member of %s is %s", rep.Name, member.Problem)
 	}
-	return stepResult{done: true, message: fmt.Sprintf("replacement %s has Node %s and a healthy voting etcd member", rep.Name, rep.Status.NodeRef.Name)}, nil
+	return ""
+}
+
+// armNextReplacement prepares the provider to create the next Machine of a surge once the previous
+// ones vote: it re-checks that adding a member is quorum-safe now and calls BeforeScaleUp again,
+// stamped after the newest replacement (KCP removed its annotation when it created the previous one).
+func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *etcdutil.State, reps []*clusterv1.Machine) (stepResult, error) {
+	next := len(reps) + 1
+	if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
+		c := state.Counts()
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
+			message: fmt.Sprintf("replacement %d of %d: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", next, surge(s), c.Healthy, c.Voting, c.Learners)}, nil
+	}
+	at := now()
+	for _, rep := range reps {
+		if rep.CreationTimestamp.After(at) {
+			at = rep.CreationTimestamp.Time
+		}
+	}
+	current, err := Replicas(s.cp)
+	if err != nil {
+		return stepResult{}, err
+	}
+	probe := s.cp.DeepCopy()
+	if err := s.adapter.BeforeScaleUp(probe, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount); err != nil {
+		return stepResult{}, err
+	}
+	if !equality.Semantic.DeepEqual(probe.GetAnnotations(), s.cp.GetAnnotations()) {
+		if err := r.setReplicas(ctx, s, current, func(cp *unstructured.Unstructured) error {
+			return s.adapter.BeforeScaleUp(cp, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount)
+		}); err != nil {
+			return stepResult{}, err
+		}
+	}
+	return stepResult{message: fmt.Sprintf("waiting for the %s to create replacement %d of %d", s.adapter.Name(), next, surge(s)), requeue: waitShort}, nil
 }
 
 // annotateReplacement records on the replacement which Machine it replaced, for retry limits.
@@ -369,7 +451,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	m := &clusterv1.Machine{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
 		if client.IgnoreNotFound(err) == nil {
-			return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted by the %s", s.mr.Name, s.adapter.Name())}, nil
+			return r.waitForDesiredMachines(s)
 		}
 		return stepResult{}, err
 	}
@@ -400,6 +482,31 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 	}
 	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s", desired, s.adapter.Name(), m.Name), requeue: waitShort}, nil
+}
+
+// waitForDesiredMachines finishes the Delete step once the victim is gone and the provider is back
+// at desiredReplicas Machines, none deleting (after a surge of two it also removes a second Machine).
+func (r *Reconciler) waitForDesiredMachines(s *scope) (stepResult, error) {
+	cps := s.mr.Status.ControlPlane
+	desired := ptr.Deref(cps.DesiredReplicas, 0)
+	if cps.Order != caprv1.ControlPlaneOrderReplace {
+		live, deleting := 0, 0
+		for _, m := range s.machines {
+			if m.Name == s.mr.Name {
+				continue
+			}
+			if m.DeletionTimestamp.IsZero() {
+				live++
+			} else {
+				deleting++
+			}
+		}
+		if live != int(desired) || deleting > 0 {
+			return stepResult{message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)",
+				s.mr.Name, s.adapter.Name(), desired, live, deleting), requeue: waitShort}, nil
+		}
+	}
+	return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted by the %s", s.mr.Name, s.adapter.Name())}, nil
 }
 
 // succeed ends the remediation: the victim is gone and the control plane back to N Machines.

@@ -57,11 +57,75 @@ func (d *kcpRemediationData) marshal() (string, error) {
 	return string(b), nil
 }
 
+// Surge implements Adapter. KCP's admission refuses an even spec.replicas when etcd is stacked
+// (controlplane/kubeadm/webhooks/admission kubeadmcontrolplane.go and kubeadmcontrolplane_scale.go,
+// on create, update and /scale), so N → N+1 is impossible there: the remediation surges by two
+// (3 → 5 → 3). External etcd accepts any count.
+func (KCP) Surge(cp *unstructured.Unstructured) (int32, string) {
+	if kcpEtcdManaged(cp) {
+		return 2, "two replacements: KubeadmControlPlane with stacked etcd accepts only an odd number of replicas"
+	}
+	return 1, "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"
+}
+
+// Busy implements Adapter: KCP must be quiet before CAPR changes its replicas, because KCP acts on
+// spec.replicas only between its own operations (kubeadmcontrolplane_controller.go reconcile: rollouts
+// first, then scaling, one Machine at a time) and a topology-managed KCP gets its replicas rewritten.
+func (KCP) Busy(view ProviderView) string {
+	cp := view.ControlPlane
+	if _, ok := cp.GetLabels()[clusterv1.ClusterTopologyOwnedLabel]; ok {
+		return fmt.Sprintf("KubeadmControlPlane %s is managed by the Cluster topology, which owns spec.replicas; CAPR does not change them", cp.GetName())
+	}
+	if value, ok := cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation]; ok {
+		if data, err := kcpRemediationDataFromAnnotation(value); err != nil || data.Machine != view.Victim.Name {
+			return fmt.Sprintf("KubeadmControlPlane %s has %s set by another remediation (%s); waiting until KCP clears it", cp.GetName(), controlplanev1.RemediationInProgressAnnotation, value)
+		}
+	}
+	spec, err := Replicas(cp)
+	if err != nil {
+		return err.Error()
+	}
+	if int(spec) != len(view.Machines) {
+		return fmt.Sprintf("KubeadmControlPlane %s is scaling: spec.replicas is %d, it has %d Machines%s", cp.GetName(), spec, len(view.Machines), kcpConditionMessages(cp))
+	}
+	if status, found, _ := unstructured.NestedInt64(cp.Object, "status", "replicas"); !found || status != int64(spec) {
+		return fmt.Sprintf("KubeadmControlPlane %s has not observed its %d replicas yet (status.replicas %d)%s", cp.GetName(), spec, status, kcpConditionMessages(cp))
+	}
+	if upToDate, found, _ := unstructured.NestedInt64(cp.Object, "status", "upToDateReplicas"); found && upToDate < int64(spec) {
+		return fmt.Sprintf("KubeadmControlPlane %s is rolling out: %d of %d Machines are up to date%s", cp.GetName(), upToDate, spec, kcpConditionMessages(cp))
+	}
+	return ""
+}
+
+// kcpConditionMessages returns KCP's own words on what it is doing (its ScalingUp, ScalingDown and
+// RollingOut conditions when True), for CAPR's condition.
+func kcpConditionMessages(cp *unstructured.Unstructured) string {
+	out := ""
+	for _, t := range []string{controlplanev1.KubeadmControlPlaneScalingUpCondition, controlplanev1.KubeadmControlPlaneScalingDownCondition, controlplanev1.KubeadmControlPlaneRollingOutCondition} {
+		if c, err := conditions.UnstructuredGet(cp, t); err == nil && c != nil && c.Status == metav1.ConditionTrue && c.Message != "" {
+			out += fmt.Sprintf("; KCP %s: %s", t, strings.ReplaceAll(c.Message, "\n", " "))
+		}
+	}
+	return out
+}
+
 // BeforeScaleUp sets KCP's remediation-in-progress annotation, which makes KCP use its relaxed
 // preflight for the replacement and copy the record into the new Machine's remediation-for (so KCP's
-// own retry accounting stays consistent). KCP removes the annotation when it creates the Machine.
-func (KCP) BeforeScaleUp(cp *unstructured.Unstructured, victim string, started time.Time, retryCount int32) error {
-	value, err := (&kcpRemediationData{Machine: victim, Timestamp: metav1.NewTime(started.UTC()), RetryCount: int(retryCount)}).marshal()
+// own retry accounting stays consistent). KCP removes the annotation when it creates the Machine, and
+// treats it as stale once a Machine newer than its timestamp exists (remediation.go
+// reconcileUnhealthyMachines): before the second Machine of a surge, at must be no earlier than the
+// first replacement's creation.
+func (KCP) BeforeScaleUp(cp *unstructured.Unstructured, victim string, at time.Time, retryCount int32) error {
+	if value, ok := cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation]; ok {
+		data, err := kcpRemediationDataFromAnnotation(value)
+		if err != nil || data.Machine != victim {
+			return fmt.Errorf("KubeadmControlPlane %s has %s=%s set for another remediation: not overwritten", cp.GetName(), controlplanev1.RemediationInProgressAnnotation, value)
+		}
+		if !data.Timestamp.Time.Before(at.UTC().Truncate(time.Second)) {
+			return nil
+		}
+	}
+	value, err := (&kcpRemediationData{Machine: victim, Timestamp: metav1.NewTime(at.UTC()), RetryCount: int(retryCount)}).marshal()
 	if err != nil {
 		return err
 	}

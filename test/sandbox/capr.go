@@ -215,6 +215,33 @@ type QuorumWatcher struct {
 	mu      sync.Mutex
 	samples int
 	lost    []string
+	// Failure margin (healthy voting members minus quorum): the minimum seen and how long it was at
+	// most zero (one more failure would lose quorum).
+	minMargin     int
+	minMarginAt   string
+	marginSampled bool
+	lastSample    time.Time
+	atMostZero    time.Duration
+}
+
+// Margin returns the minimum failure margin seen (running voting members minus quorum), when it was
+// first seen and what the cluster looked like then, and how long the margin was zero or below. Call
+// after Stop.
+func (w *QuorumWatcher) Margin() (minimum int, when string, atMostZero time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.minMargin, w.minMarginAt, w.atMostZero
+}
+
+func (w *QuorumWatcher) recordMargin(margin int, at time.Time, what string) {
+	if !w.marginSampled || margin < w.minMargin {
+		w.minMargin = margin
+		w.minMarginAt = at.Format(time.StampMilli) + ": " + what
+	}
+	if w.marginSampled && margin <= 0 {
+		w.atMostZero += at.Sub(w.lastSample)
+	}
+	w.marginSampled, w.lastSample = true, at
 }
 
 // unansweredIsLost is how long no member may answer before the watcher counts quorum as lost.
@@ -237,6 +264,12 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 				names = append(names, n)
 			}
 			sort.Strings(names)
+			// Which processes run is read before the member list: a member removed and then
+			// stopped between the two reads must not count as a voting member that is down.
+			running := map[string]bool{}
+			for _, n := range names {
+				running[n] = wc.Etcd.Running(n)
+			}
 			state, err := ec.Inspect(wctx, names)
 			if wctx.Err() != nil {
 				return
@@ -263,6 +296,15 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 						}
 					}
 				}
+				// The margin counts members whose process runs (the sandbox knows): a slow answer under
+				// load is not a failure, and a member behind a dead kubelet still votes.
+				alive := 0
+				for _, m := range state.Members {
+					if !m.IsLearner && running[m.Name] {
+						alive++
+					}
+				}
+				w.recordMargin(alive-etcdutil.Quorum(voting), time.Now(), fmt.Sprintf("%d of %d voting members running", alive, voting))
 				if up < etcdutil.Quorum(voting) {
 					w.lost = append(w.lost, fmt.Sprintf("%s: %d of %d voting members up", time.Now().Format(time.StampMilli), up, voting))
 				}

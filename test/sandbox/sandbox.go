@@ -50,6 +50,9 @@ type Sandbox struct {
 	Log *EventLog
 
 	opts Options
+	// kcm is the real kube-controller-manager of the full stack (node lifecycle, garbage collector,
+	// pod GC, attach/detach).
+	kcm *capienv.KubeControllerManager
 	// apiServerCert is what port 6443 of a full-stack control-plane node leads to.
 	apiServerCert *apiServerCertEndpoint
 	// stops stop CAPI's managers (full stack), last started first.
@@ -163,6 +166,10 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 			s.Stop()
 			return nil, err
 		}
+		if s.kcm, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{NodeMonitorGracePeriod: NodeMonitorGracePeriod}); err != nil {
+			s.Stop()
+			return nil, err
+		}
 		if err := s.startCAPI(ctx, opts.CAPI); err != nil {
 			s.Stop()
 			return nil, err
@@ -228,6 +235,9 @@ func (s *Sandbox) Stop() {
 	s.mu.Unlock()
 	if s.apiServerCert != nil {
 		s.apiServerCert.Stop()
+	}
+	if s.kcm != nil {
+		s.kcm.Stop()
 	}
 	_ = s.Env.Stop()
 	_ = os.RemoveAll(s.dir)
@@ -417,10 +427,20 @@ func (s *Sandbox) EtcdState(ctx context.Context, wc *WorkloadCluster) (*etcdutil
 
 // Faults.
 
-// KillEtcdMember kills the etcd process of a control-plane Machine's Node; kubelet and Node stay up.
+// NodeMonitorGracePeriod is the full stack's kube-controller-manager --node-monitor-grace-period: a
+// Node whose Lease is not renewed for this long gets Ready=Unknown and the unreachable taints.
+const NodeMonitorGracePeriod = 8 * time.Second
+
+// KillEtcdMember kills the etcd process of a control-plane Machine's Node; kubelet and Node stay up
+// (on the full stack the kubelet reports the etcd static pod's container as down).
 func (s *Sandbox) KillEtcdMember(wc *WorkloadCluster, node string) {
 	wc.Etcd.Kill(node)
 	s.Log.Add(wc.Name, "FAULT: etcd member %s killed (its node and kubelet stay up)", node)
+	if s.opts.Provider == ProviderKubeadm {
+		if err := setMirrorPod(context.Background(), s.Client, node, "etcd", false); err != nil {
+			s.Log.Add(wc.Name, "kubelet of %s could not report the etcd pod down: %v", node, err)
+		}
+	}
 }
 
 // StopKubelet stops a Node's kubelet stand-in and its heartbeat (Ready=Unknown, as the node
@@ -434,6 +454,9 @@ func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node str
 		k.Stop()
 	}
 	s.Log.Add(wc.Name, "FAULT: kubelet on %s stopped (etcd there still runs)", node)
+	if s.opts.Provider == ProviderKubeadm {
+		return nil // kube-controller-manager's node lifecycle controller notices the silence
+	}
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
 }
 
@@ -466,6 +489,18 @@ func (s *Sandbox) HoldProvisioning(wc *WorkloadCluster, hold bool) {
 // StopHeartbeat makes a Node stop reporting (Ready=Unknown) while its etcd member stays healthy.
 func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {
 	s.Log.Add(wc.Name, "FAULT: node %s stopped reporting (Ready=Unknown), its etcd member is healthy", node)
+	if s.opts.Provider == ProviderKubeadm {
+		// The real thing: the kubelet stops renewing its Lease and kube-controller-manager's node
+		// lifecycle controller sets Ready=Unknown and the unreachable taints after its grace period.
+		s.mu.Lock()
+		k := s.kubelets[node]
+		s.mu.Unlock()
+		if k == nil {
+			return fmt.Errorf("node %s has no kubelet", node)
+		}
+		k.StopHeartbeat()
+		return nil
+	}
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
 }
 
