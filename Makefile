@@ -38,8 +38,8 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: envtest-assets ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated.
-	go run ./test/sandbox/cmd/demo $(if $(SCENARIO),--scenario=$(SCENARIO))
+demo: envtest-assets ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated (PROVIDER=kubeadm: on CAPI's own KCP).
+	go run ./test/sandbox/cmd/demo $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(PROVIDER),--provider=$(PROVIDER) --timeout=15m)
 
 # The randomized fault suite: `make chaos RUNS=n SEED=s` runs n scenarios with seeds s, s+1, ...
 # (default seed: the clock). `make test` runs TEST_CHAOS_RUNS of them from a fixed seed.

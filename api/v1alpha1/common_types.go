@@ -152,7 +152,7 @@ type FencingSpec struct {
 // ControlPlaneOrder is the order of a control-plane remediation (remediation/controlplane
 // ChooseOrder). The spec's ordering
 // policy takes Auto or RemoveMemberFirst; the status records the order actually followed
-// (ScaleUpFirst, RemoveMemberFirst or Replace).
+// (ScaleUpFirst, RemoveMemberFirst, DeleteFirst or Replace).
 type ControlPlaneOrder string
 
 const (
@@ -169,6 +169,11 @@ const (
 	// ControlPlaneOrderReplace (status only) deletes the Machine and lets the provider recreate it
 	// (the control plane is not initialized yet).
 	ControlPlaneOrderReplace ControlPlaneOrder = "Replace"
+	// ControlPlaneOrderDeleteFirst (status only) removes the victim's member, fences and deletes the
+	// victim without changing replicas, then waits for the provider to create the replacement. It is
+	// taken where the provider would refuse the scale-down that ends the other orders, e.g. KCP while
+	// another control-plane Machine is unhealthy (its scale-down preflight has no relaxed path).
+	ControlPlaneOrderDeleteFirst ControlPlaneOrder = "DeleteFirst"
 )
 
 // ControlPlaneRemediationSpec holds the control-plane remediation options. Retry fields have KCP's

@@ -142,9 +142,9 @@ type ControlPlaneRemediationStatus struct {
 	Replacement string `json:"replacement,omitempty"`
 	// surge is how many Machines the remediation adds before the victim goes: 1, or 2 where the
 	// control-plane provider only accepts an odd number of replicas (KubeadmControlPlane with stacked
-	// etcd). The control plane is returned to desiredReplicas at the Delete step.
+	// etcd), or 0 for DeleteFirst. The control plane is returned to desiredReplicas at the Delete step.
 	// +optional
-	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=2
 	Surge int32 `json:"surge,omitempty"`
 	// surgeReason says why that surge.

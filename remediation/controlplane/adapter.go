@@ -24,6 +24,9 @@ type Adapter interface {
 	// ScaleUpRefusal says why the provider would refuse to create a replacement for victim ("" when
 	// it would create one). afterRemoval asks about the moment after the victim's etcd member is gone.
 	ScaleUpRefusal(view ProviderView, afterRemoval bool) string
+	// ScaleDownRefusal says why the provider would not remove a Machine other than the victim now
+	// ("" when it would): the surge orders end with a scale-down.
+	ScaleDownRefusal(view ProviderView) string
 	// Surge is how many Machines a remediation adds before the victim goes (1, or 2 where the provider
 	// accepts only odd replica counts), and why.
 	Surge(cp *unstructured.Unstructured) (int32, string)
@@ -78,6 +81,9 @@ func (Generic) Surge(*unstructured.Unstructured) (int32, string) {
 
 // Busy implements Adapter.
 func (Generic) Busy(ProviderView) string { return "" }
+
+// ScaleDownRefusal implements Adapter.
+func (Generic) ScaleDownRefusal(ProviderView) string { return "" }
 
 // BeforeScaleUp implements Adapter.
 func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int32) error { return nil }

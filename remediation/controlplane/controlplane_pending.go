@@ -183,6 +183,7 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope) (startPlan, *waiti
 		}
 		in.ProviderRefusesScaleUpNow = s.adapter.ScaleUpRefusal(view, false)
 		in.ProviderRefusesScaleUpAfterRemoval = s.adapter.ScaleUpRefusal(view, true)
+		in.ProviderRefusesScaleDown = s.adapter.ScaleDownRefusal(view)
 	}
 	decision := ChooseOrder(in)
 	if decision.WaitReason != "" {
@@ -230,7 +231,11 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 		ClusterName: s.cluster.Name, Order: plan.decision.Order, OrderReason: plan.decision.Reason,
 		DesiredReplicas: ptr.To(plan.desired), MemberName: s.victimNode(), RetryCount: plan.retryCount,
 	}
-	if plan.decision.Order != caprv1.ControlPlaneOrderReplace {
+	switch plan.decision.Order {
+	case caprv1.ControlPlaneOrderReplace:
+	case caprv1.ControlPlaneOrderDeleteFirst:
+		cp.Surge, cp.SurgeReason = 0, "no surge: the victim is deleted first and the provider replaces it"
+	default:
 		cp.Surge, cp.SurgeReason = s.adapter.Surge(s.cp)
 	}
 	for _, other := range s.machines {

@@ -222,6 +222,15 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (stepResult, error) {
 	reps := replacements(s)
 	if len(reps) == 0 {
+		if s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderDeleteFirst {
+			// The victim is gone and replicas unchanged: the provider replaces it on its own, with
+			// what BeforeScaleUp sets (e.g. KCP's relaxed preflight while another Machine is unhealthy).
+			state, wait := r.etcdOrWait(ctx, s)
+			if wait != nil {
+				return *wait, nil
+			}
+			return r.armNextReplacement(ctx, s, state, nil)
+		}
 		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine", requeue: waitShort}, nil
 	}
 	s.mr.Status.ControlPlane.Replacement = reps[0].Name
@@ -466,8 +475,9 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 	}
 	cps := s.mr.Status.ControlPlane
-	if cps.Order == caprv1.ControlPlaneOrderReplace {
-		// Not initialized: nothing was scaled; delete it and the provider creates a new one.
+	if cps.Order == caprv1.ControlPlaneOrderReplace || cps.Order == caprv1.ControlPlaneOrderDeleteFirst {
+		// Nothing was scaled: delete the victim and the provider creates a new one (Replace: not
+		// initialized; DeleteFirst: the provider would not scale down).
 		if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
 			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
 		}
@@ -489,7 +499,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 func (r *Reconciler) waitForDesiredMachines(s *scope) (stepResult, error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
-	if cps.Order != caprv1.ControlPlaneOrderReplace {
+	if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
 		live, deleting := 0, 0
 		for _, m := range s.machines {
 			if m.Name == s.mr.Name {

@@ -268,6 +268,7 @@ type worldOptions struct {
 	steps        []caprv1.RemediationStep
 	memberID     string
 	replacement  string
+	surge        int32
 }
 
 // worldOption configures newWorld. Options apply in order: withReplacement after withMachines,
@@ -282,7 +283,9 @@ func withMachines(machines ...*clusterv1.Machine) worldOption {
 // withReplacement adds a Machine created after the remediation started.
 func withReplacement(m *clusterv1.Machine) worldOption {
 	return func(o *worldOptions) {
-		o.before = machineNames(o.machines)
+		if o.before == nil { // a second replacement (a surge of two) keeps the first out of "before"
+			o.before = machineNames(o.machines)
+		}
 		o.machines = append(o.machines, m)
 	}
 }
@@ -324,6 +327,9 @@ func withStep(name caprv1.StepName, outcome caprv1.StepOutcome, message string) 
 func withRecordedMemberID(id uint64) worldOption {
 	return func(o *worldOptions) { o.memberID = fmt.Sprintf("%x", id) }
 }
+
+// withSurge sets status.controlPlane.surge.
+func withSurge(n int32) worldOption { return func(o *worldOptions) { o.surge = n } }
 
 // withRecordedReplacement sets status.controlPlane.replacement.
 func withRecordedReplacement(name string) worldOption {
@@ -382,7 +388,7 @@ func newWorld(t *testing.T, opts ...worldOption) *world {
 			ControlPlane: &caprv1.ControlPlaneRemediationStatus{
 				ClusterName: "wc", Order: o.order, DesiredReplicas: ptr.To(o.desired),
 				MachinesBefore: o.before, MemberName: victim.Status.NodeRef.Name, MemberID: o.memberID,
-				Replacement: o.replacement,
+				Replacement: o.replacement, Surge: o.surge,
 			},
 		},
 	}

@@ -97,6 +97,27 @@ func (KCP) Busy(view ProviderView) string {
 	return ""
 }
 
+// ScaleDownRefusal implements Adapter with KCP's scale-down preflight (kubeadmcontrolplane scale.go
+// scaleDownControlPlane → preflightChecks with the Machine to delete excluded): every other Machine
+// must pass the strict health check, and there is no relaxed path. With another unhealthy Machine a
+// scale-down never happens, so a surge would never be undone.
+func (KCP) ScaleDownRefusal(view ProviderView) string {
+	managed := kcpEtcdManaged(view.ControlPlane)
+	var unhealthy []string
+	for _, m := range view.Machines {
+		if m.Name == view.Victim.Name || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if !kcpFullyHealthy([]*clusterv1.Machine{m}, managed) {
+			unhealthy = append(unhealthy, m.Name)
+		}
+	}
+	if len(unhealthy) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("KCP scales down only when every other control-plane Machine is healthy, and %s is not", strings.Join(unhealthy, ", "))
+}
+
 // kcpConditionMessages returns KCP's own words on what it is doing (its ScalingUp, ScalingDown and
 // RollingOut conditions when True), for CAPR's condition.
 func kcpConditionMessages(cp *unstructured.Unstructured) string {

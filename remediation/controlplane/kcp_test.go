@@ -175,3 +175,101 @@ func TestKCPRemediationDataIsReadByKCP(t *testing.T) {
 	g.Expect(KCP{}.ClearScaleUp(cp, "victim")).To(BeTrue())
 	g.Expect(cp.GetAnnotations()).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
 }
+
+// TestKCPSurge: KCP's admission refuses even replicas with stacked etcd (probed against KCP's own
+// webhook in test/kubeadm); external etcd takes any count.
+func TestKCPSurge(t *testing.T) {
+	g := NewWithT(t)
+	n, why := KCP{}.Surge(kcpObject())
+	g.Expect(n).To(Equal(int32(2)))
+	g.Expect(why).To(ContainSubstring("odd"))
+	external := kcpObject()
+	g.Expect(unstructured.SetNestedMap(external.Object, map[string]interface{}{"endpoints": []interface{}{"https://etcd:2379"}},
+		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "external")).To(Succeed())
+	n, _ = KCP{}.Surge(external)
+	g.Expect(n).To(Equal(int32(1)))
+	n, _ = Generic{}.Surge(kcpObject())
+	g.Expect(n).To(Equal(int32(1)))
+}
+
+func TestKCPScaleDownRefusal(t *testing.T) {
+	g := NewWithT(t)
+	dead := kcpMachine("d", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)
+	victim := kcpMachine("victim", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)
+	view := ProviderView{ControlPlane: kcpObject(), Machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), dead, victim}, Victim: victim}
+	g.Expect(KCP{}.ScaleDownRefusal(view)).To(ContainSubstring("d is not"))
+	view.Machines = []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), victim}
+	g.Expect(KCP{}.ScaleDownRefusal(view)).To(BeEmpty(), "the victim itself is excluded, as KCP excludes the Machine it deletes")
+}
+
+func TestKCPBusy(t *testing.T) {
+	victim := kcpMachine("victim")
+	three := []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), victim}
+	quiet := func() *unstructured.Unstructured {
+		cp := kcpObject()
+		g := NewWithT(t)
+		g.Expect(unstructured.SetNestedField(cp.Object, int64(3), "status", "replicas")).To(Succeed())
+		g.Expect(unstructured.SetNestedField(cp.Object, int64(3), "status", "upToDateReplicas")).To(Succeed())
+		return cp
+	}
+	tests := []struct {
+		name     string
+		mutate   func(*unstructured.Unstructured)
+		machines []*clusterv1.Machine
+		busy     string
+	}{
+		{"quiet", func(*unstructured.Unstructured) {}, three, ""},
+		{"scaling: a Machine missing", func(*unstructured.Unstructured) {}, three[1:], "is scaling"},
+		{"status not caught up", func(cp *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(cp.Object, int64(2), "status", "replicas")
+		}, three, "not observed"},
+		{"rolling out", func(cp *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(cp.Object, int64(1), "status", "upToDateReplicas")
+		}, three, "rolling out"},
+		{"KCP's own remediation of another Machine", func(cp *unstructured.Unstructured) {
+			cp.SetAnnotations(map[string]string{controlplanev1.RemediationInProgressAnnotation: `{"machine":"a","timestamp":"2026-01-02T03:04:05Z","retryCount":0}`})
+		}, three, "another remediation"},
+		{"ours (a crash after setting it) is not busy", func(cp *unstructured.Unstructured) {
+			cp.SetAnnotations(map[string]string{controlplanev1.RemediationInProgressAnnotation: `{"machine":"victim","timestamp":"2026-01-02T03:04:05Z","retryCount":0}`})
+		}, three, ""},
+		{"topology owns replicas", func(cp *unstructured.Unstructured) {
+			cp.SetLabels(map[string]string{clusterv1.ClusterTopologyOwnedLabel: ""})
+		}, three, "topology"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			cp := quiet()
+			tt.mutate(cp)
+			got := KCP{}.Busy(ProviderView{ControlPlane: cp, Machines: tt.machines, Victim: victim})
+			if tt.busy == "" {
+				g.Expect(got).To(BeEmpty())
+			} else {
+				g.Expect(got).To(ContainSubstring(tt.busy))
+			}
+		})
+	}
+}
+
+// TestKCPBeforeScaleUpNeverOverwritesAnotherMachine: KCP's (or another remediation's) value stays;
+// ours is re-stamped only forward in time (the second Machine of a surge must not look stale to KCP).
+func TestKCPBeforeScaleUpNeverOverwritesAnotherMachine(t *testing.T) {
+	g := NewWithT(t)
+	cp := kcpObject()
+	theirs := `{"machine":"a","timestamp":"2026-01-02T03:04:05Z","retryCount":0}`
+	cp.SetAnnotations(map[string]string{controlplanev1.RemediationInProgressAnnotation: theirs})
+	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", time.Now(), 0)).To(MatchError(ContainSubstring("not overwritten")))
+	g.Expect(cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation]).To(Equal(theirs))
+
+	cp = kcpObject()
+	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", first, 1)).To(Succeed())
+	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", first.Add(-time.Minute), 1)).To(Succeed())
+	data, err := kcpreconciler.RemediationDataFromAnnotation(cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation])
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data.Timestamp.Time.Equal(first)).To(BeTrue(), "never moved back")
+	g.Expect(KCP{}.BeforeScaleUp(cp, "victim", first.Add(time.Minute), 1)).To(Succeed())
+	data, err = kcpreconciler.RemediationDataFromAnnotation(cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation])
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data.Timestamp.Time.Equal(first.Add(time.Minute))).To(BeTrue(), "re-stamped after the newest replacement")
+}

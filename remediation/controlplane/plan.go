@@ -21,6 +21,8 @@ func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 		return []caprv1.StepName{caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete}
 	case caprv1.ControlPlaneOrderRemoveMemberFirst:
 		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepFence, caprv1.StepDelete}
+	case caprv1.ControlPlaneOrderDeleteFirst:
+		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}
 	case caprv1.ControlPlaneOrderReplace:
 		return []caprv1.StepName{caprv1.StepFence, caprv1.StepDelete}
 	default:
@@ -62,6 +64,10 @@ type OrderInput struct {
 	ProviderRefusesScaleUpNow string
 	// ProviderRefusesScaleUpAfterRemoval is why it would not once the victim's member is removed.
 	ProviderRefusesScaleUpAfterRemoval string
+	// ProviderRefusesScaleDown is why the provider would not remove a Machine now other than the
+	// victim (e.g. KCP's scale-down preflight while another control-plane Machine is unhealthy): the
+	// surge orders end with a scale-down, so DeleteFirst is taken instead.
+	ProviderRefusesScaleDown string
 }
 
 // OrderDecision is the chosen order, or why none can be taken now.
@@ -79,6 +85,37 @@ type OrderDecision struct {
 // victim's member first when that is quorum-safe and the replacement can still be added afterwards;
 // otherwise wait. Before the control plane is initialized there is nothing to keep: replace.
 func ChooseOrder(in OrderInput) OrderDecision {
+	d := chooseSurgeOrder(in)
+	if in.ProviderRefusesScaleDown == "" || d.WaitReason != "" || d.Order == caprv1.ControlPlaneOrderReplace {
+		return d
+	}
+	// Both surge orders end with the provider scaling back down, which it would refuse: remove the
+	// member, delete the victim and let the provider replace it, without a surge. That needs what
+	// RemoveMemberFirst needs: a quorum-safe removal, and an add after it the provider accepts.
+	c := in.Counts
+	after := countsAfterRemoval(c, in.Victim)
+	canRemove := in.Victim == VictimMissing ||
+		quorum.CanRemoveMember(c, quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: in.Victim == VictimLearner})
+	switch {
+	case !canRemove:
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed safely: the control-plane provider would not scale down (%s), and removing the %s member of the victim first would leave %d of %d voting members healthy",
+			in.ProviderRefusesScaleDown, in.Victim, after.Healthy, after.Voting)}
+	case !quorum.CanAddMember(after, in.AddsLearners):
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed safely: the control-plane provider would not scale down (%s), and after removing the victim's member the replacement could not be added safely", in.ProviderRefusesScaleDown)}
+	case in.ProviderRefusesScaleUpAfterRemoval != "":
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed: the control-plane provider would not scale down (%s), and after removing the victim's member it would not create a replacement: %s",
+			in.ProviderRefusesScaleDown, in.ProviderRefusesScaleUpAfterRemoval)}
+	}
+	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
+		"the control-plane provider would not scale down (%s): the victim's %s member is removed (%d/%d healthy after), the victim deleted, and the provider creates the replacement without a surge",
+		in.ProviderRefusesScaleDown, in.Victim, after.Healthy, after.Voting)}
+}
+
+// chooseSurgeOrder chooses between the orders that add the replacement while the victim exists.
+func chooseSurgeOrder(in OrderInput) OrderDecision {
 	if !in.Initialized {
 		return OrderDecision{Order: caprv1.ControlPlaneOrderReplace,
 			Reason: "the control plane is not initialized yet: the Machine is replaced without scaling up (as KCP does for the first Machine)"}

@@ -67,6 +67,16 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"single member healthy: adding a voter is not safe, removing the last is refused", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		// The provider would not scale down (KCP with another unhealthy Machine): no surge.
+		{"5 members, two dead, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "KCP: d unhealthy"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"3 healthy, victim healthy, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"provider would not scale down nor scale up after removal: wait", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"provider would not scale down, removal unsafe: wait", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"not initialized, provider would not scale down: still replace", OrderInput{Policy: auto, ProviderRefusesScaleDown: "x"}, caprv1.ControlPlaneOrderReplace, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -144,6 +144,80 @@ func TestStepScaleUp(t *testing.T) {
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
 				g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
 			}},
+		{name: "KCP with stacked etcd (surge 2): replicas raised to 5, never to an even number",
+			world: []worldOption{
+				withControlPlaneObject(kcpObject()), withSurge(2),
+				withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b", kcpHealthy()), cpMachine("m-c", kcpHealthy())),
+			},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(5))
+			}},
+	})
+}
+
+// TestStepWaitForReplacementSurge: with a surge of two, the step re-arms the provider for the second
+// Machine once the first votes (KCP removed its annotation when it created the first), stamped no
+// earlier than the first's creation, and is done only when both vote.
+func TestStepWaitForReplacementSurge(t *testing.T) {
+	kcpWorld := func(extra ...worldOption) []worldOption {
+		return append([]worldOption{withControlPlaneObject(kcpObject()), withSurge(2), withReplicas(5),
+			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), cpMachine("m-c", kcpHealthy()))}, extra...)
+	}
+	four := withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC), member(nodeD)))
+	five := withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC), member(nodeD), member(nodeE)))
+	runStepCases(t, caprv1.StepWaitForReplacement, []stepCase{
+		{name: "first replacement votes: remediation-in-progress set again, waits for the second",
+			world: kcpWorld(withReplacement(cpMachine("m-d")), four),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(res.message).To(ContainSubstring("replacement 2 of 2"))
+				g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(5))
+			}},
+		{name: "first replacement still a learner: not re-armed yet",
+			world: kcpWorld(withReplacement(cpMachine("m-d")), withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC), member(nodeD, asLearner())))),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
+			}},
+		{name: "two members down: adding the second is not quorum-safe, not re-armed",
+			world: kcpWorld(withReplacement(cpMachine("m-d")), withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC, asDown()), member(nodeD)))),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectWaiting(g, res, err, caprv1.MachineRemediationNotQuorumSafeReason)
+				g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
+			}},
+		{name: "both replacements vote: done",
+			world: kcpWorld(withReplacement(cpMachine("m-d")), withReplacement(cpMachine("m-e")), five),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				g.Expect(w.s.mr.Status.ControlPlane.Replacement).To(Equal("m-d"))
+			}},
+	})
+}
+
+// TestStepsDeleteFirst: without a surge the victim is deleted directly (replicas untouched) and the
+// provider is armed to replace it.
+func TestStepsDeleteFirst(t *testing.T) {
+	runStepCases(t, caprv1.StepDelete, []stepCase{
+		{name: "fenced: the Machine is deleted, replicas untouched",
+			world: []worldOption{withOrder(caprv1.ControlPlaneOrderDeleteFirst), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.machine(g, "m-b")).To(BeNil())
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+			}},
+	})
+	runStepCases(t, caprv1.StepWaitForReplacement, []stepCase{
+		{name: "victim gone, no replacement yet: KCP armed with remediation-in-progress",
+			world: []worldOption{withOrder(caprv1.ControlPlaneOrderDeleteFirst), withControlPlaneObject(kcpObject()),
+				withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), cpMachine("m-c", kcpHealthy())),
+				withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC)))},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+			}},
 	})
 }
 
@@ -422,6 +496,16 @@ func TestStepDelete(t *testing.T) {
 				g.Expect(res.message).To(ContainSubstring("is being deleted"))
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
 			}},
+	})
+
+	t.Run("Machine gone after a surge of two, the provider still at 4: waits for the second scale-down", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withSurge(2), withReplicas(3), withReplacement(cpMachine("m-d")), withReplacement(cpMachine("m-e")),
+			withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
+		w.deleteMachine(g, "m-b")
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
 	})
 
 	t.Run("Machine gone: done", func(t *testing.T) {

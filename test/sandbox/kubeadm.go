@@ -37,9 +37,6 @@ var controlPlaneComponents = []string{"kube-apiserver", "kube-controller-manager
 // createKubeadmCluster creates a Cluster whose control plane is a real KubeadmControlPlane, with
 // stacked etcd (KCP's default) played by the workload cluster's real etcd processes.
 func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc *WorkloadCluster) error {
-	if spec.Workers > 0 {
-		return fmt.Errorf("the kubeadm sandbox creates no worker Machines yet (asked for %d)", spec.Workers)
-	}
 	host, port, err := apiServerHostPort(s.Env.Config.Host)
 	if err != nil {
 		return err
@@ -93,6 +90,11 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 	if err := c.Create(ctx, cluster); err != nil {
 		return fmt.Errorf("creating Cluster: %w", err)
 	}
+	if spec.Workers > 0 {
+		if err := s.createWorkers(ctx, ns, name, int32(spec.Workers)); err != nil {
+			return err
+		}
+	}
 	// The workload cluster is this API server. A user-provided (Opaque) kubeconfig Secret: KCP
 	// neither adopts nor rotates it (kubeadmcontrolplane helpers.go reconcileKubeconfig), so it keeps
 	// the credentials the API server trusts instead of ones from the cluster CA KCP generates.
@@ -100,6 +102,38 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 	secret.Type = corev1.SecretTypeOpaque
 	if err := c.Create(ctx, secret); err != nil {
 		return fmt.Errorf("creating the kubeconfig Secret of %s: %w", name, err)
+	}
+	return nil
+}
+
+// createWorkers creates a MachineDeployment of kubeadm-bootstrapped sandbox workers: CAPI's
+// MachineDeployment and MachineSet reconcilers create the Machines, CABPK their join data.
+func (s *Sandbox) createWorkers(ctx context.Context, ns, cluster string, n int32) error {
+	labels := map[string]string{clusterv1.ClusterNameLabel: cluster}
+	objs := []client.Object{
+		&infrav1.SandboxMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cluster + "-md", Labels: labels}},
+		&bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cluster + "-md", Labels: labels}},
+		&clusterv1.MachineDeployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cluster + "-md", Labels: labels},
+			Spec: clusterv1.MachineDeploymentSpec{
+				ClusterName: cluster, Replicas: ptr.To(n),
+				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"sandbox.capr.io/pool": cluster + "-md"}},
+				Template: clusterv1.MachineTemplateSpec{
+					ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"sandbox.capr.io/pool": cluster + "-md"}},
+					Spec: clusterv1.MachineSpec{
+						ClusterName: cluster, Version: KubernetesVersion,
+						Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+							APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfigTemplate", Name: cluster + "-md"}},
+						InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "SandboxMachineTemplate", Name: cluster + "-md"},
+					},
+				},
+			},
+		},
+	}
+	for _, o := range objs {
+		if err := s.Client.Create(ctx, o); err != nil {
+			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+		}
 	}
 	return nil
 }

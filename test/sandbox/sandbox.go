@@ -28,6 +28,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	kcpv1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+
 	"github.com/capr-io/capr/etcdutil"
 	capienv "github.com/capr-io/capr/test/envtest"
 	controlplanev1 "github.com/capr-io/capr/test/sandbox/api/controlplane/v1alpha1"
@@ -244,8 +246,17 @@ func (s *Sandbox) Stop() {
 }
 
 // DestroyCluster stops a workload cluster's etcd members and kubelets and forgets it; its objects
-// stay in the API server (long runs create many clusters and must not keep their processes).
+// stay in the API server (long runs create many clusters and must not keep their processes). On the
+// full stack the Cluster is paused first, so CAPI's controllers stop working on it.
 func (s *Sandbox) DestroyCluster(ctx context.Context, wc *WorkloadCluster) {
+	if s.opts.Provider == ProviderKubeadm {
+		cluster := &clusterv1.Cluster{}
+		if err := s.Client.Get(ctx, wc.Key(), cluster); err == nil {
+			base := cluster.DeepCopy()
+			cluster.Spec.Paused = ptr.To(true)
+			_ = s.Client.Patch(ctx, cluster, client.MergeFrom(base))
+		}
+	}
 	machines, _ := s.ControlPlaneMachines(ctx, wc)
 	s.mu.Lock()
 	for _, m := range machines {
@@ -294,8 +305,11 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 		if err := s.createKubeadmCluster(ctx, spec, wc); err != nil {
 			return nil, err
 		}
-		s.Log.Add(spec.Name, "Cluster %s created on KubeadmControlPlane: %d control-plane Machines", spec.Name, spec.ControlPlane)
-		return wc, s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 5*time.Minute)
+		s.Log.Add(spec.Name, "Cluster %s created on KubeadmControlPlane: %d control-plane Machines, %d workers", spec.Name, spec.ControlPlane, spec.Workers)
+		if err := s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 5*time.Minute); err != nil {
+			return nil, err
+		}
+		return wc, s.waitForWorkers(ctx, wc, spec.Workers)
 	}
 	c := s.Client
 	ns, name := spec.Namespace, spec.Name
@@ -463,15 +477,20 @@ func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node str
 // StripControlPlaneLock removes CAPR's lock annotation from the cluster's control-plane object, as a
 // GitOps tool replacing the object (or a person) would.
 func (s *Sandbox) StripControlPlaneLock(ctx context.Context, wc *WorkloadCluster) error {
-	cp := &controlplanev1.SandboxControlPlane{}
+	var cp client.Object = &controlplanev1.SandboxControlPlane{}
+	if s.opts.Provider == ProviderKubeadm {
+		cp = &kcpv1.KubeadmControlPlane{}
+	}
 	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp); err != nil {
 		return err
 	}
-	if _, ok := cp.Annotations[caprv1.ControlPlaneLockAnnotation]; !ok {
+	if _, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; !ok {
 		return nil
 	}
-	base := cp.DeepCopy()
-	delete(cp.Annotations, caprv1.ControlPlaneLockAnnotation)
+	base := cp.DeepCopyObject().(client.Object)
+	a := cp.GetAnnotations()
+	delete(a, caprv1.ControlPlaneLockAnnotation)
+	cp.SetAnnotations(a)
 	return s.Client.Patch(ctx, cp, client.MergeFrom(base))
 }
 

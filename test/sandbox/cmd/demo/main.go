@@ -111,6 +111,7 @@ func main() {
 	name := flag.String("scenario", "node-notready", "Scenario: "+strings.Join(scenarioNames(), ", "))
 	timeout := flag.Duration("timeout", 5*time.Minute, "Give up after this long.")
 	verbose := flag.Bool("verbose", false, "Also print the controllers' logs.")
+	provider := flag.String("provider", string(sandbox.ProviderSandbox), "Providers: sandbox (the lightweight stand-ins) or kubeadm (CAPI's own core, kubeadm bootstrap and KubeadmControlPlane controllers and webhooks, and kube-controller-manager).")
 	flag.Parse()
 	sc, ok := scenarios[*name]
 	if !ok {
@@ -124,7 +125,7 @@ func main() {
 		ctrl.SetLogger(logr.Discard())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	err := run(ctx, *name, sc)
+	err := run(ctx, *name, sc, sandbox.Provider(*provider))
 	cancel()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
@@ -177,11 +178,15 @@ func (d *demo) table(ctx context.Context) {
 	}
 }
 
-func run(ctx context.Context, name string, sc scenario) error {
+func run(ctx context.Context, name string, sc scenario, provider sandbox.Provider) error {
 	d := &demo{start: time.Now()}
 	d.say("Scenario %q: %s", name, sc.description)
-	d.say("Starting kube-apiserver v1.36.3 and etcd v3.6.14 (management cluster) and the sandbox providers")
-	sb, err := sandbox.Start(ctx)
+	if provider == sandbox.ProviderKubeadm {
+		d.say("Starting kube-apiserver v1.36.3, etcd v3.6.14 and kube-controller-manager v1.36.3 (management cluster), CAPI v1.14.2's core, kubeadm bootstrap and KubeadmControlPlane controllers with their admission webhooks, and the sandbox infrastructure provider")
+	} else {
+		d.say("Starting kube-apiserver v1.36.3 and etcd v3.6.14 (management cluster) and the sandbox providers")
+	}
+	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: provider})
 	if err != nil {
 		return err
 	}
