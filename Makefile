@@ -50,7 +50,7 @@ TEST_CHAOS_SEED ?= 1
 
 .PHONY: test
 test: envtest-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
-	go test $$(go list ./... | grep -v '/test/chaos') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+	go test $$(go list ./... | grep -v -e '/test/chaos' -e '/test/kubeadm/more') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED)
 
 .PHONY: chaos
@@ -66,6 +66,14 @@ UNIT_TIMEOUT ?= 5m
 .PHONY: unit
 unit: ## Run the tests that need no binaries (every package not under test/): no kube-apiserver, no etcd, bin/ not used.
 	go test $(UNIT_PACKAGES) -count=1 -timeout $(UNIT_TIMEOUT) $(GO_TEST_FLAGS)
+
+.PHONY: test-kcp
+test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI core, CABPK, KCP, webhooks, kube-controller-manager); make test runs a subset.
+	go test ./test/kubeadm/... -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
+
+.PHONY: compare-kcp
+compare-kcp: envtest-assets ## Each control-plane fault on the full stack twice: CAPI MHC + KCP's own remediation, then CAPR; prints a table per scenario.
+	go run ./test/sandbox/cmd/compare-kcp $(if $(SCENARIO),--scenario="$(SCENARIO)")
 
 .PHONY: bench
 bench: envtest-assets ## Run the benchmarks and print their numbers.

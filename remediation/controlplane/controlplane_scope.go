@@ -176,20 +176,31 @@ func (r *Reconciler) takeLock(ctx context.Context, s *scope, desired int32) erro
 	return nil
 }
 
-// releaseLock removes the lock if this remediation holds it. A conflict only means the object
-// changed (a provider's status, replicas): it is read again and the release retried.
+// releaseLock removes the lock if this remediation holds it, and what BeforeScaleUp set for this
+// remediation's victim. A conflict only means the object changed (a provider's status, replicas): it
+// is read again and the release retried.
 func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
 	for attempt := 0; ; attempt++ {
 		if s.cp == nil {
 			return nil
 		}
-		if l := lockOf(s.cp); l == nil || l.MachineRemediation != s.mr.Name {
+		base := s.cp.DeepCopy()
+		changed := false
+		if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name {
+			a := s.cp.GetAnnotations()
+			delete(a, caprv1.ControlPlaneLockAnnotation)
+			s.cp.SetAnnotations(a)
+			changed = true
+		}
+		// What this remediation set for the provider goes with the lock (e.g. KCP's
+		// remediation-in-progress re-armed for a Machine the provider had already created: KCP would
+		// keep it, and with it suppress its own remediation, forever).
+		if s.adapter != nil && s.adapter.ClearScaleUp(s.cp, s.mr.Name) {
+			changed = true
+		}
+		if !changed {
 			return nil
 		}
-		base := s.cp.DeepCopy()
-		a := s.cp.GetAnnotations()
-		delete(a, caprv1.ControlPlaneLockAnnotation)
-		s.cp.SetAnnotations(a)
 		err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 		if err == nil {
 			return nil

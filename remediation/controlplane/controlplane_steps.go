@@ -300,6 +300,17 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 	if err != nil {
 		return stepResult{}, err
 	}
+	live := 0
+	for _, m := range s.machines {
+		if m.DeletionTimestamp.IsZero() {
+			live++
+		}
+	}
+	if live >= int(current) {
+		// The provider has created every Machine its replicas ask for; the newest is not visible
+		// to this reconcile yet. Arming again would leave an annotation nobody consumes.
+		return stepResult{message: fmt.Sprintf("waiting for replacement %d of %d to appear", next, surge(s)), requeue: waitShort}, nil
+	}
 	probe := s.cp.DeepCopy()
 	if err := s.adapter.BeforeScaleUp(probe, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount); err != nil {
 		return stepResult{}, err

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -208,16 +209,17 @@ func TestStepsDeleteFirst(t *testing.T) {
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
 	})
-	runStepCases(t, caprv1.StepWaitForReplacement, []stepCase{
-		{name: "victim gone, no replacement yet: KCP armed with remediation-in-progress",
-			world: []worldOption{withOrder(caprv1.ControlPlaneOrderDeleteFirst), withControlPlaneObject(kcpObject()),
-				withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), cpMachine("m-c", kcpHealthy())),
-				withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC)))},
-			check: func(g Gomega, w *world, res stepResult, err error) {
-				expectIssued(g, res, err)
-				g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
-				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
-			}},
+	t.Run("victim gone, no replacement yet: KCP armed with remediation-in-progress", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withOrder(caprv1.ControlPlaneOrderDeleteFirst), withControlPlaneObject(kcpObject()),
+			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), cpMachine("m-c", kcpHealthy())),
+			withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC))))
+		w.deleteMachine(g, "m-b")
+		w.s.machines = slices.DeleteFunc(w.s.machines, func(m *clusterv1.Machine) bool { return m.Name == "m-b" })
+		res, err := w.run(caprv1.StepWaitForReplacement)
+		expectIssued(g, res, err)
+		g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 	})
 }
 
@@ -515,4 +517,34 @@ func TestStepDelete(t *testing.T) {
 		res, err := w.run(caprv1.StepDelete)
 		expectDone(g, res, err)
 	})
+}
+
+// TestReleaseLockClearsOurProviderAnnotation: releasing the lock also removes KCP's
+// remediation-in-progress when it names this remediation's victim (e.g. re-armed for a Machine KCP had
+// already created), never when it names another Machine.
+func TestReleaseLockClearsOurProviderAnnotation(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		kept        bool
+	}{
+		{"ours", `{"machine":"m-b","timestamp":"2026-01-02T03:04:05Z","retryCount":0}`, false},
+		{"KCP's for another Machine", `{"machine":"m-a","timestamp":"2026-01-02T03:04:05Z","retryCount":0}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			cp := kcpObject()
+			cp.SetAnnotations(map[string]string{controlplanev1.RemediationInProgressAnnotation: tc.value})
+			w := newWorld(t, withControlPlaneObject(cp))
+			g.Expect(w.r.takeLock(t.Context(), w.s, 3)).To(Succeed())
+			g.Expect(w.controlPlaneAnnotations(g)).To(HaveKey(caprv1.ControlPlaneLockAnnotation))
+			g.Expect(w.r.releaseLock(t.Context(), w.s)).To(Succeed())
+			annotations := w.controlPlaneAnnotations(g)
+			g.Expect(annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+			if tc.kept {
+				g.Expect(annotations).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, tc.value))
+			} else {
+				g.Expect(annotations).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
+			}
+		})
+	}
 }

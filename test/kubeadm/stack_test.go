@@ -25,6 +25,7 @@ func TestKubeadmControlPlaneComesUp(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "up", ControlPlane: 3})
 	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
 
 	g.Eventually(func(g Gomega) {
 		machines, err := sb.ControlPlaneMachines(ctx, wc)

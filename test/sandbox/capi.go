@@ -20,11 +20,11 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	bootstrapv1beta1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta1"
+	bootstrapv1beta1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta1" //nolint:staticcheck // served by the CRDs; CAPI's webhooks need it in the scheme
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
-	controlplanev1beta1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta1"
+	controlplanev1beta1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta1" //nolint:staticcheck // as above
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
-	clusterv1beta1 "sigs.k8s.io/cluster-api/api/core/v1beta1"
+	clusterv1beta1 "sigs.k8s.io/cluster-api/api/core/v1beta1" //nolint:staticcheck // as above
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/reconcilers/kubeadmconfig"
 	bootstrapsetup "sigs.k8s.io/cluster-api/bootstrap/kubeadm/setup"
@@ -112,7 +112,8 @@ func (s *Sandbox) newCAPIManager(name string, cache ctrlcache.Options, clientOpt
 	return mgr, nil
 }
 
-func concurrency(n int) controller.Options { return controller.Options{MaxConcurrentReconciles: n} }
+// capiConcurrency is the workers per CAPI controller (their flags' defaults are 10).
+var capiConcurrency = controller.Options{MaxConcurrentReconciles: 10}
 
 // startCAPI creates and starts CAPI's core, kubeadm bootstrap and KubeadmControlPlane managers.
 func (s *Sandbox) startCAPI(ctx context.Context, opts CAPIOptions) error {
@@ -156,24 +157,24 @@ func (s *Sandbox) setupCore(ctx context.Context, opts CAPIOptions) (manager.Mana
 		SecretClient: secretClient,
 		Cache:        coresetup.ClusterCacheCacheOptions(),
 		Client:       coresetup.ClusterCacheClientOptions(coreControllerName, capiClusterCacheQPS, capiClusterCacheBurst),
-	}, concurrency(10))
+	}, capiConcurrency)
 	if err != nil {
 		return nil, fmt.Errorf("creating core's ClusterCache: %w", err)
 	}
 	setups := []func() error{
 		func() error {
 			return (&cluster.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
-				RemoteConnectionGracePeriod: capiRemoteConnectionGracePeriod}).SetupWithManager(ctx, mgr, concurrency(10))
+				RemoteConnectionGracePeriod: capiRemoteConnectionGracePeriod}).SetupWithManager(ctx, mgr, capiConcurrency)
 		},
 		func() error {
 			return (&machine.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
-				RemoteConditionsGracePeriod: capiRemoteConditionsGracePeriod}).SetupWithManager(ctx, mgr, concurrency(10))
+				RemoteConditionsGracePeriod: capiRemoteConditionsGracePeriod}).SetupWithManager(ctx, mgr, capiConcurrency)
 		},
 		func() error {
-			return (&machineset.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).SetupWithManager(ctx, mgr, concurrency(10))
+			return (&machineset.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).SetupWithManager(ctx, mgr, capiConcurrency)
 		},
 		func() error {
-			return (&machinedeployment.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency(10))
+			return (&machinedeployment.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, capiConcurrency)
 		},
 		// Admission, as core/main.go setupWebhooks, plus the kubeadm bootstrap and KCP webhooks
 		// (one webhook server serves all three manifests here).
@@ -200,7 +201,7 @@ func (s *Sandbox) setupCore(ctx context.Context, opts CAPIOptions) (manager.Mana
 	}
 	if opts.MachineHealthCheck {
 		setups = append(setups, func() error {
-			return (&machinehealthcheck.Reconciler{Client: mgr.GetClient(), ClusterCache: cc}).SetupWithManager(ctx, mgr, concurrency(10))
+			return (&machinehealthcheck.Reconciler{Client: mgr.GetClient(), ClusterCache: cc}).SetupWithManager(ctx, mgr, capiConcurrency)
 		})
 	}
 	for _, setup := range setups {
@@ -224,14 +225,14 @@ func (s *Sandbox) setupBootstrap(ctx context.Context) (manager.Manager, error) {
 		SecretClient: secretClient,
 		Cache:        bootstrapsetup.ClusterCacheCacheOptions(),
 		Client:       bootstrapsetup.ClusterCacheClientOptions(bootstrapControllerName, capiClusterCacheQPS, capiClusterCacheBurst),
-	}, concurrency(10))
+	}, capiConcurrency)
 	if err != nil {
 		return nil, fmt.Errorf("creating the kubeadm bootstrap ClusterCache: %w", err)
 	}
 	if err := (&kubeadmconfig.Reconciler{
 		Client: mgr.GetClient(), SecretCachingClient: secretClient, APIReader: mgr.GetAPIReader(), ClusterCache: cc,
 		TokenTTL: kubeadmconfig.DefaultTokenTTL,
-	}).SetupWithManager(ctx, mgr, concurrency(10)); err != nil {
+	}).SetupWithManager(ctx, mgr, capiConcurrency); err != nil {
 		return nil, fmt.Errorf("setting up the KubeadmConfig reconciler: %w", err)
 	}
 	return mgr, nil
@@ -250,7 +251,7 @@ func (s *Sandbox) setupKCP(ctx context.Context) (manager.Manager, error) {
 		SecretClient: secretClient,
 		Cache:        kcpsetup.ClusterCacheCacheOptions(),
 		Client:       kcpsetup.ClusterCacheClientOptions(kcpControllerName, capiClusterCacheQPS, capiClusterCacheBurst),
-	}, concurrency(10))
+	}, capiConcurrency)
 	if err != nil {
 		return nil, fmt.Errorf("creating KCP's ClusterCache: %w", err)
 	}

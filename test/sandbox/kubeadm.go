@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -36,7 +37,27 @@ var controlPlaneComponents = []string{"kube-apiserver", "kube-controller-manager
 
 // createKubeadmCluster creates a Cluster whose control plane is a real KubeadmControlPlane, with
 // stacked etcd (KCP's default) played by the workload cluster's real etcd processes.
+//
+// Every workload cluster of the sandbox is the sandbox's own API server, so they share kube-system:
+// kubeadm-config there says "initialized" to KCP, which would make CABPK write join data for a new
+// cluster's first Machine. One full-stack cluster lives at a time (DestroyCluster the previous one);
+// the leftover kubeadm-config of a destroyed cluster is deleted, as a fresh API server would not have it.
 func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc *WorkloadCluster) error {
+	s.mu.Lock()
+	var others []string
+	for key := range s.clusters {
+		if key != (types.NamespacedName{Namespace: spec.Namespace, Name: spec.Name}) {
+			others = append(others, key.String())
+		}
+	}
+	s.mu.Unlock()
+	if len(others) > 0 {
+		return fmt.Errorf("the full-stack sandbox runs one workload cluster at a time (they share kube-system); destroy %v first", others)
+	}
+	leftover := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: "kubeadm-config"}}
+	if err := s.Client.Delete(ctx, leftover); err != nil && !isNotFound(err) {
+		return fmt.Errorf("deleting the kubeadm-config of a destroyed cluster: %w", err)
+	}
 	host, port, err := apiServerHostPort(s.Env.Config.Host)
 	if err != nil {
 		return err

@@ -257,9 +257,10 @@ func (s *Sandbox) DestroyCluster(ctx context.Context, wc *WorkloadCluster) {
 			_ = s.Client.Patch(ctx, cluster, client.MergeFrom(base))
 		}
 	}
-	machines, _ := s.ControlPlaneMachines(ctx, wc)
+	list := &clusterv1.MachineList{}
+	_ = s.Client.List(ctx, list, client.InNamespace(wc.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: wc.Name})
 	s.mu.Lock()
-	for _, m := range machines {
+	for _, m := range list.Items {
 		if k := s.kubelets[m.Name]; k != nil {
 			k.Stop()
 			delete(s.kubelets, m.Name)
@@ -268,6 +269,15 @@ func (s *Sandbox) DestroyCluster(ctx context.Context, wc *WorkloadCluster) {
 	delete(s.clusters, types.NamespacedName{Namespace: wc.Namespace, Name: wc.Name})
 	s.mu.Unlock()
 	wc.Etcd.Stop()
+	if s.opts.Provider == ProviderKubeadm {
+		// Its Nodes go too: kube-controller-manager's node lifecycle controller judges a zone by the
+		// share of unready Nodes, and a destroyed cluster's Nodes must not count against the next one.
+		for _, m := range list.Items {
+			if m.Status.NodeRef.IsDefined() {
+				_ = s.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.Status.NodeRef.Name}})
+			}
+		}
+	}
 }
 
 func (s *Sandbox) cluster(namespace, name string) *WorkloadCluster {
@@ -303,6 +313,9 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 
 	if s.opts.Provider == ProviderKubeadm {
 		if err := s.createKubeadmCluster(ctx, spec, wc); err != nil {
+			s.mu.Lock()
+			delete(s.clusters, types.NamespacedName{Namespace: spec.Namespace, Name: spec.Name})
+			s.mu.Unlock()
 			return nil, err
 		}
 		s.Log.Add(spec.Name, "Cluster %s created on KubeadmControlPlane: %d control-plane Machines, %d workers", spec.Name, spec.ControlPlane, spec.Workers)
@@ -589,3 +602,6 @@ func poll(ctx context.Context, timeout time.Duration, cond func() (bool, string)
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
 
 func isAlreadyExists(err error) bool { return apierrors.IsAlreadyExists(err) }
+
+// EtcdRunning reports whether the etcd process of a Node runs.
+func (s *Sandbox) EtcdRunning(wc *WorkloadCluster, node string) bool { return wc.Etcd.Running(node) }

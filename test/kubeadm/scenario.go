@@ -1,0 +1,104 @@
+package kubeadm
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega" //nolint:staticcheck // gomega's DSL, as in the tests that call this
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	capienv "github.com/capr-io/capr/test/envtest"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// remediationTimeout bounds the remediations of one scenario on KCP: KCP creates and deletes one
+// Machine at a time with its own fixed requeues (15-30 s), and a surge of two adds and removes two.
+const remediationTimeout = 10 * time.Minute
+
+// Scenario is a fault on a KCP cluster and what CAPR must do about it.
+type Scenario struct {
+	ControlPlane int32
+	// Inject breaks the cluster and returns the Machines that must be remediated.
+	Inject func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error)
+}
+
+// Result is what a scenario left behind.
+type Result struct {
+	Remediations map[string]*caprv1.MachineRemediation
+	// MinMargin is the minimum etcd failure margin seen (running voting members minus quorum) and
+	// MinMarginAt when and what the cluster looked like then.
+	MinMargin   int
+	MinMarginAt string
+}
+
+// RunScenario creates a KCP cluster with a CAPR health check, injects the fault, waits until
+// every victim's remediation succeeded and the control plane is whole again, and checks what must
+// hold on every KCP scenario: no quorum loss, the data still there, KCP back at its replicas with no
+// annotation of CAPR's or of KCP's remediation left, no victim left.
+func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name string, sc Scenario) Result {
+	t.Helper()
+	g := NewWithT(t)
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, name)
+	g.Expect(err).NotTo(HaveOccurred())
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.ControlPlane})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
+	g.Expect(sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2))).To(Succeed())
+	check, err := sandbox.WriteData(ctx, wc, 50)
+	g.Expect(err).NotTo(HaveOccurred())
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capr.Stop)
+	quorum := sb.WatchQuorum(ctx, wc)
+	running := sb.WatchRunning(ctx, wc)
+
+	victims, err := sc.Inject(ctx, wc, machines)
+	g.Expect(err).NotTo(HaveOccurred())
+	res := Result{Remediations: map[string]*caprv1.MachineRemediation{}}
+	g.Eventually(func(g Gomega) {
+		for _, v := range victims {
+			mr := &caprv1.MachineRemediation{}
+			g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: v}, mr)).To(Succeed())
+			if mr.Status.Phase == caprv1.MachineRemediationPhaseFailed {
+				StopTrying(fmt.Sprintf("remediation of %s failed: %v", v, mr.Status.Conditions)).Now()
+			}
+			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "%s: step %s: %v", v, mr.Status.CurrentStep, mr.Status.Conditions)
+			res.Remediations[v] = mr
+		}
+	}, remediationTimeout, time.Second).Should(Succeed())
+	g.Expect(sb.WaitForControlPlane(ctx, wc, int(sc.ControlPlane), 3*time.Minute)).To(Succeed())
+
+	_, lost := quorum.Stop()
+	g.Expect(lost).To(BeEmpty())
+	g.Expect(running.Stop()).To(BeEmpty(), "two control-plane remediations ran at once")
+	res.MinMargin, res.MinMarginAt, _ = quorum.Margin()
+	g.Expect(check()).To(Succeed())
+
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "wc-cp"}, kcp)).To(Succeed())
+	g.Expect(*kcp.Spec.Replicas).To(Equal(sc.ControlPlane))
+	g.Expect(kcp.Annotations).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
+	g.Expect(kcp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+	machines, err = sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, m := range machines {
+		g.Expect(victims).NotTo(ContainElement(m.Name))
+	}
+	return res
+}
+
+// StepNames returns the names of a remediation's steps, in order.
+func StepNames(mr *caprv1.MachineRemediation) []caprv1.StepName {
+	out := make([]caprv1.StepName, 0, len(mr.Status.Steps))
+	for _, s := range mr.Status.Steps {
+		out = append(out, s.Name)
+	}
+	return out
+}

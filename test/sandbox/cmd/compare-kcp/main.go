@@ -1,0 +1,350 @@
+// Command compare-kcp runs each control-plane fault on the full stack (CAPI's core, kubeadm bootstrap
+// and KubeadmControlPlane controllers and webhooks, kube-controller-manager, real etcd) twice: once
+// with CAPI's MachineHealthCheck and KCP remediating as upstream does, once with CAPR. It prints one
+// table per scenario: completed or stalled, minimum etcd failure margin (running voting members minus
+// quorum), seconds at margin 0 or below, time from the fault to the mark, to a healthy replacement
+// and to full voting strength, Machines created, fenced before delete.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// scenario is one fault.
+type scenario struct {
+	name         string
+	controlPlane int32
+	inject       func(ctx context.Context, r *run) ([]string, error)
+}
+
+var scenarios = []scenario{
+	{name: "node not Ready, member healthy", controlPlane: 3, inject: func(ctx context.Context, r *run) ([]string, error) {
+		m := r.initial[1]
+		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
+	}},
+	{name: "member dead", controlPlane: 3, inject: func(_ context.Context, r *run) ([]string, error) {
+		m := r.initial[0]
+		r.sb.KillEtcdMember(r.wc, m.Status.NodeRef.Name)
+		return []string{m.Name}, nil
+	}},
+	{name: "leader's kubelet dead, member alive", controlPlane: 3, inject: func(ctx context.Context, r *run) ([]string, error) {
+		state, err := r.sb.EtcdState(ctx, r.wc)
+		if err != nil {
+			return nil, err
+		}
+		leader := state.ByID(state.LeaderID)
+		if leader == nil {
+			return nil, errors.New("no etcd leader")
+		}
+		for _, m := range r.initial {
+			if m.Status.NodeRef.Name == leader.Name {
+				return []string{m.Name}, r.sb.StopKubelet(ctx, r.wc, leader.Name)
+			}
+		}
+		return nil, errors.New("no Machine for the leader")
+	}},
+	{name: "two of five unhealthy", controlPlane: 5, inject: func(_ context.Context, r *run) ([]string, error) {
+		a, b := r.initial[0], r.initial[3]
+		r.sb.KillEtcdMember(r.wc, a.Status.NodeRef.Name)
+		r.sb.KillEtcdMember(r.wc, b.Status.NodeRef.Name)
+		return []string{a.Name, b.Name}, nil
+	}},
+}
+
+// system is who detects and remediates.
+type system string
+
+const (
+	systemKCP  system = "CAPI MHC + KCP"
+	systemCAPR system = "CAPR"
+)
+
+// run is one scenario under one system, and what was measured.
+type run struct {
+	sb      *sandbox.Sandbox
+	wc      *sandbox.WorkloadCluster
+	initial []clusterv1.Machine
+	system  system
+	n       int
+
+	fault        time.Time
+	victims      []string
+	marked       map[string]time.Time
+	seen         map[string]bool
+	replacement  time.Time
+	fullStrength time.Time
+	minMargin    int
+	atMostZero   time.Duration
+	fenced       string
+	note         string
+}
+
+func main() {
+	os.Exit(compare())
+}
+
+func compare() int {
+	only := flag.String("scenario", "", "Run only the scenario whose name contains this.")
+	timeout := flag.Duration("timeout", 8*time.Minute, "Give up on a run (stalled) after this long.")
+	flag.Parse()
+	ctrl.SetLogger(logr.Discard())
+	ctx := context.Background()
+	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true}})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting the full stack: %v\n", err)
+		return 1
+	}
+	defer sb.Stop()
+	fmt.Printf("compare-kcp, %s, %d cores; CAPI v1.14.2 (KCP, CABPK, core), kube-apiserver and kube-controller-manager v1.36.3, etcd v3.6.14\n\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
+	failed := false
+	for i, sc := range scenarios {
+		if *only != "" && !strings.Contains(sc.name, *only) {
+			continue
+		}
+		var runs []*run
+		for j, sys := range []system{systemKCP, systemCAPR} {
+			r, err := runOnce(ctx, sb, sc, sys, fmt.Sprintf("cmp-%d-%d", i, j), *timeout)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "%s / %s: %v\n", sc.name, sys, err)
+				failed = true
+				continue
+			}
+			runs = append(runs, r)
+		}
+		printTable(sc, runs)
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, ns string, timeout time.Duration) (*run, error) {
+	if err := sb.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return nil, err
+	}
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane})
+	if err != nil {
+		return nil, err
+	}
+	defer sb.DestroyCluster(ctx, wc)
+	initial, err := sb.ControlPlaneMachines(ctx, wc)
+	if err != nil {
+		return nil, err
+	}
+	r := &run{sb: sb, wc: wc, initial: initial, system: sys, n: int(sc.controlPlane), marked: map[string]time.Time{}, seen: map[string]bool{}}
+	for _, m := range initial {
+		r.seen[m.Name] = true
+	}
+	switch sys {
+	case systemCAPR:
+		if err := sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)); err != nil {
+			return nil, err
+		}
+		capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+		if err != nil {
+			return nil, err
+		}
+		defer capr.Stop()
+	case systemKCP:
+		if err := sb.Client.Create(ctx, capiControlPlaneHealthCheck(ns, wc.Name)); err != nil {
+			return nil, err
+		}
+	}
+	quorum := sb.WatchQuorum(ctx, wc)
+	r.fault = time.Now()
+	if r.victims, err = sc.inject(ctx, r); err != nil {
+		return nil, err
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(250 * time.Millisecond) // the sampling period
+	defer tick.Stop()
+	for r.fullStrength.IsZero() {
+		r.sample(ctx)
+		select {
+		case <-deadline.C:
+			r.note = "timed out"
+		case <-tick.C:
+			continue
+		}
+		break
+	}
+	_, _ = quorum.Stop()
+	r.minMargin, _, r.atMostZero = quorum.Margin()
+	r.fenced = r.fencing(ctx)
+	return r, nil
+}
+
+// capiControlPlaneHealthCheck is CAPI's MachineHealthCheck for the control plane with the same node
+// timeout as CAPR's (a Node not Ready for 2 s) and no remediation template: KCP remediates.
+func capiControlPlaneHealthCheck(ns, cluster string) *clusterv1.MachineHealthCheck {
+	cond := func(status corev1.ConditionStatus) clusterv1.UnhealthyNodeCondition {
+		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(int32(2))}
+	}
+	return &clusterv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp"},
+		Spec: clusterv1.MachineHealthCheckSpec{
+			ClusterName: cluster,
+			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
+			Checks:      clusterv1.MachineHealthCheckChecks{UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)}},
+		},
+	}
+}
+
+// sample records marks, new Machines, the first healthy replacement and full voting strength.
+func (r *run) sample(ctx context.Context) {
+	now := time.Now()
+	machines, err := r.sb.ControlPlaneMachines(ctx, r.wc)
+	if err != nil {
+		return
+	}
+	for i := range machines {
+		m := &machines[i]
+		r.seen[m.Name] = true
+		if _, ok := r.marked[m.Name]; !ok && r.isMarked(m) {
+			r.marked[m.Name] = now
+		}
+	}
+	state, err := r.sb.EtcdState(ctx, r.wc)
+	if err != nil {
+		return
+	}
+	if r.replacement.IsZero() {
+		for _, m := range machines {
+			if !r.isInitial(m.Name) && m.Status.NodeRef.IsDefined() {
+				if member := state.ByName(m.Status.NodeRef.Name); member != nil && member.Healthy && !member.IsLearner {
+					r.replacement = now
+				}
+			}
+		}
+	}
+	c := state.Counts()
+	whole := c.Voting == r.n && c.Healthy == r.n && c.Learners == 0 && len(machines) == r.n
+	for _, v := range r.victims {
+		for _, m := range machines {
+			if m.Name == v {
+				whole = false
+			}
+		}
+	}
+	for _, m := range machines {
+		if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() || !r.sb.EtcdRunning(r.wc, m.Status.NodeRef.Name) {
+			whole = false
+		}
+	}
+	if whole {
+		r.fullStrength = now
+	}
+}
+
+func (r *run) isInitial(name string) bool {
+	for _, m := range r.initial {
+		if m.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *run) isMarked(m *clusterv1.Machine) bool {
+	if r.system == systemCAPR {
+		return conditions.IsFalse(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
+	}
+	return conditions.IsFalse(m, clusterv1.MachineHealthCheckSucceededCondition)
+}
+
+func (r *run) fencing(ctx context.Context) string {
+	if r.system == systemKCP {
+		return "no (KCP does not fence)"
+	}
+	var out []string
+	for _, v := range r.victims {
+		mr := &caprv1.MachineRemediation{}
+		if err := r.sb.Client.Get(ctx, client.ObjectKey{Namespace: r.wc.Namespace, Name: v}, mr); err != nil {
+			continue
+		}
+		for _, s := range mr.Status.Steps {
+			if s.Name == caprv1.StepFence {
+				out = append(out, fmt.Sprintf("%s: %s", s.Outcome, s.Message))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "not reached"
+	}
+	sort.Strings(out)
+	return strings.Join(out, "; ")
+}
+
+func printTable(sc scenario, runs []*run) {
+	fmt.Printf("### %s (%d control-plane Machines)\n\n", sc.name, sc.controlPlane)
+	header := "| |"
+	sep := "|---|"
+	for _, r := range runs {
+		header += " " + string(r.system) + " |"
+		sep += "---|"
+	}
+	fmt.Println(header)
+	fmt.Println(sep)
+	row := func(label string, value func(r *run) string) {
+		line := "| " + label + " |"
+		for _, r := range runs {
+			line += " " + value(r) + " |"
+		}
+		fmt.Println(line)
+	}
+	secs := func(t time.Time, from time.Time) string {
+		if t.IsZero() {
+			return "—"
+		}
+		return fmt.Sprintf("%.1f s", t.Sub(from).Seconds())
+	}
+	row("outcome", func(r *run) string {
+		if r.fullStrength.IsZero() {
+			return "**stalled**"
+		}
+		return "completed"
+	})
+	row("minimum failure margin", func(r *run) string { return fmt.Sprint(r.minMargin) })
+	row("seconds at margin ≤ 0", func(r *run) string { return fmt.Sprintf("%.1f", r.atMostZero.Seconds()) })
+	row("fault → mark", func(r *run) string {
+		var last time.Time
+		for _, v := range r.victims {
+			t, ok := r.marked[v]
+			if !ok {
+				return "not marked"
+			}
+			if t.After(last) {
+				last = t
+			}
+		}
+		return secs(last, r.fault)
+	})
+	row("fault → healthy replacement", func(r *run) string { return secs(r.replacement, r.fault) })
+	row("fault → full voting strength", func(r *run) string { return secs(r.fullStrength, r.fault) })
+	row("Machines created", func(r *run) string { return fmt.Sprint(len(r.seen) - len(r.initial)) })
+	row("fenced before delete", func(r *run) string { return r.fenced })
+	fmt.Println()
+}
