@@ -27,6 +27,10 @@ type Adapter interface {
 	// ScaleDownRefusal says why the provider would not remove a Machine other than the victim now
 	// ("" when it would): the surge orders end with a scale-down.
 	ScaleDownRefusal(view ProviderView) string
+	// Explain returns the provider's own words on what it is doing or waiting for (e.g. KCP's
+	// ScalingUp and ScalingDown condition messages), appended to CAPR's messages while a step waits on
+	// the provider; "" when it has none.
+	Explain(cp *unstructured.Unstructured) string
 	// Surge is how many Machines a remediation adds before the victim goes (1, or 2 where the provider
 	// accepts only odd replica counts), and why.
 	Surge(cp *unstructured.Unstructured) (int32, string)
@@ -84,6 +88,9 @@ func (Generic) Busy(ProviderView) string { return "" }
 
 // ScaleDownRefusal implements Adapter.
 func (Generic) ScaleDownRefusal(ProviderView) string { return "" }
+
+// Explain implements Adapter.
+func (Generic) Explain(*unstructured.Unstructured) string { return "" }
 
 // BeforeScaleUp implements Adapter.
 func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int32) error { return nil }

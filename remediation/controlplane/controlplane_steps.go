@@ -231,7 +231,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 			}
 			return r.armNextReplacement(ctx, s, state, nil)
 		}
-		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine", requeue: waitShort}, nil
+		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine" + s.adapter.Explain(s.cp), requeue: waitShort}, nil
 	}
 	s.mr.Status.ControlPlane.Replacement = reps[0].Name
 	for _, rep := range reps {
@@ -322,7 +322,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 			return stepResult{}, err
 		}
 	}
-	return stepResult{message: fmt.Sprintf("waiting for the %s to create replacement %d of %d", s.adapter.Name(), next, surge(s)), requeue: waitShort}, nil
+	return stepResult{message: fmt.Sprintf("waiting for the %s to create replacement %d of %d%s", s.adapter.Name(), next, surge(s), s.adapter.Explain(s.cp)), requeue: waitShort}, nil
 }
 
 // annotateReplacement records on the replacement which Machine it replaced, for retry limits.
@@ -502,7 +502,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 			return stepResult{}, err
 		}
 	}
-	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s", desired, s.adapter.Name(), m.Name), requeue: waitShort}, nil
+	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s%s", desired, s.adapter.Name(), m.Name, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
 }
 
 // waitForDesiredMachines finishes the Delete step once the victim is gone and the provider is back
@@ -523,8 +523,8 @@ func (r *Reconciler) waitForDesiredMachines(s *scope) (stepResult, error) {
 			}
 		}
 		if live != int(desired) || deleting > 0 {
-			return stepResult{message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)",
-				s.mr.Name, s.adapter.Name(), desired, live, deleting), requeue: waitShort}, nil
+			return stepResult{message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)%s",
+				s.mr.Name, s.adapter.Name(), desired, live, deleting, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
 		}
 	}
 	return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted by the %s", s.mr.Name, s.adapter.Name())}, nil

@@ -118,6 +118,10 @@ func (KCP) ScaleDownRefusal(view ProviderView) string {
 	return fmt.Sprintf("KCP scales down only when every other control-plane Machine is healthy, and %s is not", strings.Join(unhealthy, ", "))
 }
 
+// Explain implements Adapter with KCP's ScalingUp, ScalingDown and RollingOut messages (e.g. "Scaling
+// up would cause etcd to lose quorum", the preflight that holds a replacement back).
+func (KCP) Explain(cp *unstructured.Unstructured) string { return kcpConditionMessages(cp) }
+
 // kcpConditionMessages returns KCP's own words on what it is doing (its ScalingUp, ScalingDown and
 // RollingOut conditions when True), for CAPR's condition.
 func kcpConditionMessages(cp *unstructured.Unstructured) string {

@@ -273,3 +273,19 @@ func TestKCPBeforeScaleUpNeverOverwritesAnotherMachine(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(data.Timestamp.Time.Equal(first.Add(time.Minute))).To(BeTrue(), "re-stamped after the newest replacement")
 }
+
+// TestKCPExplain: while a step waits on KCP, CAPR's message carries KCP's own reason.
+func TestKCPExplain(t *testing.T) {
+	g := NewWithT(t)
+	cp := kcpObject()
+	g.Expect(KCP{}.Explain(cp)).To(BeEmpty())
+	g.Expect(unstructured.SetNestedSlice(cp.Object, []interface{}{
+		map[string]interface{}{"type": controlplanev1.KubeadmControlPlaneScalingUpCondition, "status": "True", "message": "Scaling up from 3 to 5 replicas is blocked because:\n* etcd would lose quorum"},
+		map[string]interface{}{"type": controlplanev1.KubeadmControlPlaneScalingDownCondition, "status": "False", "message": "not scaling down"},
+	}, "status", "conditions")).To(Succeed())
+	got := KCP{}.Explain(cp)
+	g.Expect(got).To(ContainSubstring("KCP ScalingUp: Scaling up from 3 to 5"))
+	g.Expect(got).NotTo(ContainSubstring("not scaling down"))
+	g.Expect(got).NotTo(ContainSubstring("\n"), "one line in a condition message")
+	g.Expect(Generic{}.Explain(cp)).To(BeEmpty())
+}

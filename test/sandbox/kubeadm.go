@@ -399,21 +399,7 @@ func (r *infraMachineReconciler) teardown(ctx context.Context, wc *WorkloadClust
 		return nil
 	}
 	node := im.Name
-	r.s.mu.Lock()
-	k := r.s.kubelets[node]
-	delete(r.s.kubelets, node)
-	r.s.mu.Unlock()
-	if k != nil {
-		k.Stop()
-	}
-	if wc.Etcd.Endpoint(node) != "" {
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := wc.Etcd.Leave(lctx, node)
-		cancel()
-		if err != nil {
-			r.s.Log.Add(wc.Name, "kubeadm reset on %s could not remove its etcd member: %v", node, err)
-		}
-	}
+	r.s.powerOff(ctx, wc, node, true)
 	for _, component := range controlPlaneComponents {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: component + "-" + node}}
 		if err := r.c.Delete(ctx, pod); err != nil && !isNotFound(err) {

@@ -275,28 +275,34 @@ func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, 
 	return nil
 }
 
+// powerOff is a machine going away: its kubelet stops and, as `kubeadm reset` does, its etcd member is
+// removed if still there (a member that cannot be removed, e.g. without quorum, is left to the
+// operator) and its process stopped either way.
+func (s *Sandbox) powerOff(ctx context.Context, wc *WorkloadCluster, node string, controlPlane bool) {
+	s.mu.Lock()
+	k := s.kubelets[node]
+	delete(s.kubelets, node)
+	s.mu.Unlock()
+	if k != nil {
+		k.Stop()
+	}
+	if !controlPlane || wc.Etcd.Endpoint(node) == "" {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := wc.Etcd.Leave(lctx, node); err != nil {
+		s.Log.Add(wc.Name, "etcd member %s could not be removed on teardown: %v", node, err)
+	}
+}
+
 func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m *clusterv1.Machine) error {
 	if !controllerutil.ContainsFinalizer(m, machineFinalizer) {
 		return nil
 	}
 	node := m.Name
-	r.s.mu.Lock()
-	k := r.s.kubelets[node]
-	delete(r.s.kubelets, node)
-	r.s.mu.Unlock()
-	if k != nil {
-		k.Stop()
-	}
-	if _, isCP := m.Labels[clusterv1.MachineControlPlaneLabel]; isCP && wc.Etcd.Endpoint(node) != "" {
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := wc.Etcd.Leave(lctx, node)
-		cancel()
-		if err != nil {
-			// As kubeadm reset: a member that cannot be removed (e.g. no quorum) is left to the
-			// operator; the process is stopped either way.
-			r.s.Log.Add(wc.Name, "etcd member %s could not be removed on teardown: %v", node, err)
-		}
-	}
+	_, isCP := m.Labels[clusterv1.MachineControlPlaneLabel]
+	r.s.powerOff(ctx, wc, node, isCP)
 	for _, o := range []client.Object{
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: etcdutil.PodName(node)}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}},

@@ -31,9 +31,10 @@ func TestKCPDeadMemberRemovesFirst(t *testing.T) {
 }
 
 // TestKCPLeaderKubeletDead: the kubelet of the etcd leader's Node dies; the leader runs but cannot be
-// reached through the API server (KCP cannot move leadership off it: CAPI #8465, #12711). KCP cannot
-// reach that member either, so its scale-up preflight projects too few healthy members to add one:
-// CAPR removes the member first (through another member: etcd steps the leader down), then surges, and
+// reached through the API server (KCP cannot move leadership off it: CAPI #8465, #12711). An
+// unreachable member counts as unhealthy, so adding a voter first is not quorum-safe (and KCP's own
+// scale-up preflight, which cannot reach that member either, would refuse it too): CAPR removes the
+// member first (through another member: etcd steps the leader down), then surges, and
 // KCP deletes the victim. The margin goes to 0 while two members remain, as with KCP's own remediation.
 func TestKCPLeaderKubeletDead(t *testing.T) {
 	var victim string
@@ -59,5 +60,4 @@ func TestKCPLeaderKubeletDead(t *testing.T) {
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 	mr := res.Remediations[victim]
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), mr.Status.ControlPlane.OrderReason)
-	g.Expect(mr.Status.ControlPlane.OrderReason).To(ContainSubstring("KCP projects"))
 }
