@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -105,7 +106,7 @@ func main() {
 
 func compare() int {
 	only := flag.String("scenario", "", "Run only the scenario whose name contains this.")
-	timeout := flag.Duration("timeout", 8*time.Minute, "Give up on a run (stalled) after this long.")
+	timeout := flag.Duration("timeout", 6*time.Minute, "Give up on a run (stalled) after this long.")
 	flag.Parse()
 	ctrl.SetLogger(logr.Discard())
 	ctx := context.Background()
@@ -197,18 +198,26 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, 
 	return r, nil
 }
 
-// capiControlPlaneHealthCheck is CAPI's MachineHealthCheck for the control plane with the same node
-// timeout as CAPR's (a Node not Ready for 2 s) and no remediation template: KCP remediates.
+// capiControlPlaneHealthCheck is CAPI's MachineHealthCheck for the control plane with the same
+// timeouts as CAPR's health check (a Node not Ready for 2 s; an etcd member unhealthy for 10 s, which
+// CAPI v1.14 can express with KCP's EtcdMemberHealthy Machine condition) and no remediation template:
+// KCP remediates.
 func capiControlPlaneHealthCheck(ns, cluster string) *clusterv1.MachineHealthCheck {
 	cond := func(status corev1.ConditionStatus) clusterv1.UnhealthyNodeCondition {
 		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(int32(2))}
+	}
+	etcd := func(status metav1.ConditionStatus) clusterv1.UnhealthyMachineCondition {
+		return clusterv1.UnhealthyMachineCondition{Type: controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, Status: status, TimeoutSeconds: ptr.To(int32(10))}
 	}
 	return &clusterv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp"},
 		Spec: clusterv1.MachineHealthCheckSpec{
 			ClusterName: cluster,
 			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
-			Checks:      clusterv1.MachineHealthCheckChecks{UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)}},
+			Checks: clusterv1.MachineHealthCheckChecks{
+				UnhealthyNodeConditions:    []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)},
+				UnhealthyMachineConditions: []clusterv1.UnhealthyMachineCondition{etcd(metav1.ConditionFalse), etcd(metav1.ConditionUnknown)},
+			},
 		},
 	}
 }
