@@ -105,7 +105,7 @@ func main() {
 }
 
 func compare() int {
-	only := flag.String("scenario", "", "Run only the scenario whose name contains this.")
+	only := flag.String("scenario", "", "Run only the scenarios whose names contain one of these comma-separated words.")
 	timeout := flag.Duration("timeout", 6*time.Minute, "Give up on a run (stalled) after this long.")
 	flag.Parse()
 	ctrl.SetLogger(logr.Discard())
@@ -120,7 +120,7 @@ func compare() int {
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
 	failed := false
 	for i, sc := range scenarios {
-		if *only != "" && !strings.Contains(sc.name, *only) {
+		if !selected(sc.name, *only) {
 			continue
 		}
 		var runs []*run
@@ -139,6 +139,18 @@ func compare() int {
 		return 1
 	}
 	return 0
+}
+
+func selected(name, only string) bool {
+	if only == "" {
+		return true
+	}
+	for _, w := range strings.Split(only, ",") {
+		if strings.Contains(name, strings.TrimSpace(w)) {
+			return true
+		}
+	}
+	return false
 }
 
 func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, ns string, timeout time.Duration) (*run, error) {
@@ -199,15 +211,16 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, 
 }
 
 // capiControlPlaneHealthCheck is CAPI's MachineHealthCheck for the control plane with the same
-// timeouts as CAPR's health check (a Node not Ready for 2 s; an etcd member unhealthy for 10 s, which
-// CAPI v1.14 can express with KCP's EtcdMemberHealthy Machine condition) and no remediation template:
-// KCP remediates.
+// timeouts as CAPR's health check (a Node not Ready for 2 s; an etcd member unhealthy for 10 s) and no
+// remediation template: KCP remediates. CAPI v1.14 can check KCP's Machine conditions: EtcdMemberHealthy
+// (membership, learner, alarms: KCP does not ask whether the member answers) and EtcdPodHealthy (the
+// kubelet reports the crashed etcd container), the best a CAPI user can configure for a dead member.
 func capiControlPlaneHealthCheck(ns, cluster string) *clusterv1.MachineHealthCheck {
 	cond := func(status corev1.ConditionStatus) clusterv1.UnhealthyNodeCondition {
 		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(int32(2))}
 	}
-	etcd := func(status metav1.ConditionStatus) clusterv1.UnhealthyMachineCondition {
-		return clusterv1.UnhealthyMachineCondition{Type: controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, Status: status, TimeoutSeconds: ptr.To(int32(10))}
+	etcd := func(condition string, status metav1.ConditionStatus) clusterv1.UnhealthyMachineCondition {
+		return clusterv1.UnhealthyMachineCondition{Type: condition, Status: status, TimeoutSeconds: ptr.To(int32(10))}
 	}
 	return &clusterv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp"},
@@ -216,7 +229,11 @@ func capiControlPlaneHealthCheck(ns, cluster string) *clusterv1.MachineHealthChe
 			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
 			Checks: clusterv1.MachineHealthCheckChecks{
 				UnhealthyNodeConditions:    []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)},
-				UnhealthyMachineConditions: []clusterv1.UnhealthyMachineCondition{etcd(metav1.ConditionFalse), etcd(metav1.ConditionUnknown)},
+				UnhealthyMachineConditions: []clusterv1.UnhealthyMachineCondition{
+					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, metav1.ConditionFalse),
+					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, metav1.ConditionUnknown),
+					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, metav1.ConditionFalse),
+				},
 			},
 		},
 	}
