@@ -228,7 +228,7 @@ func capiControlPlaneHealthCheck(ns, cluster string) *clusterv1.MachineHealthChe
 			ClusterName: cluster,
 			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
 			Checks: clusterv1.MachineHealthCheckChecks{
-				UnhealthyNodeConditions:    []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)},
+				UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)},
 				UnhealthyMachineConditions: []clusterv1.UnhealthyMachineCondition{
 					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, metav1.ConditionFalse),
 					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, metav1.ConditionUnknown),
