@@ -97,7 +97,6 @@ type run struct {
 	minMargin    int
 	atMostZero   time.Duration
 	fenced       string
-	note         string
 }
 
 func main() {
@@ -194,15 +193,15 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, 
 	defer deadline.Stop()
 	tick := time.NewTicker(250 * time.Millisecond) // the sampling period
 	defer tick.Stop()
+	// Until full voting strength, or the deadline: a run that has not reached it is "stalled".
+sampling:
 	for r.fullStrength.IsZero() {
 		r.sample(ctx)
 		select {
 		case <-deadline.C:
-			r.note = "timed out"
+			break sampling
 		case <-tick.C:
-			continue
 		}
-		break
 	}
 	_, _ = quorum.Stop()
 	r.minMargin, _, r.atMostZero = quorum.Margin()
