@@ -248,8 +248,9 @@ type round struct {
 	targets []target
 	evals   []evaluation
 	healthy int
-	// cpTargets and cpNotHealthy count the control-plane targets, and those not healthy.
-	cpTargets, cpNotHealthy int
+	// cpTargets and cpNotHealthy count the control-plane targets, and those not healthy;
+	// cpStarting those not healthy only because they have no Node yet.
+	cpTargets, cpNotHealthy, cpStarting int
 	// next > 0 is when the first running timeout expires.
 	next time.Duration
 }
@@ -267,6 +268,9 @@ func evaluateAll(targets []target, cfg checkConfig, facts clusterFacts, now time
 			rd.cpTargets++
 			if ev.verdict != verdictHealthy {
 				rd.cpNotHealthy++
+			}
+			if ev.verdict == verdictPending && !t.machine.Status.NodeRef.IsDefined() {
+				rd.cpStarting++
 			}
 		}
 		if ev.nextCheck > 0 && (rd.next == 0 || ev.nextCheck < rd.next) {
@@ -308,7 +312,7 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 	}
 	cp := limitDecision{allowed: true, limit: -1}
 	if rd.cpTargets > 0 {
-		cp = r.controlPlaneLimit(ctx, cluster, trigger.limit, rd.cpNotHealthy)
+		cp = r.controlPlaneLimit(ctx, cluster, trigger.limit, rd.cpNotHealthy, rd.cpStarting)
 		if q.lost() {
 			cp = quorumLostDecision(cp, q)
 		}

@@ -116,9 +116,10 @@ func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int) limitDecisi
 }
 
 // controlPlaneLimit reads the control plane's desired replicas and applies the quorum-safe limit.
-// While a CAPR remediation holds the control plane, its replicas are temporarily N+1: the N recorded
-// in the lock is used instead. When N cannot be read, control-plane remediation is not allowed.
-func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.Cluster, userLimit, notHealthy int) limitDecision {
+// While a CAPR remediation holds the control plane, its replicas are temporarily N+surge: the N
+// recorded in the lock is used instead, and the surge Machines still starting are not counted (see
+// surgeStarting). When N cannot be read, control-plane remediation is not allowed.
+func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.Cluster, userLimit, notHealthy, starting int) limitDecision {
 	if !cluster.Spec.ControlPlaneRef.IsDefined() {
 		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: "Remediation of control-plane Machines is not allowed: Cluster has no spec.controlPlaneRef"}
 	}
@@ -132,10 +133,21 @@ func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.C
 	}
 	if v, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; ok {
 		if rec, err := caprv1.ControlPlaneLockFromAnnotation(v); err == nil && rec.DesiredReplicas > 0 {
+			notHealthy -= surgeStarting(int(replicas), int(rec.DesiredReplicas), starting)
 			replicas = int64(rec.DesiredReplicas)
 		}
 	}
 	return controlPlaneDecision(userLimit, int(replicas), notHealthy)
+}
+
+// surgeStarting is how many of the starting control-plane Machines (no Node yet) are the surge of
+// the remediation holding the control plane: at most replicas - desired. They are not counted
+// against the quorum-safe limit, which is about the N desired Machines: a surge Machine is not an
+// etcd member yet and is extra to N. Counting it would refuse a Machine whose member dies while a
+// replacement is being provisioned, and the remediation in progress (which cannot safely remove a
+// healthy member while another is down) could then only wait for its timeout.
+func surgeStarting(replicas, desired, starting int) int {
+	return max(0, min(starting, replicas-desired))
 }
 
 var unhealthyRangeRE = regexp.MustCompile(`^\[([0-9]+)-([0-9]+)\]$`)

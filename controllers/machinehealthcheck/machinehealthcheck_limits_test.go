@@ -65,3 +65,23 @@ func TestLimitsRemaining(t *testing.T) {
 	g.Expect(refused.remaining()).To(Equal(0))
 	g.Expect(refused.refusal().reason).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
 }
+
+func TestSurgeStarting(t *testing.T) {
+	tests := []struct {
+		name                        string
+		replicas, desired, starting int
+		want                        int
+	}{
+		{name: "no surge: a starting Machine counts", replicas: 3, desired: 3, starting: 1, want: 0},
+		{name: "surge of one, starting", replicas: 4, desired: 3, starting: 1, want: 1},
+		{name: "surge of one, two starting: one still counts", replicas: 4, desired: 3, starting: 2, want: 1},
+		{name: "surge of two (KCP, stacked etcd), both starting", replicas: 5, desired: 3, starting: 2, want: 2},
+		{name: "surge already started: nothing excused", replicas: 4, desired: 3, starting: 0, want: 0},
+		{name: "replicas below desired (scaled back first)", replicas: 2, desired: 3, starting: 1, want: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			NewWithT(t).Expect(surgeStarting(tt.replicas, tt.desired, tt.starting)).To(Equal(tt.want))
+		})
+	}
+}

@@ -53,6 +53,7 @@ const (
 	EventRemediationAborted   = "RemediationAborted"
 	EventRemediationRetried   = "RemediationRetried"
 	EventRemediationWithdrawn = "RemediationWithdrawn"
+	EventRemediationYielded   = "RemediationYielded"
 	EventStepTimedOut         = "StepTimedOut"
 )
 
@@ -357,9 +358,19 @@ func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 
 // firstCandidate returns which of the cluster's pending control-plane remediations goes first.
 func (r *Reconciler) firstCandidate(ctx context.Context, s *scope, state *etcdutil.State) (string, error) {
+	cands, err := r.waitingCandidates(ctx, s, state)
+	if err != nil {
+		return "", err
+	}
+	return FirstCandidate(cands), nil
+}
+
+// waitingCandidates returns the cluster's Pending control-plane remediations that may start (this one
+// included while it is Pending), with how broken each victim's etcd member is.
+func (r *Reconciler) waitingCandidates(ctx context.Context, s *scope, state *etcdutil.State) ([]Candidate, error) {
 	list := &caprv1.MachineRemediationList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
-		return "", fmt.Errorf("listing MachineRemediations: %w", err)
+		return nil, fmt.Errorf("listing MachineRemediations: %w", err)
 	}
 	byName := map[string]*clusterv1.Machine{}
 	for _, m := range s.machines {
@@ -377,14 +388,19 @@ func (r *Reconciler) firstCandidate(ctx context.Context, s *scope, state *etcdut
 		if other.Name != s.mr.Name && (conditions.GetReason(&other, caprv1.MachineRemediationProgressingCondition) == caprv1.MachineRemediationWaitingForRetryPeriodReason) {
 			continue // waiting for its retry period: it does not block others
 		}
-		cands = append(cands, Candidate{
-			Name:      other.Name,
-			Requested: annotations.HasRemediateMachine(m) || other.Spec.Source == caprv1.MachineRemediationSourceManual,
-			Member:    victimMember(state, m.Status.NodeRef.Name),
-			Created:   other.CreationTimestamp.Time,
-		})
+		cands = append(cands, candidate(&other, m, state))
 	}
-	return FirstCandidate(cands), nil
+	return cands, nil
+}
+
+// candidate describes a remediation for FirstCandidate and YieldTo.
+func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine, state *etcdutil.State) Candidate {
+	return Candidate{
+		Name:      mr.Name,
+		Requested: annotations.HasRemediateMachine(m) || mr.Spec.Source == caprv1.MachineRemediationSourceManual,
+		Member:    victimMember(state, m.Status.NodeRef.Name),
+		Created:   mr.CreationTimestamp.Time,
+	}
 }
 
 func setWaiting(mr *caprv1.MachineRemediation, reason, msg string) {

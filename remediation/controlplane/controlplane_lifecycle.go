@@ -10,7 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -102,10 +105,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 		// Two requests recorded Running for one cluster (the lock was lost while both started). The
 		// one that has done nothing yet goes back to Pending; one that has acted waits.
 		if len(s.mr.Status.Steps) == 0 {
-			s.mr.Status.Phase = caprv1.MachineRemediationPhasePending
-			s.mr.Status.ControlPlane = nil
-			s.mr.Status.StartTime = nil
-			setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+			backToPending(s, fmt.Sprintf(
 				"the remediation of control-plane Machine %s runs; this one went back to Pending before doing anything", other))
 			return ctrl.Result{RequeueAfter: waitLong}, nil
 		}
@@ -136,7 +136,82 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 	if res, done, err := r.checkStepTimeout(ctx, s); done || err != nil {
 		return res, err
 	}
+	if yielded, err := r.yieldToMoreBroken(ctx, s); yielded || err != nil {
+		return ctrl.Result{RequeueAfter: waitLong}, err
+	}
 	return r.runSteps(ctx, s)
+}
+
+// yieldToMoreBroken gives the control plane to a waiting remediation whose victim's etcd member is
+// down while this one's is healthy (YieldTo), as long as this one can still be undone: replicas back,
+// lock released, Pending again. Without it the running remediation would wait for its timeout at the
+// quorum check and the broken member would wait behind it.
+func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, error) {
+	if s.machineGone {
+		return false, nil
+	}
+	list := &caprv1.MachineRemediationList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
+		return false, fmt.Errorf("listing MachineRemediations: %w", err)
+	}
+	othersWait := false
+	for _, other := range list.Items {
+		if other.Name != s.mr.Name && (other.Status.Phase == "" || other.Status.Phase == caprv1.MachineRemediationPhasePending) {
+			othersWait = true
+		}
+	}
+	if !othersWait || r.pastPointOfNoReturn(ctx, s) {
+		return false, nil
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return false, nil //nolint:nilerr // without etcd state nobody can be judged more broken: the steps say why they wait
+	}
+	waiting, err := r.waitingCandidates(ctx, s, state)
+	if err != nil {
+		return false, err
+	}
+	other := YieldTo(candidate(s.mr, s.machine, state), waiting)
+	if other == "" {
+		return false, nil
+	}
+	undone, err := r.undo(ctx, s)
+	if err != nil {
+		return false, err
+	}
+	msg := fmt.Sprintf("the etcd member of control-plane Machine %s is %s and this one's is healthy: removing a healthy member now would not be quorum-safe, so this remediation gave way before its point of no return (%s) and waits for that one",
+		other, victimMember(state, machineNode(s.machines, other)), undone)
+	backToPending(s, msg)
+	r.event(s.mr, corev1.EventTypeNormal, EventRemediationYielded, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way to a more broken Machine", "other", other, "undone", undone)
+	return true, nil
+}
+
+// machineNode returns the Node name of the named Machine among machines ("" if unknown).
+func machineNode(machines []*clusterv1.Machine, name string) string {
+	for _, m := range machines {
+		if m.Name == name {
+			return m.Status.NodeRef.Name
+		}
+	}
+	return ""
+}
+
+// backToPending returns a remediation that did nothing irreversible to Pending: its run is forgotten
+// (steps, start, control-plane record) and it is owned by its Machine again, like a request that never
+// started, so that it goes with the Machine.
+func backToPending(s *scope, msg string) {
+	s.mr.Status.Phase = caprv1.MachineRemediationPhasePending
+	s.mr.Status.ControlPlane = nil
+	s.mr.Status.StartTime = nil
+	s.mr.Status.Steps = nil
+	s.mr.Status.CurrentStep = ""
+	if !s.machineGone {
+		s.mr.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: s.machine.Name, UID: s.machine.UID,
+		}}
+	}
+	setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, msg)
 }
 
 // runningRemediation returns another Running request of the same cluster, read live: the durable
@@ -251,7 +326,16 @@ func (r *Reconciler) pastPointOfNoReturn(ctx context.Context, s *scope) bool {
 func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 	var did []string
 	if cp := s.mr.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil && s.cp != nil {
-		current, err := Replicas(s.cp)
+		// Before the point of no return every control-plane Machine created since the start is this
+		// remediation's surge: the provider is to remove those when it scales back, not an old one.
+		reps := replacements(s)
+		if err := r.markForDeletion(ctx, reps); err != nil {
+			return "", err
+		}
+		if len(reps) > 0 {
+			did = append(did, fmt.Sprintf("replacement %v marked %s", machineNames(reps), clusterv1.DeleteMachineAnnotation))
+		}
+		current, replicasErr := Replicas(s.cp)
 		cleared := false
 		if err := r.setReplicas(ctx, s, *cp.DesiredReplicas, func(u *unstructured.Unstructured) error {
 			cleared = s.adapter.ClearScaleUp(u, s.mr.Name)
@@ -259,12 +343,13 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		}); err != nil {
 			return "", err
 		}
-		if err == nil && current != *cp.DesiredReplicas {
+		if replicasErr == nil && current != *cp.DesiredReplicas {
 			did = append(did, fmt.Sprintf("replicas back from %d to %d", current, *cp.DesiredReplicas))
 		}
 		if cleared {
 			did = append(did, "the provider's remediation annotation removed")
 		}
+		did = append(did, r.deleteUnstarted(ctx, reps)...)
 	}
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name {
 		did = append(did, "the control-plane lock released")
@@ -276,6 +361,43 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		return "nothing had been changed", nil
 	}
 	return strings.Join(did, ", "), nil
+}
+
+// markForDeletion annotates Machines with cluster.x-k8s.io/delete-machine, which CAPI's
+// control-plane providers delete first on scale-down.
+func (r *Reconciler) markForDeletion(ctx context.Context, machines []*clusterv1.Machine) error {
+	for _, m := range machines {
+		if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
+			continue
+		}
+		base := m.DeepCopy()
+		annotations.AddAnnotations(m, map[string]string{clusterv1.DeleteMachineAnnotation: "capr"})
+		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
+			return fmt.Errorf("annotating replacement Machine %s for deletion: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// deleteUnstarted deletes the replacements that have no Node yet, once replicas are back to N: a
+// provider scales down only when nothing is provisioning (KCP, the sandbox's), and a replacement that
+// cannot join (etcd refuses a new member while another is down) would never finish provisioning.
+// The provider's own deletion path removes whatever member it may have got. Best effort: it says
+// what it could not delete, and the marked Machine is still the provider's first choice.
+func (r *Reconciler) deleteUnstarted(ctx context.Context, reps []*clusterv1.Machine) []string {
+	var did []string
+	for _, m := range reps {
+		if m.Status.NodeRef.IsDefined() || !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Deleting a replacement that has not started", "replacement", klog.KObj(m))
+			did = append(did, fmt.Sprintf("replacement %s could not be deleted (%v): the provider removes it when it scales down", m.Name, err))
+			continue
+		}
+		did = append(did, fmt.Sprintf("replacement %s deleted (it had no Node yet)", m.Name))
+	}
+	return did
 }
 
 // fail ends the remediation after undoing it: a person (or the retry annotation) starts it again.

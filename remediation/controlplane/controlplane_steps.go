@@ -168,6 +168,15 @@ func replacements(s *scope) []*clusterv1.Machine {
 	return out
 }
 
+// machineNames returns the names of machines, in order.
+func machineNames(machines []*clusterv1.Machine) []string {
+	out := make([]string, 0, len(machines))
+	for _, m := range machines {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
 // replacement returns the first replacement Machine, or nil.
 func replacement(s *scope) *clusterv1.Machine {
 	if reps := replacements(s); len(reps) > 0 {

@@ -467,12 +467,4 @@ func (w *world) deleteMachine(g Gomega, name string) {
 	g.Expect(w.client.Delete(w.t.Context(), &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name}})).To(Succeed())
 }
 
-func machineNames(machines []*clusterv1.Machine) []string {
-	out := make([]string, 0, len(machines))
-	for _, m := range machines {
-		out = append(out, m.Name)
-	}
-	return out
-}
-
 var errInjected = errors.New("injected failure")

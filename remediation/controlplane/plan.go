@@ -293,29 +293,31 @@ type Candidate struct {
 	Created   time.Time
 }
 
-// FirstCandidate returns the remediation that should go first: explicit requests, then the most
-// broken etcd member (missing or down before healthy, so that a dead member is never left behind a
-// healthy one whose removal would not be safe), then the oldest.
+// brokenRank orders victims' etcd members: missing, down or a learner (0) before a healthy voter (1).
+func brokenRank(v VictimMember) int {
+	switch v {
+	case VictimMissing, VictimUnhealthy, VictimLearner:
+		return 0
+	default:
+		return 1
+	}
+}
+
+// FirstCandidate returns the remediation that should go first: the most broken etcd member (missing
+// or down before healthy, so that a dead member is never left behind a healthy one whose removal
+// would not be safe — not even behind an explicit request), then explicit requests, then the oldest.
 func FirstCandidate(cands []Candidate) string {
 	if len(cands) == 0 {
 		return ""
 	}
-	rank := func(v VictimMember) int {
-		switch v {
-		case VictimMissing, VictimUnhealthy, VictimLearner:
-			return 0
-		default:
-			return 1
-		}
-	}
 	sorted := append([]Candidate(nil), cands...)
 	sort.SliceStable(sorted, func(i, j int) bool {
 		a, b := sorted[i], sorted[j]
+		if brokenRank(a.Member) != brokenRank(b.Member) {
+			return brokenRank(a.Member) < brokenRank(b.Member)
+		}
 		if a.Requested != b.Requested {
 			return a.Requested
-		}
-		if rank(a.Member) != rank(b.Member) {
-			return rank(a.Member) < rank(b.Member)
 		}
 		if !a.Created.Equal(b.Created) {
 			return a.Created.Before(b.Created)
@@ -323,4 +325,23 @@ func FirstCandidate(cands []Candidate) string {
 		return a.Name < b.Name
 	})
 	return sorted[0].Name
+}
+
+// YieldTo returns the waiting remediation that a running one, not yet past its point of no return,
+// must give way to ("" when it keeps going): one whose victim's etcd member is missing, down or a
+// learner while the running one's victim is a healthy voter. Removing a healthy member while another
+// is down is what the quorum checks refuse, so the running remediation could only wait for its
+// timeout while holding the control plane that the broken Machine needs; FirstCandidate then puts
+// the broken one first, so the two never take turns.
+func YieldTo(running Candidate, waiting []Candidate) string {
+	if brokenRank(running.Member) == 0 {
+		return ""
+	}
+	var broken []Candidate
+	for _, c := range waiting {
+		if brokenRank(c.Member) == 0 {
+			broken = append(broken, c)
+		}
+	}
+	return FirstCandidate(broken)
 }

@@ -325,11 +325,55 @@ func TestFirstCandidate(t *testing.T) {
 		{Name: "dead-new", Member: VictimUnhealthy, Created: t0},
 	})).To(Equal("dead-new"), "a dead member goes before a healthy one")
 	g.Expect(FirstCandidate([]Candidate{
+		{Name: "asked", Requested: true, Member: VictimHealthy, Created: t0.Add(-time.Hour)},
 		{Name: "dead", Member: VictimUnhealthy, Created: t0},
+	})).To(Equal("dead"), "a dead member goes before an explicit request for a healthy one")
+	g.Expect(FirstCandidate([]Candidate{
+		{Name: "old", Member: VictimHealthy, Created: t0.Add(-time.Hour)},
 		{Name: "asked", Requested: true, Member: VictimHealthy, Created: t0},
-	})).To(Equal("asked"))
+	})).To(Equal("asked"), "among equally broken, explicit requests first")
 	g.Expect(FirstCandidate([]Candidate{
 		{Name: "b", Member: VictimMissing, Created: t0},
 		{Name: "a", Member: VictimUnhealthy, Created: t0},
 	})).To(Equal("a"))
+}
+
+func TestYieldTo(t *testing.T) {
+	t0 := time.Now()
+	healthy := Candidate{Name: "running", Member: VictimHealthy, Created: t0.Add(-time.Hour)}
+	tests := []struct {
+		name    string
+		running Candidate
+		waiting []Candidate
+		want    string
+	}{
+		{name: "nobody waits", running: healthy},
+		{name: "only healthy victims wait", running: healthy,
+			waiting: []Candidate{{Name: "h", Member: VictimHealthy, Requested: true, Created: t0}}},
+		{name: "a dead member waits", running: healthy,
+			waiting: []Candidate{{Name: "h", Member: VictimHealthy, Created: t0}, {Name: "dead", Member: VictimUnhealthy, Created: t0}},
+			want:    "dead"},
+		{name: "a missing member waits", running: healthy,
+			waiting: []Candidate{{Name: "gone", Member: VictimMissing, Created: t0}}, want: "gone"},
+		{name: "a learner waits", running: healthy,
+			waiting: []Candidate{{Name: "learner", Member: VictimLearner, Created: t0}}, want: "learner"},
+		{name: "several broken: the explicit request, then the oldest", running: healthy,
+			waiting: []Candidate{
+				{Name: "dead-new", Member: VictimUnhealthy, Created: t0},
+				{Name: "dead-old", Member: VictimUnhealthy, Created: t0.Add(-time.Minute)},
+				{Name: "dead-asked", Member: VictimUnhealthy, Requested: true, Created: t0.Add(time.Minute)},
+			},
+			want: "dead-asked"},
+		{name: "the running victim is itself down: it keeps going",
+			running: Candidate{Name: "running", Member: VictimUnhealthy},
+			waiting: []Candidate{{Name: "dead", Member: VictimUnhealthy, Created: t0}}},
+		{name: "the running victim's member is already gone: it keeps going",
+			running: Candidate{Name: "running", Member: VictimMissing},
+			waiting: []Candidate{{Name: "dead", Member: VictimUnhealthy, Created: t0}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			NewWithT(t).Expect(YieldTo(tt.running, tt.waiting)).To(Equal(tt.want))
+		})
+	}
 }

@@ -196,23 +196,58 @@ func TestStaleLockHoldersDoNotBlock(t *testing.T) {
 	waitRemediated(t, wc, machines[1].Name, 3)
 
 	// A Pending request for a healthy Machine holds the lock while a Machine whose member is dead
-	// must go first: the holder gives the lock back instead of both waiting on each other.
-	healthy := controlPlane(g, wc)[0]
+	// must go first: the holder gives the lock back instead of both waiting on each other. (The
+	// member dies first: a request that finds every member healthy would simply start; what a
+	// running one does when another member dies is TestRunningYieldsToMoreBroken.)
+	healthy, broken := controlPlane(g, wc)[0], controlPlane(g, wc)[1]
+	sb.KillEtcdMember(wc, broken.Status.NodeRef.Name)
 	pendingRequest(g, wc, healthy.Name, caprv1.MachineRemediationSourceHealthCheck)
 	setLock(g, wc, healthy.Name, 3)
-	var broken clusterv1.Machine
-	for _, m := range controlPlane(g, wc) {
-		if m.Name != healthy.Name {
-			broken = m
-			break
-		}
-	}
-	sb.KillEtcdMember(wc, broken.Status.NodeRef.Name)
 	waitRemediated(t, wc, broken.Name, 3)
 	g.Expect(sb.Client.Delete(ctx, getRemediation(g, wc, healthy.Name))).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(controlPlaneObject(g, wc).Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+}
+
+// TestRunningYieldsToMoreBroken: a requested remediation of a Machine whose etcd member is healthy
+// is under way (its replacement is not up yet) when another Machine's member dies. Removing the
+// healthy member would now not be quorum-safe, so the running one could only wait for its timeout
+// while the broken Machine waits behind it. It gives way instead, before its point of no return:
+// its replacement marked for deletion, replicas back to 3, the lock released, Pending again. The
+// broken Machine is remediated first, then the requested one; never two Running at once.
+func TestRunningYieldsToMoreBroken(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t)
+	machines := controlPlane(g, wc)
+	healthy, broken := machines[0], machines[1]
+	startCAPR(t)
+	running := sb.WatchRunning(ctx, wc)
+
+	sb.HoldProvisioning(wc, true)
+	pendingRequest(g, wc, healthy.Name, caprv1.MachineRemediationSourceManual)
+	g.Eventually(func(g Gomega) {
+		g.Expect(getRemediation(g, wc, healthy.Name).Status.CurrentStep).To(Equal(caprv1.StepWaitForReplacement))
+		g.Expect(*controlPlaneObject(g, wc).Spec.Replicas).To(BeEquivalentTo(4))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+
+	sb.KillEtcdMember(wc, broken.Status.NodeRef.Name)
+	g.Eventually(func(g Gomega) {
+		g.Expect(eventCount(g, wc.Namespace, healthy.Name, controlplane.EventRemediationYielded)).To(Equal(1))
+		g.Expect(getRemediation(g, wc, healthy.Name).Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+		g.Expect(*controlPlaneObject(g, wc).Spec.Replicas).To(BeEquivalentTo(3))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+	// The replacement had no Node (and could not join while a member is down): it is deleted, not
+	// an old Machine.
+	g.Eventually(func(g Gomega) {
+		g.Expect(controlPlane(g, wc)).To(ConsistOf(
+			HaveField("Name", machines[0].Name), HaveField("Name", machines[1].Name), HaveField("Name", machines[2].Name)))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+
+	sb.HoldProvisioning(wc, false)
+	waitRemediated(t, wc, broken.Name, 3)
+	waitRemediated(t, wc, healthy.Name, 3)
+	g.Expect(running.Stop()).To(BeEmpty(), "two control-plane remediations Running at once")
 }
 
 // TestStopSignals: CAPI's cluster.x-k8s.io/skip-remediation withdraws a Pending request, and
