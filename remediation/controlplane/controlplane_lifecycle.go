@@ -349,7 +349,7 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		if cleared {
 			did = append(did, "the provider's remediation annotation removed")
 		}
-		did = append(did, r.deleteUnstarted(ctx, reps)...)
+		did = append(did, r.deleteLeftBehind(ctx, s, reps)...)
 	}
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name {
 		did = append(did, "the control-plane lock released")
@@ -379,23 +379,34 @@ func (r *Reconciler) markForDeletion(ctx context.Context, machines []*clusterv1.
 	return nil
 }
 
-// deleteUnstarted deletes the replacements that have no Node yet, once replicas are back to N: a
-// provider scales down only when nothing is provisioning (KCP, the sandbox's), and a replacement that
-// cannot join (etcd refuses a new member while another is down) would never finish provisioning.
-// The provider's own deletion path removes whatever member it may have got. Best effort: it says
-// what it could not delete, and the marked Machine is still the provider's first choice.
-func (r *Reconciler) deleteUnstarted(ctx context.Context, reps []*clusterv1.Machine) []string {
+// deleteLeftBehind deletes, once replicas are back to N, the replacements the provider would not
+// remove by scaling down: one without a Node yet (KCP and the sandbox's provider scale down only when
+// nothing is provisioning, and a replacement that cannot join — etcd refuses a new member while
+// another is down — never finishes), and any while the provider's scale-down preflight refuses
+// (KCP while another control-plane Machine is unhealthy). The provider's own deletion path removes
+// whatever etcd member the replacement got. Best effort: it says what it could not delete, and the
+// marked Machine is still the provider's first choice.
+func (r *Reconciler) deleteLeftBehind(ctx context.Context, s *scope, reps []*clusterv1.Machine) []string {
 	var did []string
 	for _, m := range reps {
-		if m.Status.NodeRef.IsDefined() || !m.DeletionTimestamp.IsZero() {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		why := ""
+		if !m.Status.NodeRef.IsDefined() {
+			why = "it had no Node yet"
+		} else if refusal := s.adapter.ScaleDownRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: m}); refusal != "" {
+			why = refusal
+		}
+		if why == "" {
 			continue
 		}
 		if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "Deleting a replacement that has not started", "replacement", klog.KObj(m))
+			ctrl.LoggerFrom(ctx).Error(err, "Deleting a replacement the provider would not remove", "replacement", klog.KObj(m))
 			did = append(did, fmt.Sprintf("replacement %s could not be deleted (%v): the provider removes it when it scales down", m.Name, err))
 			continue
 		}
-		did = append(did, fmt.Sprintf("replacement %s deleted (it had no Node yet)", m.Name))
+		did = append(did, fmt.Sprintf("replacement %s deleted (%s)", m.Name, why))
 	}
 	return did
 }

@@ -86,6 +86,22 @@ func TestYieldToMoreBroken(t *testing.T) {
 		g.Expect(m.DeletionTimestamp.IsZero()).To(BeTrue())
 	})
 
+	t.Run("KCP with another Machine unhealthy: a started replacement is deleted, KCP would never scale down", func(t *testing.T) {
+		g := NewWithT(t)
+		w := yieldWorld(t, g, member(nodeC, asDown()), caprv1.MachineRemediationPhasePending, true,
+			withControlPlaneObject(kcpObject()), withSurge(2),
+			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b", kcpHealthy()), cpMachine("m-c")),
+			withReplacement(cpMachine("m-d", kcpHealthy())), withReplacement(cpMachine("m-e", withoutNode())), withReplicas(5))
+		yielded, err := w.r.yieldToMoreBroken(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(yielded).To(BeTrue())
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+		g.Expect(w.machine(g, "m-d")).To(BeNil(), "KCP refuses to scale down while m-c is unhealthy")
+		g.Expect(w.machine(g, "m-e")).To(BeNil())
+		g.Expect(w.machine(g, "m-c")).NotTo(BeNil())
+		g.Expect(w.s.mr.Status.Conditions).To(ContainElement(HaveField("Message", ContainSubstring("KCP scales down only when"))))
+	})
+
 	keepsGoing := []struct {
 		name   string
 		member fakeMember

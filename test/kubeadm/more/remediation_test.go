@@ -3,12 +3,21 @@ package more_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/test/kubeadm"
 	"github.com/capr-io/capr/test/sandbox"
 )
@@ -60,4 +69,47 @@ func TestKCPLeaderKubeletDead(t *testing.T) {
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 	mr := res.Remediations[victim]
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), mr.Status.ControlPlane.OrderReason)
+}
+
+// TestKCPMemberDiesDuringSurge: a requested remediation of a healthy Machine has begun its surge of
+// two when another Machine's etcd member dies. Removing the healthy member would no longer be
+// quorum-safe and KCP would not scale down while a Machine is unhealthy, so the running remediation
+// gives way before its point of no return: its replacements deleted (KCP never removes them itself
+// now), KCP back at 3, Pending again. The Machine with the dead member is remediated first, then
+// the requested one; never two at once, quorum never lost.
+func TestKCPMemberDiesDuringSurge(t *testing.T) {
+	var requested, dead string
+	res := kubeadm.RunScenario(ctx, t, sb, "kcp-surge-dies", kubeadm.Scenario{ControlPlane: 3,
+		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
+			requested, dead = machines[0].Name, machines[1].Name
+			mr := &caprv1.MachineRemediation{
+				ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: requested, Labels: map[string]string{clusterv1.ClusterNameLabel: wc.Name}},
+				Spec:       caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceManual, Reason: "Test"},
+			}
+			if err := sb.Client.Create(ctx, mr); err != nil {
+				return nil, err
+			}
+			// The surge has begun: KCP was asked for 5 and created at least one replacement.
+			err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+				kcp := &controlplanev1.KubeadmControlPlane{}
+				if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "wc-cp"}, kcp); err != nil {
+					return false, err
+				}
+				now, err := sb.ControlPlaneMachines(ctx, wc)
+				return ptr.Deref(kcp.Spec.Replicas, 0) == 5 && len(now) > 3, err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("waiting for the surge: %w", err)
+			}
+			sb.KillEtcdMember(wc, machines[1].Status.NodeRef.Name)
+			return []string{requested, dead}, nil
+		}})
+	g := NewWithT(t)
+	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
+	events := &eventsv1.EventList{}
+	g.Expect(sb.Client.List(ctx, events, client.InNamespace(res.Remediations[requested].Namespace))).To(Succeed())
+	g.Expect(events.Items).To(ContainElement(And(
+		HaveField("Regarding.Name", requested), HaveField("Reason", controlplane.EventRemediationYielded))), "the requested remediation did not give way")
+	g.Expect(res.Remediations[dead].Status.CompletionTime.Before(res.Remediations[requested].Status.StartTime)).To(BeTrue(),
+		"the Machine with the dead member goes first")
 }
