@@ -34,6 +34,8 @@ RELEASE_DIR := $(ROOT)/out
 # The version directory of the clusterctl local repository; it must fall in a release series of
 # metadata.yaml (0.1 today), or clusterctl refuses the provider.
 RELEASE_VERSION ?= v0.1.0
+GO_VERSION := $(shell sed -n 's/^go //p' go.mod)
+DOCKER ?= docker
 
 TEST_TIMEOUT ?= 60m
 GO_TEST_FLAGS ?=
@@ -141,6 +143,14 @@ local-repository: release-manifests ## Lay out the release as a clusterctl local
 	cp $(RELEASE_DIR)/addon-components.yaml $(RELEASE_DIR)/metadata.yaml $(RELEASE_DIR)/repository/addon-capr/$(RELEASE_VERSION)/
 	sed -e 's|/path/to/capr/out|$(RELEASE_DIR)|' -e 's|/v0.1.0/|/$(RELEASE_VERSION)/|' config/clusterctl/clusterctl.yaml > $(RELEASE_DIR)/clusterctl.yaml
 	@echo "clusterctl init --config $(RELEASE_DIR)/clusterctl.yaml --addon capr:$(RELEASE_VERSION)"
+
+.PHONY: docker-build
+docker-build: ## Build the manager image IMG (needs docker or DOCKER=<compatible engine>; Go version from go.mod).
+	$(DOCKER) build --build-arg GO_VERSION=$(GO_VERSION) -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the manager image IMG.
+	$(DOCKER) push $(IMG)
 
 ##@ Tools and test binaries (built from the Go module proxy)
 
