@@ -208,6 +208,16 @@ func Start(opts Options) (*Environment, error) {
 	return &Environment{env: env, Config: cfg, ManagerConfig: managerCfg, Client: c, Scheme: scheme}, nil
 }
 
+// AdminKubeconfig returns a kubeconfig of a new system:masters user called name, for tools that
+// take a kubeconfig file (e.g. clusterctl's library).
+func (e *Environment) AdminKubeconfig(name string) ([]byte, error) {
+	user, err := e.env.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("adding user %s to the API server: %w", name, err)
+	}
+	return user.KubeConfig()
+}
+
 // Stop stops the API server and etcd.
 func (e *Environment) Stop() error {
 	return e.env.Stop()
