@@ -28,6 +28,15 @@ KUBE_CONTROLLER_MANAGER := $(ENVTEST_DIR)/kube-controller-manager
 ETCD := $(ENVTEST_DIR)/etcd
 ENVTEST_STAMP := $(ENVTEST_DIR)/.versions-$(KUBERNETES_VERSION)-$(ETCD_VERSION)-kcm
 
+# Release: the manager image and the clusterctl components (out/ is git-ignored).
+IMG ?= ghcr.io/capr-io/capr:dev
+RELEASE_DIR := $(ROOT)/out
+# The version directory of the clusterctl local repository; it must fall in a release series of
+# metadata.yaml (0.1 today), or clusterctl refuses the provider.
+RELEASE_VERSION ?= v0.1.0
+GO_VERSION := $(shell sed -n 's/^go //p' go.mod)
+DOCKER ?= docker
+
 TEST_TIMEOUT ?= 60m
 GO_TEST_FLAGS ?=
 
@@ -85,7 +94,7 @@ bench: envtest-assets ## Run the benchmarks and print their numbers.
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs and RBAC from the API types and markers.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
-	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./controllers/... paths=./remediation/... output:rbac:dir=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=. paths=./controllers/... paths=./remediation/... output:rbac:dir=config/rbac
 	$(CONTROLLER_GEN) object paths=./test/sandbox/api/...
 	$(CONTROLLER_GEN) crd paths=./test/sandbox/api/... output:crd:artifacts:config=test/sandbox/config/crd
 
@@ -121,6 +130,27 @@ uninstall: ## Remove CAPR's CRDs from the current kubeconfig's cluster.
 .PHONY: clean
 clean: ## Remove built binaries (bin/).
 	rm -rf $(BIN)
+
+##@ Release
+
+.PHONY: release-manifests
+release-manifests: ## Render the clusterctl components (config/default) into out/addon-components.yaml and copy out/metadata.yaml (IMG sets the image).
+	go run ./hack/release-manifests --out=$(RELEASE_DIR) --image=$(IMG)
+
+.PHONY: local-repository
+local-repository: release-manifests ## Lay out the release as a clusterctl local repository (out/repository/addon-capr/RELEASE_VERSION) and write out/clusterctl.yaml pointing at it.
+	@mkdir -p $(RELEASE_DIR)/repository/addon-capr/$(RELEASE_VERSION)
+	cp $(RELEASE_DIR)/addon-components.yaml $(RELEASE_DIR)/metadata.yaml $(RELEASE_DIR)/repository/addon-capr/$(RELEASE_VERSION)/
+	sed -e 's|/path/to/capr/out|$(RELEASE_DIR)|' -e 's|/v0.1.0/|/$(RELEASE_VERSION)/|' config/clusterctl/clusterctl.yaml > $(RELEASE_DIR)/clusterctl.yaml
+	@echo "clusterctl init --config $(RELEASE_DIR)/clusterctl.yaml --addon capr:$(RELEASE_VERSION)"
+
+.PHONY: docker-build
+docker-build: ## Build the manager image IMG (needs docker or DOCKER=<compatible engine>; Go version from go.mod).
+	$(DOCKER) build --build-arg GO_VERSION=$(GO_VERSION) -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the manager image IMG.
+	$(DOCKER) push $(IMG)
 
 ##@ Tools and test binaries (built from the Go module proxy)
 

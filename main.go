@@ -84,6 +84,12 @@ func main() {
 	}
 }
 
+// The diagnostics endpoint (--diagnostics-address) serves metrics over HTTPS and lets only callers
+// the API server authenticates and authorizes through (unless --insecure-diagnostics): it needs
+// TokenReviews and SubjectAccessReviews, as CAPI's managers do.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
 func run(ctx context.Context, o *options) error {
 	log := ctrl.LoggerFrom(ctx).WithName("setup")
 	scheme, err := controllers.NewScheme()

@@ -1,12 +1,19 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	. "github.com/onsi/gomega"
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/yaml"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -27,4 +34,55 @@ func TestCheckCRDsNamesWhatIsMissing(t *testing.T) {
 		mapper.Add(schema.GroupVersionKind{Group: caprv1.GroupVersion.Group, Version: "v1alpha1", Kind: kind}, meta.RESTScopeNamespace)
 	}
 	g.Expect(checkCRDs(mapper)).To(Succeed())
+}
+
+// The Deployment in config/manager is what clusterctl installs: a flag that main.go does not define
+// would crash-loop the manager, and a clusterctl variable whose default differs from the flag's
+// default would make the documented defaults lie.
+func TestManagerManifestUsesRealFlagsWithTheirDefaults(t *testing.T) {
+	g := NewWithT(t)
+	raw, err := os.ReadFile(filepath.Join("config", "manager", "manager.yaml"))
+	g.Expect(err).NotTo(HaveOccurred())
+	var args []string
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		d := &appsv1.Deployment{}
+		g.Expect(yaml.Unmarshal([]byte(doc), d)).To(Succeed())
+		if d.Kind != "Deployment" {
+			continue
+		}
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Name == "manager" {
+				args = c.Args
+			}
+		}
+	}
+	g.Expect(args).NotTo(BeEmpty(), "the manager container of config/manager/manager.yaml has no args")
+
+	variable := regexp.MustCompile(`^\$\{(CAPR_[A-Z0-9_]+):=(.*)\}$`)
+	defaults := pflag.NewFlagSet("defaults", pflag.ContinueOnError)
+	(&options{}).bind(defaults)
+	seen := map[string]bool{}
+	for _, arg := range args {
+		name, value, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		f := defaults.Lookup(name)
+		g.Expect(f).NotTo(BeNil(), "%s: main.go defines no flag --%s", arg, name)
+		m := variable.FindStringSubmatch(value)
+		if m == nil {
+			continue
+		}
+		g.Expect(seen[m[1]]).To(BeFalse(), "variable %s is used twice", m[1])
+		seen[m[1]] = true
+		// The default must parse, and mean what the flag means when it is not given.
+		parsed := pflag.NewFlagSet("parsed", pflag.ContinueOnError)
+		(&options{}).bind(parsed)
+		g.Expect(parsed.Set(name, m[2])).To(Succeed(), "%s: the default does not parse", arg)
+		if name == "zap-log-level" {
+			// Unset, zap's production defaults log at info.
+			g.Expect(m[2]).To(Equal("info"))
+			continue
+		}
+		g.Expect(parsed.Lookup(name).Value.String()).To(Equal(f.DefValue), "%s: the default differs from main.go's", arg)
+	}
+	g.Expect(seen).To(HaveKey("CAPR_LOG_LEVEL"))
+	g.Expect(args).To(ContainElement("--leader-elect"))
 }

@@ -54,6 +54,7 @@ const etcdPollInterval = 5 * time.Second
 // +kubebuilder:rbac:groups=core,resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=core;events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
+// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=kubeadmcontrolplanes,verbs=get;list;watch
 
 // Reconciler reconciles a CAPR MachineHealthCheck: it marks unhealthy Machines, clears marks of
 // healthy ones and creates one remediation request per marked Machine when the limits allow.

@@ -74,7 +74,10 @@ type StepEvent struct {
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
-// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=*,verbs=get;list;watch;update;patch
+// Only KubeadmControlPlane is granted here (read through the contract, patched for replicas and
+// annotations); other control-plane providers are granted by a ClusterRole labelled
+// remediation.cluster.x-k8s.io/aggregate-to-manager (config/rbac), not by a wildcard.
+// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=kubeadmcontrolplanes,verbs=get;list;watch;patch
 
 // Reconciler drives control-plane MachineRemediations.
 type Reconciler struct {

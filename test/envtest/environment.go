@@ -59,6 +59,15 @@ type Options struct {
 	// server then refuses what CAPI's own handlers refuse (see WebhookServerOptions), and every
 	// request for those objects fails until a manager serves the handlers.
 	CAPIWebhooks bool
+	// ManagerRoleFiles are ClusterRole manifests granted to ManagerUser besides the generated
+	// manager role: what a user installs, labelled remediation.cluster.x-k8s.io/aggregate-to-manager,
+	// for a control-plane provider CAPR has no built-in rules for (e.g. the sandbox's). envtest runs no
+	// ClusterRole aggregation, so each is bound to ManagerUser directly.
+	ManagerRoleFiles []string
+	// WithoutCAPR starts the API server with CAPI's CRDs only: no CAPR CRDs and no manager identity
+	// (ManagerConfig is nil), for tests that install CAPR themselves (e.g. from the rendered
+	// clusterctl components).
+	WithoutCAPR bool
 }
 
 // ModuleRoot returns the root of the CAPR module (the directory holding go.mod).
@@ -159,9 +168,13 @@ func Start(opts Options) (*Environment, error) {
 	if err != nil {
 		return nil, err
 	}
+	crdDirs := capiDirs
+	if !opts.WithoutCAPR {
+		crdDirs = append(crdDirs, filepath.Join(root, "config", "crd", "bases"))
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     append(append(capiDirs, filepath.Join(root, "config", "crd", "bases")), opts.ExtraCRDDirs...),
+		CRDDirectoryPaths:     append(crdDirs, opts.ExtraCRDDirs...),
 		ErrorIfCRDPathMissing: true,
 		// The data is thrown away: do not wait for the API server to drain long-running watches.
 		ControlPlaneStopTimeout: 5 * time.Second,
@@ -185,12 +198,24 @@ func Start(opts Options) (*Environment, error) {
 		_ = env.Stop()
 		return nil, err
 	}
-	managerCfg, err := managerConfig(env, c, root)
-	if err != nil {
-		_ = env.Stop()
-		return nil, err
+	var managerCfg *rest.Config
+	if !opts.WithoutCAPR {
+		if managerCfg, err = managerConfig(env, c, root, opts.ManagerRoleFiles); err != nil {
+			_ = env.Stop()
+			return nil, err
+		}
 	}
 	return &Environment{env: env, Config: cfg, ManagerConfig: managerCfg, Client: c, Scheme: scheme}, nil
+}
+
+// AdminKubeconfig returns a kubeconfig of a new system:masters user called name, for tools that
+// take a kubeconfig file (e.g. clusterctl's library).
+func (e *Environment) AdminKubeconfig(name string) ([]byte, error) {
+	user, err := e.env.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("adding user %s to the API server: %w", name, err)
+	}
+	return user.KubeConfig()
 }
 
 // Stop stops the API server and etcd.
@@ -232,33 +257,50 @@ func labelContractVersions(c client.Client, crds []*apiextensionsv1.CustomResour
 	return nil
 }
 
-// managerConfig installs the generated manager ClusterRole, binds it to ManagerUser and returns a
-// config that authenticates as that user (no other permission: not in system:masters).
-func managerConfig(env *envtest.Environment, c client.Client, root string) (*rest.Config, error) {
-	ctx := context.Background()
-	raw, err := os.ReadFile(filepath.Join(root, "config", "rbac", "role.yaml"))
-	if err != nil {
-		return nil, fmt.Errorf("reading the generated manager role: %w", err)
+// managerConfig installs the generated manager ClusterRole and the extra roles, binds them to
+// ManagerUser and returns a config that authenticates as that user (no other permission: not in
+// system:masters).
+func managerConfig(env *envtest.Environment, c client.Client, root string, extraRoles []string) (*rest.Config, error) {
+	if err := bindManagerRole(c, filepath.Join(root, "config", "rbac", "role.yaml"), "capr-manager-role"); err != nil {
+		return nil, err
 	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.Unmarshal(raw, role); err != nil {
-		return nil, fmt.Errorf("parsing config/rbac/role.yaml: %w", err)
-	}
-	role.Name = "capr-manager-role"
-	if err := c.Create(ctx, role); err != nil {
-		return nil, fmt.Errorf("creating the manager ClusterRole: %w", err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "capr-manager-rolebinding"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: ManagerUser}},
-	}
-	if err := c.Create(ctx, binding); err != nil {
-		return nil, fmt.Errorf("binding the manager ClusterRole: %w", err)
+	for _, file := range extraRoles {
+		if err := bindManagerRole(c, file, ""); err != nil {
+			return nil, err
+		}
 	}
 	user, err := env.AddUser(envtest.User{Name: ManagerUser, Groups: []string{"system:authenticated", "system:serviceaccounts"}}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("adding the manager user to the API server: %w", err)
 	}
 	return user.Config(), nil
+}
+
+// bindManagerRole creates the ClusterRole in file (named name, or as in the file when name is empty)
+// and binds it to ManagerUser.
+func bindManagerRole(c client.Client, file, name string) error {
+	ctx := context.Background()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("reading the manager role %s: %w", file, err)
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := yaml.Unmarshal(raw, role); err != nil {
+		return fmt.Errorf("parsing %s: %w", file, err)
+	}
+	if name != "" {
+		role.Name = name
+	}
+	if err := c.Create(ctx, role); err != nil {
+		return fmt.Errorf("creating the ClusterRole %s from %s: %w", role.Name, file, err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name + "binding"}, // capr-manager-role -> capr-manager-rolebinding
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: ManagerUser}},
+	}
+	if err := c.Create(ctx, binding); err != nil {
+		return fmt.Errorf("binding the ClusterRole %s: %w", role.Name, err)
+	}
+	return nil
 }

@@ -28,6 +28,8 @@ const (
 	NodeLifecycleController       = "node-lifecycle-controller"
 	PodGarbageCollectorController = "pod-garbage-collector-controller"
 	AttachDetachController        = "persistentvolume-attach-detach-controller"
+	// ClusterRoleAggregationController fills ClusterRoles that have an aggregationRule.
+	ClusterRoleAggregationController = "clusterrole-aggregation-controller"
 )
 
 // DefaultKubeControllerManagerControllers are the controllers StartKubeControllerManager runs when

@@ -145,6 +145,9 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 	env, err := capienv.Start(capienv.Options{
 		ExtraCRDDirs: []string{crds}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme, AddCAPIToScheme},
 		CAPIWebhooks: opts.Provider == ProviderKubeadm,
+		// CAPR's shipped RBAC grants only KubeadmControlPlane; the sandbox's control plane is granted
+		// as a user grants any other provider's.
+		ManagerRoleFiles: []string{filepath.Join(filepath.Dir(crds), "rbac", "capr_role.yaml")},
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,82 @@
+package packaging_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/adrg/xdg"
+
+	capienv "github.com/capr-io/capr/test/envtest"
+)
+
+var (
+	testEnv *capienv.Environment
+	ctx     = context.Background()
+	// root is the CAPR checkout.
+	root string
+)
+
+// componentVariables are the clusterctl variables of CAPR's components: README "Configuration
+// variables" lists the same.
+var componentVariables = []string{
+	"CAPR_CLUSTERCACHE_CLIENT_BURST",
+	"CAPR_CLUSTERCACHE_CLIENT_QPS",
+	"CAPR_CLUSTERCACHE_CONCURRENCY",
+	"CAPR_DIAGNOSTICS_ADDRESS",
+	"CAPR_ETCD_CALL_TIMEOUT",
+	"CAPR_ETCD_DIAL_TIMEOUT",
+	"CAPR_INSECURE_DIAGNOSTICS",
+	"CAPR_LOG_LEVEL",
+	"CAPR_MACHINEHEALTHCHECK_CONCURRENCY",
+	"CAPR_MACHINEREMEDIATION_CONCURRENCY",
+	"CAPR_SYNC_PERIOD",
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	// clusterctl reads its configuration directory from XDG_CONFIG_HOME (and creates it) and every
+	// variable from the environment: point it at a temporary directory, and leave the components'
+	// variables unset so that their defaults are what gets installed.
+	xdgHome, err := os.MkdirTemp("", "capr-packaging-xdg-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(xdgHome) }()
+	if err := os.Setenv("XDG_CONFIG_HOME", xdgHome); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	xdg.Reload()
+	for _, v := range componentVariables {
+		_ = os.Unsetenv(v)
+	}
+
+	if root, err = capienv.ModuleRoot(); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		return 1
+	}
+	// CAPI's CRDs only: CAPR's CRDs and RBAC come from the components clusterctl installs.
+	testEnv, err = capienv.Start(capienv.Options{WithoutCAPR: true})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
+		return 1
+	}
+	defer func() { _ = testEnv.Stop() }()
+	// The ClusterRole aggregation controller fills the aggregated roles CAPR ships and uses.
+	kcm, err := testEnv.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
+		Controllers: []string{capienv.ClusterRoleAggregationController},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start kube-controller-manager: %v\n", err)
+		return 1
+	}
+	defer kcm.Stop()
+	defer cleanupInstallation()
+	return m.Run()
+}
