@@ -328,8 +328,8 @@ func withRecordedMemberID(id uint64) worldOption {
 	return func(o *worldOptions) { o.memberID = fmt.Sprintf("%x", id) }
 }
 
-// withSurge sets status.controlPlane.surge.
-func withSurge(n int32) worldOption { return func(o *worldOptions) { o.surge = n } }
+// withSurgeOfTwo sets status.controlPlane.surge to 2 (KCP with stacked etcd).
+func withSurgeOfTwo() worldOption { return func(o *worldOptions) { o.surge = 2 } }
 
 // withRecordedReplacement sets status.controlPlane.replacement.
 func withRecordedReplacement(name string) worldOption {

@@ -147,7 +147,7 @@ func TestStepScaleUp(t *testing.T) {
 			}},
 		{name: "KCP with stacked etcd (surge 2): replicas raised to 5, never to an even number",
 			world: []worldOption{
-				withControlPlaneObject(kcpObject()), withSurge(2),
+				withControlPlaneObject(kcpObject()), withSurgeOfTwo(),
 				withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b", kcpHealthy()), cpMachine("m-c", kcpHealthy())),
 			},
 			check: func(g Gomega, w *world, res stepResult, err error) {
@@ -162,7 +162,7 @@ func TestStepScaleUp(t *testing.T) {
 // earlier than the first's creation, and is done only when both vote.
 func TestStepWaitForReplacementSurge(t *testing.T) {
 	kcpWorld := func(extra ...worldOption) []worldOption {
-		return append([]worldOption{withControlPlaneObject(kcpObject()), withSurge(2), withReplicas(5),
+		return append([]worldOption{withControlPlaneObject(kcpObject()), withSurgeOfTwo(), withReplicas(5),
 			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), cpMachine("m-c", kcpHealthy()))}, extra...)
 	}
 	four := withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC), member(nodeD)))
@@ -502,7 +502,7 @@ func TestStepDelete(t *testing.T) {
 
 	t.Run("Machine gone after a surge of two, the provider still at 4: waits for the second scale-down", func(t *testing.T) {
 		g := NewWithT(t)
-		w := newWorld(t, withSurge(2), withReplicas(3), withReplacement(cpMachine("m-d")), withReplacement(cpMachine("m-e")),
+		w := newWorld(t, withSurgeOfTwo(), withReplicas(3), withReplacement(cpMachine("m-d")), withReplacement(cpMachine("m-e")),
 			withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
 		w.deleteMachine(g, "m-b")
 		res, err := w.run(caprv1.StepDelete)

@@ -89,7 +89,7 @@ func TestYieldToMoreBroken(t *testing.T) {
 	t.Run("KCP with another Machine unhealthy: a started replacement is deleted, KCP would never scale down", func(t *testing.T) {
 		g := NewWithT(t)
 		w := yieldWorld(t, g, member(nodeC, asDown()), caprv1.MachineRemediationPhasePending, true,
-			withControlPlaneObject(kcpObject()), withSurge(2),
+			withControlPlaneObject(kcpObject()), withSurgeOfTwo(),
 			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b", kcpHealthy()), cpMachine("m-c")),
 			withReplacement(cpMachine("m-d", kcpHealthy())), withReplacement(cpMachine("m-e", withoutNode())), withReplicas(5))
 		yielded, err := w.r.yieldToMoreBroken(t.Context(), w.s)
