@@ -14,10 +14,12 @@ import (
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/controlplane"
+	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/kubeadm"
 	"github.com/capr-io/capr/test/sandbox"
 )
@@ -112,4 +114,53 @@ func TestKCPMemberDiesDuringSurge(t *testing.T) {
 		HaveField("Regarding.Name", requested), HaveField("Reason", controlplane.EventRemediationYielded))), "the requested remediation did not give way")
 	g.Expect(res.Remediations[dead].Status.CompletionTime.Before(res.Remediations[requested].Status.StartTime)).To(BeTrue(),
 		"the Machine with the dead member goes first")
+}
+
+// TestKCPQuorumLostDoesNothing: two of three members die. The health check requests nothing (quorum
+// lost), and a request made by hand waits saying quorum is lost: KCP is never asked for a replica and
+// no Machine is deleted.
+func TestKCPQuorumLostDoesNothing(t *testing.T) {
+	g := NewWithT(t)
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, "kcp-quorum")
+	g.Expect(err).NotTo(HaveOccurred())
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: 3})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
+	g.Expect(sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2))).To(Succeed())
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capr.Stop)
+
+	sb.KillEtcdMember(wc, machines[0].Status.NodeRef.Name)
+	sb.KillEtcdMember(wc, machines[1].Status.NodeRef.Name)
+	g.Eventually(func(g Gomega) {
+		mhc := &caprv1.MachineHealthCheck{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cp"}, mhc)).To(Succeed())
+		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(Equal(caprv1.MachineHealthCheckEtcdQuorumLostReason))
+	}, 2*time.Minute, 200*time.Millisecond).Should(Succeed())
+
+	manual := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: machines[0].Name},
+		Spec: caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceManual, Reason: caprv1.MachineCAPRHealthCheckManualRequestReason}}
+	g.Expect(sb.Client.Create(ctx, manual)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKeyFromObject(manual), mr)).To(Succeed())
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+		g.Expect(conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationQuorumLostReason))
+		g.Expect(conditions.GetMessage(mr, caprv1.MachineRemediationProgressingCondition)).To(ContainSubstring(machines[1].Status.NodeRef.Name))
+	}, 2*time.Minute, 200*time.Millisecond).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "wc-cp"}, kcp)).To(Succeed())
+		g.Expect(ptr.Deref(kcp.Spec.Replicas, 0)).To(BeEquivalentTo(3))
+		g.Expect(kcp.Annotations).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
+		now, err := sb.ControlPlaneMachines(ctx, wc)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(now).To(HaveLen(3))
+		for _, m := range now {
+			g.Expect(m.DeletionTimestamp.IsZero()).To(BeTrue(), "Machine %s deleted", m.Name)
+		}
+	}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
 }
