@@ -106,10 +106,16 @@ func (k *Kubelet) PortForward(ctx context.Context, _ string, _ string, port int3
 const leaseRenewInterval = 2 * time.Second
 
 // startHeartbeat renews the Node's Lease in kube-node-lease until StopHeartbeat or Stop: the signal the
-// node lifecycle controller reads. A stopped heartbeat is a real one.
+// node lifecycle controller reads. A stopped heartbeat is a real one. Starting a running heartbeat
+// does nothing.
 func (k *Kubelet) startHeartbeat(c client.Client, node string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	k.mu.Lock()
+	if k.stopBeat != nil {
+		k.mu.Unlock()
+		cancel()
+		return
+	}
 	k.stopBeat = cancel
 	k.mu.Unlock()
 	go func() {

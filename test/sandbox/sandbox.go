@@ -539,6 +539,22 @@ func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node s
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
 }
 
+// ResumeHeartbeat undoes StopHeartbeat: the node reports again (its Lease renewed and Ready=True, as
+// a kubelet posts it), so health checks see it recover.
+func (s *Sandbox) ResumeHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {
+	s.Log.Add(wc.Name, "node %s reports again (Ready=True)", node)
+	if s.opts.Provider == ProviderKubeadm {
+		s.mu.Lock()
+		k := s.kubelets[node]
+		s.mu.Unlock()
+		if k == nil {
+			return fmt.Errorf("node %s has no kubelet", node)
+		}
+		k.startHeartbeat(s.Client, node)
+	}
+	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionTrue)
+}
+
 // EventLog is a list of timestamped world events.
 type EventLog struct {
 	mu     sync.Mutex

@@ -10,7 +10,8 @@ import (
 
 // More control-plane scenarios on the full stack (CAPI's core, kubeadm bootstrap and KCP controllers
 // and webhooks, kube-controller-manager, real etcd): `make test-kcp`. `make test` runs the package
-// above (the stack coming up, a surge by two, two unhealthy of five).
+// above (the stack coming up, a surge by two, two unhealthy of five, CAPI's MachineHealthCheck
+// driving CAPR through its template).
 
 var (
 	sb  *sandbox.Sandbox
