@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -139,11 +138,12 @@ func (e *Environment) StartKubeControllerManager(ctx context.Context, opts KubeC
 		return nil, fmt.Errorf("writing the kube-controller-manager kubeconfig: %w", err)
 	}
 
-	// The free port is found by binding and releasing it: another process may take it in between,
-	// so a start that fails on the port is retried with a new one.
+	// The free port is found by binding and releasing it (reserved against envtest's own port
+	// suggestions, see FreePorts); a process outside envtest may still take it in between, so a start
+	// that fails on the port is retried with a new one.
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			cleanup()
 			return nil, err
@@ -192,15 +192,6 @@ func (e *Environment) StartKubeControllerManager(ctx context.Context, opts KubeC
 	}
 	cleanup()
 	return nil, lastErr
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port for kube-controller-manager: %w", err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (k *KubeControllerManager) start(ctx context.Context, bin string, args []string) error {

@@ -25,6 +25,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/capr-io/capr/etcdutil"
+
+	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // EtcdCluster is a real etcd cluster of one process per member, as a workload cluster's stacked
@@ -189,7 +191,7 @@ func (c *EtcdCluster) Client(ctx context.Context) (*clientv3.Client, error) {
 }
 
 func (c *EtcdCluster) newProcess(name string) (*etcdProcess, error) {
-	ports, err := freePorts(2)
+	ports, err := capienv.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -396,24 +398,4 @@ func (c *EtcdCluster) waitHealthy(ctx context.Context, name string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
