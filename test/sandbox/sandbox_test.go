@@ -51,3 +51,28 @@ func TestPortForwardPathToRealEtcd(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(truth.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}), "the member itself is still healthy")
 }
+
+// TestQuorumWatcherSeesQuorumLoss: the oracle every scenario relies on fires. One member of three
+// killed is a failure margin of 0 and no loss; a second one killed is a loss.
+func TestQuorumWatcherSeesQuorumLoss(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, "quorum")
+	g.Expect(err).NotTo(HaveOccurred())
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "q", ControlPlane: 3})
+	g.Expect(err).NotTo(HaveOccurred())
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	w := sb.WatchQuorum(ctx, wc)
+	defer w.Stop()
+
+	sb.KillEtcdMember(wc, machines[0].Status.NodeRef.Name)
+	g.Eventually(func(g Gomega) {
+		margin, _, _ := w.Margin()
+		g.Expect(margin).To(Equal(0))
+	}, 30*time.Second, 100*time.Millisecond).Should(Succeed())
+	g.Expect(w.Lost()).To(BeEmpty())
+
+	sb.KillEtcdMember(wc, machines[1].Status.NodeRef.Name)
+	g.Eventually(w.Lost, 30*time.Second, 100*time.Millisecond).ShouldNot(BeEmpty())
+}
