@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -280,10 +281,18 @@ func evaluateAll(targets []target, cfg checkConfig, facts clusterFacts, now time
 	return rd
 }
 
-// requeueAfter is when the round must run again without any event: at the next timeout expiry, and
-// at least every etcdPollInterval when the etcd member check is on (etcd is not watched).
+// requeueMargin is how long after a timeout expires the round runs again: the work queue never fires
+// early, so the round starting then sees the timeout expired (timedOut compares strictly).
+const requeueMargin = 20 * time.Millisecond
+
+// requeueAfter is when the round must run again without any event: just after the next timeout
+// expiry (nextCheck less timedOut's slack, plus requeueMargin), and at least every
+// etcdPollInterval when the etcd member check is on (etcd is not watched).
 func (rd *round) requeueAfter(cfg checkConfig) time.Duration {
 	next := rd.next
+	if next > 0 {
+		next = max(next-expirySlack, 0) + requeueMargin
+	}
 	if cfg.etcdMemberTimeout > 0 && rd.cpTargets > 0 && (next == 0 || next > etcdPollInterval) {
 		next = etcdPollInterval
 	}
@@ -320,39 +329,61 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 	return limits{trigger: trigger, controlPlane: cp}, nil
 }
 
+// maxParallelWrites bounds how many Machines one round writes at once (mark, then request). The
+// decisions (verdicts and limits) are made for the whole round before anything is written, so
+// writing in parallel changes only how soon the writes land, never which ones are made.
+const maxParallelWrites = 16
+
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
 // the limits allow and withdraws the Pending requests of targets that are healthy again and of
-// Machines no longer checked (skip-remediation, paused). It returns how many unhealthy targets
-// were refused a request by the limits.
+// Machines no longer checked (skip-remediation, paused). Each Machine's writes happen in order (its
+// mark before its request); different Machines are written in parallel, at most maxParallelWrites
+// at once. It returns how many unhealthy targets were refused a request by the limits.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, error) {
 	requests, err := r.listRequests(ctx, mhc)
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
-	restricted := 0
+	var (
+		mu         sync.Mutex
+		errs       []error
+		restricted int
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	var work []int
 	for i, t := range rd.targets {
-		ev := rd.evals[i]
+		if needsWrite(t.machine, rd.evals[i], cfg.checker, requests) {
+			work = append(work, i)
+		}
+	}
+	forEachParallel(len(work), maxParallelWrites, func(k int) {
+		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		if err := r.applyMarkAndEvent(ctx, t.machine, ev, cfg.checker, now); err != nil {
-			errs = append(errs, err)
-			continue
+			fail(err)
+			return
 		}
 		switch ev.verdict {
 		case verdictUnhealthy:
 			if !t.machine.DeletionTimestamp.IsZero() || annotations.IsPaused(cluster, t.machine) {
-				continue
+				return
 			}
 			if !lim.allow(t.machine) {
 				if _, ok := requests[t.machine.Name]; !ok {
+					mu.Lock()
 					restricted++
+					mu.Unlock()
 				}
-				continue
+				return
 			}
 			created, err := r.ensureRequest(ctx, mhc, t.machine, ev, requests)
 			if err != nil {
-				errs = append(errs, err)
-				continue
+				fail(err)
+				return
 			}
 			if created {
 				r.recorder.Eventf(t.machine, nil, corev1.EventTypeNormal, caprv1.EventRemediationRequested, "HealthCheck",
@@ -360,16 +391,56 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			}
 		case verdictHealthy:
 			if err := r.withdrawRequest(ctx, mhc, t.machine, requests, "the Machine is healthy again"); err != nil {
-				errs = append(errs, err)
+				fail(err)
 			}
 		}
-	}
-	for _, m := range excluded {
-		if err := r.withdrawRequest(ctx, mhc, m, requests, "remediation of the Machine is skipped or paused"); err != nil {
-			errs = append(errs, err)
+	})
+	forEachParallel(len(excluded), maxParallelWrites, func(i int) {
+		if err := r.withdrawRequest(ctx, mhc, excluded[i], requests, "remediation of the Machine is skipped or paused"); err != nil {
+			fail(err)
 		}
-	}
+	})
 	return restricted, kerrors.NewAggregate(errs)
+}
+
+// needsWrite reports whether applying the evaluation may write anything for the Machine: a
+// pending target is left as it is, and a healthy one that carries no mark of this health check,
+// already reports healthy and has no request to withdraw needs nothing. It is the cheap filter
+// in front of applyMarkAndEvent, which decides exactly.
+func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests map[string]client.Object) bool {
+	switch ev.verdict {
+	case verdictUnhealthy:
+		return true
+	case verdictHealthy:
+		if _, ok := requests[m.Name]; ok {
+			return true
+		}
+		if _, ok := ownMark(m, checker); ok {
+			return true
+		}
+		return !hasSameCondition(m, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition,
+			Status: metav1.ConditionTrue, Reason: caprv1.MachineCAPRHealthCheckSucceededReason})
+	default:
+		return false
+	}
+}
+
+// forEachParallel calls fn(0..n-1), at most limit at once, and returns when every call returned.
+func forEachParallel(n, limit int, fn func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, limit)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() {
+				<-sem
+				wg.Done()
+			}()
+			fn(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // updateStatus reports the round in the health check's status.

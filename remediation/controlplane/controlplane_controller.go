@@ -177,11 +177,21 @@ func phaseChangedOrDeleted() predicate.Funcs {
 }
 
 // machineToRemediations enqueues the remediations of the Machine's cluster: a Machine appearing,
-// getting its Node or going away is what a waiting step waits for.
+// getting its Node or going away is what a waiting step waits for. Only control-plane Machines are
+// waited for (the remediator reads no other Machine, see gather), so a worker Machine's event
+// enqueues only its own request: marking many workers at once costs one reconcile per Machine,
+// not one per Machine and request of the cluster.
 func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object) []reconcile.Request {
 	m, ok := o.(*clusterv1.Machine)
 	if !ok {
 		return nil
+	}
+	if !util.IsControlPlaneMachine(m) {
+		key := client.ObjectKeyFromObject(m)
+		if err := r.Client.Get(ctx, key, &caprv1.MachineRemediation{}); err != nil {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: key}}
 	}
 	list := &caprv1.MachineRemediationList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace)); err != nil {

@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -51,7 +52,7 @@ type Variant struct {
 var Variants = []Variant{
 	{Name: "CAPI defaults", System: "capi", QPS: 100, Burst: 200, RateLimiting: true},
 	{Name: "CAPI unlimited", System: "capi", QPS: -1, Burst: 0},
-	{Name: "CAPR defaults", System: "capr", QPS: 100, Burst: 200},
+	{Name: "CAPR defaults", System: "capr", QPS: controllers.DefaultKubeAPIQPS, Burst: controllers.DefaultKubeAPIBurst},
 	{Name: "CAPR unlimited", System: "capr", QPS: -1, Burst: 0},
 }
 
@@ -79,6 +80,9 @@ type Phase struct {
 	// Overran says the batch was still being written at the reference instant (marking only).
 	Overran bool
 	Stats   Stats
+	// ServerCPUSeconds is the CPU time of kube-apiserver and etcd during the phase (harness load
+	// included: the batch of Node updates).
+	ServerCPUSeconds float64
 	// Wrong counts Machines that reached a state they should not (a healthy Machine marked).
 	Wrong int
 }
@@ -321,6 +325,7 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 	if err := proc.reset(ctx); err != nil {
 		return Phase{}, err
 	}
+	server := serverCPU()
 	begin := time.Now()
 	lead := 2*time.Second + time.Duration(len(flipped))*4*time.Millisecond
 	expiry := begin.Add(lead).Truncate(time.Second).Add(time.Second)
@@ -343,6 +348,7 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
+	ph.ServerCPUSeconds = serverCPU() - server
 	return ph, nil
 }
 
@@ -354,6 +360,7 @@ func (f *fleet) recoverPhase(ctx context.Context, obs *observer, proc *controlle
 	}
 	names := f.names(flipped)
 	obs.track(names, stateHealthy)
+	server := serverCPU()
 	begin := time.Now()
 	now := metav1.NewTime(begin)
 	err := parallel(len(flipped), func(k int) error {
@@ -367,6 +374,7 @@ func (f *fleet) recoverPhase(ctx context.Context, obs *observer, proc *controlle
 	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
+	ph.ServerCPUSeconds = serverCPU() - server
 	return ph, nil
 }
 
@@ -752,3 +760,41 @@ func isWrite(key string) bool {
 	}
 	return false
 }
+
+// serverCPU is the CPU time (user + system, seconds) of this process's kube-apiserver and etcd
+// children, from /proc (Linux; 0 elsewhere).
+func serverCPU() float64 {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	self := strconv.Itoa(os.Getpid())
+	total := 0.0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime(14) stime(15): fields after the closing parenthesis.
+		s := string(raw)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		comm := s[open+1 : closing]
+		fields := strings.Fields(s[closing+1:])
+		if len(fields) < 13 || fields[1] != self || (comm != "kube-apiserver" && comm != "etcd") {
+			continue
+		}
+		utime, _ := strconv.ParseFloat(fields[11], 64)
+		stime, _ := strconv.ParseFloat(fields[12], 64)
+		total += (utime + stime) / clockTicks
+	}
+	return total
+}
+
+// clockTicks is USER_HZ, 100 on Linux.
+const clockTicks = 100

@@ -54,6 +54,9 @@ func Table(results []*Result) string {
 		{"mark: CPU (s)", func(r *Result) (float64, string) {
 			return r.Mark.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Mark.Stats.CPUSeconds)
 		}},
+		{"mark: API server + etcd CPU (s)", func(r *Result) (float64, string) {
+			return r.Mark.ServerCPUSeconds, fmt.Sprintf("%.2f", r.Mark.ServerCPUSeconds)
+		}},
 		{"mark: peak heap (MiB)", func(r *Result) (float64, string) { return mib(r.Mark.Stats.PeakHeapBytes) }},
 		{"recover: last mark cleared (s)", func(r *Result) (float64, string) { return markedOrNot(r.Recover, r.Recover.Max) }},
 		{"recover: p50 (s)", func(r *Result) (float64, string) { return secs(r.Recover.P50) }},
