@@ -226,9 +226,11 @@ func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv
 
 // observeEtcd reads etcd for the etcd member check: each control-plane target's member health
 // (observeEtcdMembers) and whether etcd has quorum. Without etcd state the check neither marks nor
-// clears, and the quorum is unknown (the zero etcdQuorum).
+// clears, and the quorum is unknown (the zero etcdQuorum). A round without control-plane targets
+// does not read etcd at all: only control-plane targets carry etcd facts and only the control-plane
+// limit uses the quorum, so reading it would only delay the marks of the workers.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cfg checkConfig, facts clusterFacts, targets []target, now time.Time) etcdQuorum {
-	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized {
+	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized || !hasControlPlaneTarget(targets) {
 		return etcdQuorum{}
 	}
 	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
@@ -242,6 +244,15 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 		excuseLeaderless(targets)
 	}
 	return q
+}
+
+func hasControlPlaneTarget(targets []target) bool {
+	for _, t := range targets {
+		if util.IsControlPlaneMachine(t.machine) {
+			return true
+		}
+	}
+	return false
 }
 
 // round is the evaluation of every target of one reconcile, with the counts the limits need.

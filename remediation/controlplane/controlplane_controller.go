@@ -141,10 +141,17 @@ func (r *Reconciler) remediationsOfCluster(ctx context.Context, namespace, clust
 	return out
 }
 
-// remediationToSiblings maps a remediation to the other remediations of its cluster.
+// remediationToSiblings maps a remediation to the other remediations of its cluster. The request
+// of a worker Machine wakes nobody: it never holds the control plane and is never a candidate
+// (waitingCandidates considers control-plane Machines only), so its phase changes cannot change
+// another remediation's decision.
 func (r *Reconciler) remediationToSiblings(ctx context.Context, o client.Object) []reconcile.Request {
 	mr, ok := o.(*caprv1.MachineRemediation)
 	if !ok {
+		return nil
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mr), m); err == nil && !util.IsControlPlaneMachine(m) {
 		return nil
 	}
 	clusterName := mr.Labels[clusterv1.ClusterNameLabel]

@@ -85,15 +85,18 @@ func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts envtest")
 	}
-	g := NewWithT(t)
 	for _, v := range selectVariants(t, "CAPI unlimited,CAPR unlimited") {
-		r, err := Run(context.Background(), Config{Machines: 20, HealthChecks: 1, Variant: v, Workers: workers, Log: t.Logf})
-		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(r.Mark.Done).To(Equal(2), v.Name)
-		g.Expect(r.Mark.Wrong).To(BeZero(), v.Name)
-		g.Expect(r.Recover.Done).To(Equal(2), v.Name)
-		g.Expect(total(r.Mark.Stats.Requests, isWrite)).To(BeNumerically(">", 0), v.Name)
-		t.Log("\n" + Table([]*Result{r}))
+		t.Run(v.Name, func(t *testing.T) {
+			t.Parallel()
+			g := NewWithT(t)
+			r, err := Run(context.Background(), Config{Machines: 20, HealthChecks: 1, Variant: v, Workers: workers, Log: t.Logf})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(r.Mark.Done).To(Equal(2))
+			g.Expect(r.Mark.Wrong).To(BeZero())
+			g.Expect(r.Recover.Done).To(Equal(2))
+			g.Expect(total(r.Mark.Stats.Requests, isWrite)).To(BeNumerically(">", 0))
+			t.Log("\n" + Table([]*Result{r}))
+		})
 	}
 }
 
