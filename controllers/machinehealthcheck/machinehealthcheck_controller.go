@@ -340,16 +340,18 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 	return limits{trigger: trigger, controlPlane: cp}, nil
 }
 
-// maxParallelWrites bounds how many Machines one round writes at once (mark, then request). The
-// decisions (verdicts and limits) are made for the whole round before anything is written, so
-// writing in parallel changes only how soon the writes land, never which ones are made.
+// maxParallelWrites bounds how many writes one round has in flight. The decisions (verdicts and
+// limits) are made for the whole round before anything is written, so writing in parallel changes
+// only how soon the writes land, never which ones are made.
 const maxParallelWrites = 16
 
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
 // the limits allow and withdraws the Pending requests of targets that are healthy again and of
-// Machines no longer checked (skip-remediation, paused). Each Machine's writes happen in order (its
-// mark before its request); different Machines are written in parallel, at most maxParallelWrites
-// at once. It returns how many unhealthy targets were refused a request by the limits.
+// Machines no longer checked (skip-remediation, paused). It writes every mark first, then the
+// requests, each pass at most maxParallelWrites at once: a Machine's request is only written
+// after its own mark, and the marks, which are the health check's answer, are not queued behind
+// the requests and the remediator's reaction to them. It returns how many unhealthy targets were
+// refused a request by the limits.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, error) {
 	requests, err := r.listRequests(ctx, mhc)
@@ -372,12 +374,26 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			work = append(work, i)
 		}
 	}
+	marked, changes := make([]bool, len(work)), make([]markChange, len(work))
 	forEachParallel(len(work), maxParallelWrites, func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
-		if err := r.applyMarkAndEvent(ctx, t.machine, ev, cfg.checker, now); err != nil {
+		change, err := r.applyMark(ctx, t.machine, ev, cfg.checker, now)
+		if err != nil {
 			fail(err)
 			return
 		}
+		marked[k], changes[k] = true, change
+	})
+	// The events are recorded once every mark is written: the recorder sends them in the
+	// background, and they would otherwise compete with the remaining marks for the API server.
+	for k, i := range work {
+		r.markEvent(ctx, rd.targets[i].machine, changes[k], rd.evals[i], cfg.checker)
+	}
+	forEachParallel(len(work), maxParallelWrites, func(k int) {
+		if !marked[k] {
+			return
+		}
+		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		switch ev.verdict {
 		case verdictUnhealthy:
 			if !t.machine.DeletionTimestamp.IsZero() || annotations.IsPaused(cluster, t.machine) {
@@ -417,7 +433,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 // needsWrite reports whether applying the evaluation may write anything for the Machine: a
 // pending target is left as it is, and a healthy one that carries no mark of this health check,
 // already reports healthy and has no request to withdraw needs nothing. It is the cheap filter
-// in front of applyMarkAndEvent, which decides exactly.
+// in front of applyMark, which decides exactly.
 func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests map[string]client.Object) bool {
 	switch ev.verdict {
 	case verdictUnhealthy:
@@ -511,20 +527,26 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	return nil
 }
 
-// applyMarkAndEvent writes the mark of one target when it changed, with an event.
-func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string, now time.Time) error {
+// applyMark writes the mark of one target when it changed and says what changed; markEvent
+// reports it.
+func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string, now time.Time) (markChange, error) {
 	after := m.DeepCopy()
 	change := applyMark(after, ev, checker, now)
 	if change == markUnchanged {
-		return nil
+		return markUnchanged, nil
 	}
 	if err := patchMark(ctx, r.Client, m, after); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil // deleted meanwhile: nothing to mark
+			return markUnchanged, nil // deleted meanwhile: nothing to mark
 		}
-		return err
+		return markUnchanged, err
 	}
 	*m = *after
+	return change, nil
+}
+
+// markEvent logs a mark set or cleared and records its event on the Machine.
+func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change markChange, ev evaluation, checker string) {
 	switch change {
 	case markSet:
 		ctrl.LoggerFrom(ctx).Info("Machine marked unhealthy", "Machine", klog.KObj(m), "reason", ev.reason, "message", ev.message)
@@ -535,7 +557,6 @@ func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine
 		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkCleared, "HealthCheck",
 			"Machine %s is healthy again; mark by %s cleared", m.Name, checker)
 	}
-	return nil
 }
 
 // getTargets lists the Machines selected by the health check and reads their Nodes. Selected
@@ -546,8 +567,11 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 	if err != nil {
 		return nil, nil, err
 	}
+	// Machines and Nodes are read from the caches without copies: a round only reads them, and a
+	// mark is written from a deep copy (applyMark), so nothing here may modify them in place.
 	machines := &clusterv1.MachineList{}
-	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace), client.MatchingLabelsSelector{Selector: selector},
+		client.UnsafeDisableDeepCopy); err != nil {
 		return nil, nil, fmt.Errorf("listing Machines: %w", err)
 	}
 	targets = make([]target, 0, len(machines.Items))
@@ -560,7 +584,7 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 		t := target{machine: m}
 		if remote != nil && m.Status.NodeRef.IsDefined() {
 			node := &corev1.Node{}
-			if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node); err != nil {
+			if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node, noCopy); err != nil {
 				if !apierrors.IsNotFound(err) {
 					return nil, nil, fmt.Errorf("reading Node %s of Machine %s: %w", m.Status.NodeRef.Name, m.Name, err)
 				}
@@ -573,6 +597,9 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 	}
 	return targets, excluded, nil
 }
+
+// noCopy reads from a cache without a deep copy; the object must not be modified.
+var noCopy = &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}
 
 // machineSelector is the health check's selector restricted to its cluster.
 func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {

@@ -77,6 +77,12 @@ type Phase struct {
 	P50, P99, Max time.Duration
 	// BatchDuration is how long the harness took to write the Node updates.
 	BatchDuration time.Duration
+	// Requested is how many of the Machines had their remediation requested, the last LastRequest
+	// after the reference instant (marking only).
+	Requested   int
+	LastRequest time.Duration
+	// Expiry is the instant the timeouts expire (marking only).
+	Expiry time.Time
 	// Overran says the batch was still being written at the reference instant (marking only).
 	Overran bool
 	Stats   Stats
@@ -151,7 +157,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Mark, err = f.markPhase(ctx, obs, proc, flipped); err != nil {
 		return nil, err
 	}
-	logf("%s: marked %d/%d, last %s", cfg.Variant.Name, res.Mark.Done, res.Mark.Changed, res.Mark.Max.Round(time.Millisecond))
+	logf("%s: marked %d/%d, last %s after the expiry at %s", cfg.Variant.Name, res.Mark.Done, res.Mark.Changed, res.Mark.Max.Round(time.Millisecond),
+		res.Mark.Expiry.Format("15:04:05.000"))
 	if res.Mark.Done == res.Mark.Changed {
 		if res.Recover, err = f.recoverPhase(ctx, obs, proc, flipped); err != nil {
 			return nil, err
@@ -338,7 +345,7 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 	if err != nil {
 		return Phase{}, err
 	}
-	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin), Overran: time.Now().After(expiry)}
+	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin), Overran: time.Now().After(expiry), Expiry: expiry}
 	ref := expiry
 	if ph.Overran {
 		ref = time.Now()
@@ -348,6 +355,7 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
+	ph.Requested, ph.LastRequest = obs.lastRequest(ref)
 	ph.ServerCPUSeconds = serverCPU() - server
 	return ph, nil
 }
@@ -473,7 +481,10 @@ type observer struct {
 	want    machineState
 	tracked map[string]bool
 	reached map[string]time.Time
-	changed chan struct{}
+	// requested is when each tracked Machine's remediation was requested: its MachineRemediation
+	// appeared (CAPR), or OwnerRemediated=False (CAPI, written with the mark).
+	requested map[string]time.Time
+	changed   chan struct{}
 }
 
 func newObserver(ctx context.Context, env *capienv.Environment, ns, system string) (*observer, error) {
@@ -484,7 +495,7 @@ func newObserver(ctx context.Context, env *capienv.Environment, ns, system strin
 		return nil, fmt.Errorf("creating the observer's cache: %w", err)
 	}
 	o := &observer{system: system, cancel: cancel, state: map[string]machineState{}, reached: map[string]time.Time{},
-		changed: make(chan struct{}, 1)}
+		requested: map[string]time.Time{}, changed: make(chan struct{}, 1)}
 	inf, err := c.GetInformer(ctx, &clusterv1.Machine{})
 	if err != nil {
 		cancel()
@@ -496,6 +507,21 @@ func newObserver(ctx context.Context, env *capienv.Environment, ns, system strin
 	}); err != nil {
 		cancel()
 		return nil, fmt.Errorf("watching Machines: %w", err)
+	}
+	mrs, err := c.GetInformer(ctx, &caprv1.MachineRemediation{})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("getting the MachineRemediation informer: %w", err)
+	}
+	if _, err := mrs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if mr, ok := obj.(*caprv1.MachineRemediation); ok {
+				o.request(mr.Name)
+			}
+		},
+	}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching MachineRemediations: %w", err)
 	}
 	go func() { _ = c.Start(ctx) }()
 	if !c.WaitForCacheSync(ctx) {
@@ -521,6 +547,11 @@ func (o *observer) see(obj any) {
 		return
 	}
 	o.state[m.Name] = s
+	if c := conditions.Get(m, clusterv1.MachineOwnerRemediatedCondition); c != nil && c.Status == metav1.ConditionFalse && o.tracked[m.Name] {
+		if _, ok := o.requested[m.Name]; !ok {
+			o.requested[m.Name] = now
+		}
+	}
 	if o.tracked[m.Name] && s == o.want {
 		if _, ok := o.reached[m.Name]; !ok {
 			o.reached[m.Name] = now
@@ -532,11 +563,31 @@ func (o *observer) see(obj any) {
 	}
 }
 
+func (o *observer) request(name string) {
+	now := time.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.requested[name]; !ok && o.tracked[name] {
+		o.requested[name] = now
+	}
+}
+
+// lastRequest is the latest remediation request of the tracked Machines after ref, and how many.
+func (o *observer) lastRequest(ref time.Time) (int, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var last time.Duration
+	for _, t := range o.requested {
+		last = max(last, t.Sub(ref))
+	}
+	return len(o.requested), last
+}
+
 // track starts recording when names reach want.
 func (o *observer) track(names []string, want machineState) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.want, o.tracked, o.reached = want, map[string]bool{}, map[string]time.Time{}
+	o.want, o.tracked, o.reached, o.requested = want, map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}
 	for _, n := range names {
 		o.tracked[n] = true
 	}

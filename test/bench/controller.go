@@ -53,8 +53,10 @@ func IsControllerProcess() bool { return os.Getenv(envController) != "" }
 // Stats is what a controller process reports about itself since the last reset.
 type Stats struct {
 	// Requests counts API requests by "verb resource[/subresource]", counted at the transport.
-	Requests   map[string]int `json:"requests"`
-	CPUSeconds float64        `json:"cpuSeconds"`
+	Requests map[string]int `json:"requests"`
+	// LatencySeconds sums the round-trip times of Requests, by the same keys.
+	LatencySeconds map[string]float64 `json:"latencySeconds"`
+	CPUSeconds     float64            `json:"cpuSeconds"`
 	// PeakHeapBytes is the highest live heap (runtime/metrics heap objects) sampled every 10 ms.
 	PeakHeapBytes uint64 `json:"peakHeapBytes"`
 }
@@ -71,7 +73,11 @@ func ControllerMain() int {
 }
 
 func runController() error {
-	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
+	level := zapcore.ErrorLevel
+	if os.Getenv("BENCH_CONTROLLER_VERBOSE") != "" {
+		level = zapcore.InfoLevel
+	}
+	ctrl.SetLogger(zap.New(zap.Level(level)))
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
 
@@ -202,30 +208,42 @@ func capiManager(ctx context.Context, cfg *rest.Config, workers int, rateLimitin
 
 // requestCounter counts requests by verb and resource at the transport.
 type requestCounter struct {
-	mu     sync.Mutex
-	counts map[string]int
+	mu      sync.Mutex
+	counts  map[string]int
+	latency map[string]float64
 }
 
-func newRequestCounter() *requestCounter { return &requestCounter{counts: map[string]int{}} }
+func newRequestCounter() *requestCounter {
+	return &requestCounter{counts: map[string]int{}, latency: map[string]float64{}}
+}
 
 func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 		key := requestKey(req)
+		start := time.Now()
+		resp, err := rt.RoundTrip(req)
 		c.mu.Lock()
 		c.counts[key]++
+		if !strings.HasPrefix(key, "watch ") {
+			c.latency[key] += time.Since(start).Seconds()
+		}
 		c.mu.Unlock()
-		return rt.RoundTrip(req)
+		return resp, err
 	})
 }
 
-func (c *requestCounter) snapshot() map[string]int {
+func (c *requestCounter) snapshot() (map[string]int, map[string]float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]int, len(c.counts))
+	counts := make(map[string]int, len(c.counts))
 	for k, v := range c.counts {
-		out[k] = v
+		counts[k] = v
 	}
-	return out
+	latency := make(map[string]float64, len(c.latency))
+	for k, v := range c.latency {
+		latency[k] = v
+	}
+	return counts, latency
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -279,6 +297,7 @@ type statsServer struct {
 
 	mu        sync.Mutex
 	base      map[string]int
+	baseLat   map[string]float64
 	baseCPU   float64
 	peakHeap  uint64
 	profiling bool
@@ -336,7 +355,7 @@ func cpuSeconds() float64 {
 func (s *statsServer) reset(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.base = s.counter.snapshot()
+	s.base, s.baseLat = s.counter.snapshot()
 	s.baseCPU = cpuSeconds()
 	s.peakHeap = heapBytes()
 	if path := os.Getenv(envCPUProfile); path != "" && !s.profiling {
@@ -359,11 +378,12 @@ func (s *statsServer) stats(w http.ResponseWriter, _ *http.Request) {
 	if s.profiling {
 		pprof.StopCPUProfile()
 	}
-	now := s.counter.snapshot()
-	out := Stats{Requests: map[string]int{}, CPUSeconds: cpuSeconds() - s.baseCPU, PeakHeapBytes: s.peakHeap}
+	now, lat := s.counter.snapshot()
+	out := Stats{Requests: map[string]int{}, LatencySeconds: map[string]float64{}, CPUSeconds: cpuSeconds() - s.baseCPU, PeakHeapBytes: s.peakHeap}
 	for k, v := range now {
 		if d := v - s.base[k]; d > 0 {
 			out.Requests[k] = d
+			out.LatencySeconds[k] = lat[k] - s.baseLat[k]
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -46,6 +46,12 @@ func Table(results []*Result) string {
 	nonEventWrite := func(k string) bool { return isWrite(k) && !isEvent(k) }
 	rows := []row{
 		{"mark: last Machine (s)", func(r *Result) (float64, string) { return markedOrNot(r.Mark, r.Mark.Max) }},
+		{"mark: last remediation requested (s)", func(r *Result) (float64, string) {
+			if r.Mark.Requested < r.Mark.Changed {
+				return r.Mark.LastRequest.Seconds(), fmt.Sprintf("%d/%d", r.Mark.Requested, r.Mark.Changed)
+			}
+			return secs(r.Mark.LastRequest)
+		}},
 		{"mark: p50 (s)", func(r *Result) (float64, string) { return secs(r.Mark.P50) }},
 		{"mark: p99 (s)", func(r *Result) (float64, string) { return secs(r.Mark.P99) }},
 		{"mark: writes per mark, events excluded", func(r *Result) (float64, string) { return perChange(r.Mark, nonEventWrite) }},
@@ -100,7 +106,7 @@ func Table(results []*Result) string {
 	}
 	b.WriteString("\nRequests during the mark phase, by verb and resource:\n\n")
 	for _, c := range cols {
-		fmt.Fprintf(&b, "- %s: %s\n", c, verbs(byName[c].Mark.Stats.Requests))
+		fmt.Fprintf(&b, "- %s: %s\n", c, verbs(byName[c].Mark.Stats))
 	}
 	for _, c := range cols {
 		r := byName[c]
@@ -126,15 +132,21 @@ func mib(b uint64) (float64, string) {
 	return v, fmt.Sprintf("%.0f", v)
 }
 
-func verbs(counts map[string]int) string {
-	keys := make([]string, 0, len(counts))
-	for k := range counts {
+// verbs lists the requests by verb and resource with their mean round trip.
+func verbs(s Stats) string {
+	keys := make([]string, 0, len(s.Requests))
+	for k := range s.Requests {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %d", k, counts[k]))
+		n := s.Requests[k]
+		if strings.HasPrefix(k, "watch ") {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %d (%.0f ms)", k, n, 1000*s.LatencySeconds[k]/float64(n)))
 	}
 	return strings.Join(parts, ", ")
 }
