@@ -616,7 +616,7 @@ func (o *observer) wait(ctx context.Context, names []string, ref time.Time, time
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var lat []time.Duration
+	lat := make([]time.Duration, 0, len(o.reached))
 	for _, t := range o.reached {
 		lat = append(lat, max(t.Sub(ref), 0))
 	}

@@ -49,7 +49,7 @@ func BenchmarkHealthCheck(b *testing.B) {
 				if shape == "many" {
 					hcs = max(n/100, 1)
 				}
-				var results []*Result
+				results := make([]*Result, 0, len(variants))
 				for _, v := range variants {
 					cfg := Config{Machines: n, HealthChecks: hcs, Variant: v, Workers: workers, Log: b.Logf}
 					if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
@@ -108,8 +108,9 @@ func envOr(key, def string) string {
 }
 
 func intList(tb testing.TB, s string) []int {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
+	fields := strings.Split(s, ",")
+	out := make([]int, 0, len(fields))
+	for _, f := range fields {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 10 {
 			tb.Fatalf("invalid size %q in %q (at least 10 Machines)", f, s)
