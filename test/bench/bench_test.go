@@ -25,23 +25,31 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// defaultSizes are the fleet sizes when BENCH_SIZES is unset: what fits in 20 minutes on 2 cores
+// (the issue also asks for 10,000, which does not: see README, Performance).
+const defaultSizes = "500,2000"
+
 // workers is MaxConcurrentReconciles of both health checkers (both ship with 10).
 const workers = 10
 
 // BenchmarkHealthCheck runs every variant on a fresh fleet per size and shape and writes the tables
-// to test/bench/results/<date>-<cores>cpu.md. Sizes: BENCH_SIZES (default 500,2000,10000); shapes:
+// to test/bench/results/<date>-<cores>cpu.md. Sizes: BENCH_SIZES (default 500,2000); shapes:
 // BENCH_SHAPES, "one" (one health check over all Machines) and/or "many" (N/100 health checks);
 // BENCH_VARIANTS restricts the variants (e.g. "CAPR unlimited,CAPI unlimited"); BENCH_PROFILE_DIR
 // receives a CPU profile of each controller process during its mark phase.
 func BenchmarkHealthCheck(b *testing.B) {
-	sizes := intList(b, envOr("BENCH_SIZES", "500,2000,10000"))
+	sizes := intList(b, envOr("BENCH_SIZES", defaultSizes))
 	shapes := strings.Split(envOr("BENCH_SHAPES", "one"), ",")
 	variants := selectVariants(b, os.Getenv("BENCH_VARIANTS"))
 	ctx := context.Background()
 	var report strings.Builder
 	fmt.Fprintf(&report, "# Health-check benchmark, %s, %d CPUs (%s)\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"),
 		runtime.NumCPU(), runtime.Version())
-	fmt.Fprintf(&report, "Command: `make bench BENCH_SIZES=%s BENCH_SHAPES=%s`\n\n", envOr("BENCH_SIZES", "500,2000,10000"), envOr("BENCH_SHAPES", "one"))
+	cmd := fmt.Sprintf("make bench BENCH_SIZES=%s BENCH_SHAPES=%s", envOr("BENCH_SIZES", defaultSizes), envOr("BENCH_SHAPES", "one"))
+	if v := os.Getenv("BENCH_VARIANTS"); v != "" {
+		cmd += fmt.Sprintf(" BENCH_VARIANTS=%q", v)
+	}
+	fmt.Fprintf(&report, "Command: `%s`\n\n", cmd)
 	for range b.N {
 		for _, n := range sizes {
 			for _, shape := range shapes {

@@ -77,7 +77,7 @@ func runController() error {
 	if os.Getenv("BENCH_CONTROLLER_VERBOSE") != "" {
 		level = zapcore.InfoLevel
 	}
-	ctrl.SetLogger(zap.New(zap.Level(level)))
+	ctrl.SetLogger(zap.New(zap.Level(level), zap.UseDevMode(os.Getenv("BENCH_CONTROLLER_VERBOSE") != "")))
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
 
