@@ -84,7 +84,10 @@ func BenchmarkHealthCheck(b *testing.B) {
 	if err := os.WriteFile(path, []byte(report.String()), 0o600); err != nil {
 		b.Fatalf("writing %s: %v", path, err)
 	}
-	fmt.Printf("results written to test/bench/%s\n", path)
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	fmt.Printf("results written to %s\n", path)
 }
 
 // TestSmoke runs the harness at N=20 with both systems unlimited: every flipped Machine is marked and
