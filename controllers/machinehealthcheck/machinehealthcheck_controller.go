@@ -78,6 +78,7 @@ type Reconciler struct {
 	// values are ready to use.
 	reported        reportedReasons
 	firstConnection firstConnections
+	writes          writeSlots
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -340,10 +341,23 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 	return limits{trigger: trigger, controlPlane: cp}, nil
 }
 
-// maxParallelWrites bounds how many writes one round has in flight. The decisions (verdicts and
-// limits) are made for the whole round before anything is written, so writing in parallel changes
-// only how soon the writes land, never which ones are made.
+// maxParallelWrites bounds how many Machines the health checker writes at once, over all its
+// rounds (health checks reconciled in parallel share the bound, so that many health checks do not
+// multiply the load on the API server). The decisions (verdicts and limits) are made for the whole
+// round before anything is written, so writing in parallel changes only how soon the writes land,
+// never which ones are made.
 const maxParallelWrites = 16
+
+// writeSlots is the process-wide bound on writes in flight; its zero value is ready to use.
+type writeSlots struct {
+	once  sync.Once
+	slots chan struct{}
+}
+
+func (w *writeSlots) get() chan struct{} {
+	w.once.Do(func() { w.slots = make(chan struct{}, maxParallelWrites) })
+	return w.slots
+}
 
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
 // the limits allow and withdraws the Pending requests of targets that are healthy again and of
@@ -375,7 +389,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 		}
 	}
 	marked, changes := make([]bool, len(work)), make([]markChange, len(work))
-	forEachParallel(len(work), maxParallelWrites, func(k int) {
+	forEachParallel(len(work), r.writes.get(), func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		change, err := r.applyMark(ctx, t.machine, ev, cfg.checker, now)
 		if err != nil {
@@ -389,7 +403,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	for k, i := range work {
 		r.markEvent(ctx, rd.targets[i].machine, changes[k], rd.evals[i], cfg.checker)
 	}
-	forEachParallel(len(work), maxParallelWrites, func(k int) {
+	forEachParallel(len(work), r.writes.get(), func(k int) {
 		if !marked[k] {
 			return
 		}
@@ -422,7 +436,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			}
 		}
 	})
-	forEachParallel(len(excluded), maxParallelWrites, func(i int) {
+	forEachParallel(len(excluded), r.writes.get(), func(i int) {
 		if err := r.withdrawRequest(ctx, mhc, excluded[i], requests, "remediation of the Machine is skipped or paused"); err != nil {
 			fail(err)
 		}
@@ -452,10 +466,10 @@ func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests ma
 	}
 }
 
-// forEachParallel calls fn(0..n-1), at most limit at once, and returns when every call returned.
-func forEachParallel(n, limit int, fn func(i int)) {
+// forEachParallel calls fn(0..n-1), each holding a slot of sem (so at most cap(sem) at once, with
+// whoever else shares sem), and returns when every call returned. fn must not take another slot.
+func forEachParallel(n int, sem chan struct{}, fn func(i int)) {
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, limit)
 	for i := range n {
 		sem <- struct{}{}
 		wg.Add(1)

@@ -90,7 +90,7 @@ func TestForEachParallelCallsEachIndexOnceWithinTheLimit(t *testing.T) {
 	calls := make([]int, n)
 	inFlight, most := make(chan struct{}, n), 0
 	mu := make(chan struct{}, 1)
-	forEachParallel(n, limit, func(i int) {
+	forEachParallel(n, make(chan struct{}, limit), func(i int) {
 		inFlight <- struct{}{}
 		mu <- struct{}{}
 		most = max(most, len(inFlight))
