@@ -84,9 +84,18 @@ test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI
 compare-kcp: envtest-assets ## Each control-plane fault on the full stack twice: CAPI MHC + KCP's own remediation, then CAPR; prints a table per scenario.
 	go run ./test/sandbox/cmd/compare-kcp $(if $(SCENARIO),--scenario="$(SCENARIO)")
 
+# make bench: fleet sizes and shapes ("one": one health check over all Machines; "many": N/100
+# health checks). The defaults fit in 20 minutes on 2 cores; 10,000 does not (see README, Performance).
+BENCH_SIZES ?= 500,2000
+BENCH_SHAPES ?= one
+
 .PHONY: bench
-bench: envtest-assets ## Run the benchmarks and print their numbers.
-	go test ./... -run '^$$' -bench . -benchtime 1x -count 1 -timeout $(TEST_TIMEOUT)
+bench: envtest-assets ## Side-by-side health-check benchmark, CAPR vs CAPI's MachineHealthCheck (BENCH_SIZES, BENCH_SHAPES); writes test/bench/results/.
+	cd test/bench && BENCH_SIZES=$(BENCH_SIZES) BENCH_SHAPES=$(BENCH_SHAPES) go test . -run '^$$' -bench '^BenchmarkHealthCheck$$' -benchtime 1x -count 1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+
+.PHONY: bench-steps
+bench-steps: envtest-assets ## The control-plane remediator's own latency per step on the sandbox (what make bench ran before).
+	go test ./test/scenarios -run '^$$' -bench '^BenchmarkControlPlaneStepLatency$$' -benchtime 1x -count 1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 ##@ Development
 

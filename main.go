@@ -38,6 +38,8 @@ type options struct {
 	retryPeriod             time.Duration
 	healthAddr              string
 	syncPeriod              time.Duration
+	kubeAPIQPS              float32
+	kubeAPIBurst            int
 	healthCheckConcurrency  int
 	clusterCacheConcurrency int
 	clusterCacheQPS         float32
@@ -59,6 +61,10 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "Leader election retry period.")
 	fs.StringVar(&o.healthAddr, "health-addr", ":9440", "Address the health and readiness probes bind to.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", 10*time.Minute, "Minimum interval at which watched objects are reconciled again.")
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", controllers.DefaultKubeAPIQPS,
+		"Maximum queries per second from the controllers to the management cluster's API server (CAPI's managers' default); negative: no client-side limit.")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", controllers.DefaultKubeAPIBurst,
+		"Maximum burst of queries from the controllers to the management cluster's API server (CAPI's managers' default).")
 	fs.IntVar(&o.healthCheckConcurrency, "machinehealthcheck-concurrency", 10, "Number of MachineHealthChecks reconciled at once.")
 	fs.IntVar(&o.clusterCacheConcurrency, "clustercache-concurrency", 100, "Number of Clusters whose workload-cluster connections are reconciled at once.")
 	fs.Float32Var(&o.clusterCacheQPS, "clustercache-client-qps", 20, "Maximum queries per second to each workload cluster.")
@@ -101,6 +107,7 @@ func run(ctx context.Context, o *options) error {
 		return fmt.Errorf("loading kubeconfig of the management cluster: %w", err)
 	}
 	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + "/" + controllers.ControllerName
+	cfg.QPS, cfg.Burst = o.kubeAPIQPS, o.kubeAPIBurst
 
 	_, metricsOptions, err := flags.GetManagerOptions(o.managerOptions)
 	if err != nil {

@@ -23,6 +23,13 @@ import (
 // ControllerName is the name CAPR's manager uses for its informers, user agent and events.
 const ControllerName = "capr-manager"
 
+// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the manager's client-side rate limit towards the
+// management cluster's API server, CAPI's managers' defaults (--kube-api-qps, --kube-api-burst).
+const (
+	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIBurst = 200
+)
+
 // Options configures CAPR's controllers.
 type Options struct {
 	// WatchFilterValue restricts reconciliation to objects labelled cluster.x-k8s.io/watch-filter=<value>.

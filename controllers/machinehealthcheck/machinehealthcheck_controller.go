@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -78,6 +79,7 @@ type Reconciler struct {
 	// values are ready to use.
 	reported        reportedReasons
 	firstConnection firstConnections
+	writes          writeSlots
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -226,9 +228,11 @@ func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv
 
 // observeEtcd reads etcd for the etcd member check: each control-plane target's member health
 // (observeEtcdMembers) and whether etcd has quorum. Without etcd state the check neither marks nor
-// clears, and the quorum is unknown (the zero etcdQuorum).
+// clears, and the quorum is unknown (the zero etcdQuorum). A round without control-plane targets
+// does not read etcd at all: only control-plane targets carry etcd facts and only the control-plane
+// limit uses the quorum, so reading it would only delay the marks of the workers.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cfg checkConfig, facts clusterFacts, targets []target, now time.Time) etcdQuorum {
-	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized {
+	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized || !hasControlPlaneTarget(targets) {
 		return etcdQuorum{}
 	}
 	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
@@ -242,6 +246,15 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 		excuseLeaderless(targets)
 	}
 	return q
+}
+
+func hasControlPlaneTarget(targets []target) bool {
+	for _, t := range targets {
+		if util.IsControlPlaneMachine(t.machine) {
+			return true
+		}
+	}
+	return false
 }
 
 // round is the evaluation of every target of one reconcile, with the counts the limits need.
@@ -281,10 +294,18 @@ func evaluateAll(targets []target, cfg checkConfig, facts clusterFacts, now time
 	return rd
 }
 
-// requeueAfter is when the round must run again without any event: at the next timeout expiry, and
-// at least every etcdPollInterval when the etcd member check is on (etcd is not watched).
+// requeueMargin is how long after a timeout expires the round runs again: the work queue never fires
+// early, so the round starting then sees the timeout expired (timedOut compares strictly).
+const requeueMargin = 20 * time.Millisecond
+
+// requeueAfter is when the round must run again without any event: just after the next timeout
+// expiry (nextCheck less timedOut's slack, plus requeueMargin), and at least every
+// etcdPollInterval when the etcd member check is on (etcd is not watched).
 func (rd *round) requeueAfter(cfg checkConfig) time.Duration {
 	next := rd.next
+	if next > 0 {
+		next = max(next-expirySlack, 0) + requeueMargin
+	}
 	if cfg.etcdMemberTimeout > 0 && rd.cpTargets > 0 && (next == 0 || next > etcdPollInterval) {
 		next = etcdPollInterval
 	}
@@ -321,39 +342,91 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 	return limits{trigger: trigger, controlPlane: cp}, nil
 }
 
+// maxParallelWrites bounds how many Machines the health checker writes at once, over all its
+// rounds (health checks reconciled in parallel share the bound, so that many health checks do not
+// multiply the load on the API server). The decisions (verdicts and limits) are made for the whole
+// round before anything is written, so writing in parallel changes only how soon the writes land,
+// never which ones are made.
+const maxParallelWrites = 16
+
+// writeSlots is the process-wide bound on writes in flight; its zero value is ready to use.
+type writeSlots struct {
+	once  sync.Once
+	slots chan struct{}
+}
+
+func (w *writeSlots) get() chan struct{} {
+	w.once.Do(func() { w.slots = make(chan struct{}, maxParallelWrites) })
+	return w.slots
+}
+
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
 // the limits allow and withdraws the Pending requests of targets that are healthy again and of
-// Machines no longer checked (skip-remediation, paused). It returns how many unhealthy targets
-// were refused a request by the limits.
+// Machines no longer checked (skip-remediation, paused). It writes every mark first, then the
+// requests, each pass at most maxParallelWrites at once: a Machine's request is only written
+// after its own mark, and the marks, which are the health check's answer, are not queued behind
+// the requests and the remediator's reaction to them. It returns how many unhealthy targets were
+// refused a request by the limits.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, error) {
 	requests, err := r.listRequests(ctx, mhc)
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
-	restricted := 0
+	var (
+		mu         sync.Mutex
+		errs       []error
+		restricted int
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	var work []int
 	for i, t := range rd.targets {
-		ev := rd.evals[i]
-		if err := r.applyMarkAndEvent(ctx, t.machine, ev, cfg.checker, now); err != nil {
-			errs = append(errs, err)
-			continue
+		if needsWrite(t.machine, rd.evals[i], cfg.checker, requests) {
+			work = append(work, i)
 		}
+	}
+	marked, changes := make([]bool, len(work)), make([]markChange, len(work))
+	forEachParallel(len(work), r.writes.get(), func(k int) {
+		t, ev := rd.targets[work[k]], rd.evals[work[k]]
+		written, change, err := r.applyMark(ctx, t.machine, ev, cfg.checker, now)
+		if err != nil {
+			fail(err)
+			return
+		}
+		rd.targets[work[k]].machine = written // each call writes its own element
+		marked[k], changes[k] = true, change
+	})
+	// The events are recorded once every mark is written: the recorder sends them in the
+	// background, and they would otherwise compete with the remaining marks for the API server.
+	for k, i := range work {
+		r.markEvent(ctx, rd.targets[i].machine, changes[k], rd.evals[i], cfg.checker)
+	}
+	forEachParallel(len(work), r.writes.get(), func(k int) {
+		if !marked[k] {
+			return
+		}
+		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		switch ev.verdict {
 		case verdictUnhealthy:
 			if !t.machine.DeletionTimestamp.IsZero() || annotations.IsPaused(cluster, t.machine) {
-				continue
+				return
 			}
 			if !lim.allow(t.machine) {
 				if _, ok := requests[t.machine.Name]; !ok {
+					mu.Lock()
 					restricted++
+					mu.Unlock()
 				}
-				continue
+				return
 			}
 			created, err := r.ensureRequest(ctx, mhc, t.machine, ev, requests)
 			if err != nil {
-				errs = append(errs, err)
-				continue
+				fail(err)
+				return
 			}
 			if created {
 				r.recorder.Eventf(t.machine, nil, corev1.EventTypeNormal, caprv1.EventRemediationRequested, "HealthCheck",
@@ -361,16 +434,56 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			}
 		case verdictHealthy:
 			if err := r.withdrawRequest(ctx, mhc, t.machine, requests, "the Machine is healthy again"); err != nil {
-				errs = append(errs, err)
+				fail(err)
 			}
 		}
-	}
-	for _, m := range excluded {
-		if err := r.withdrawRequest(ctx, mhc, m, requests, "remediation of the Machine is skipped or paused"); err != nil {
-			errs = append(errs, err)
+	})
+	forEachParallel(len(excluded), r.writes.get(), func(i int) {
+		if err := r.withdrawRequest(ctx, mhc, excluded[i], requests, "remediation of the Machine is skipped or paused"); err != nil {
+			fail(err)
 		}
-	}
+	})
 	return restricted, kerrors.NewAggregate(errs)
+}
+
+// needsWrite reports whether applying the evaluation may write anything for the Machine: a
+// pending target is left as it is, and a healthy one that carries no mark of this health check,
+// already reports healthy and has no request to withdraw needs nothing. It is the cheap filter
+// in front of applyMark, which decides exactly.
+func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests map[string]client.Object) bool {
+	switch ev.verdict {
+	case verdictUnhealthy:
+		return true
+	case verdictHealthy:
+		if _, ok := requests[m.Name]; ok {
+			return true
+		}
+		if _, ok := ownMark(m, checker); ok {
+			return true
+		}
+		return !hasSameCondition(m, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition,
+			Status: metav1.ConditionTrue, Reason: caprv1.MachineCAPRHealthCheckSucceededReason})
+	default:
+		return false
+	}
+}
+
+// forEachParallel calls fn(0..n-1), each holding a slot of sem (so at most cap(sem) at once, with
+// whoever else shares sem), and returns when every call returned. fn must not take another slot.
+func forEachParallel(n int, sem chan struct{}, fn func(i int)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() {
+				<-sem
+				wg.Done()
+			}()
+			fn(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // updateStatus reports the round in the health check's status.
@@ -430,20 +543,27 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	return nil
 }
 
-// applyMarkAndEvent writes the mark of one target when it changed, with an event.
-func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string, now time.Time) error {
+// applyMark writes the mark of one target when it changed and says what changed; markEvent
+// reports it.
+// The Machine read from the cache is never modified (it is read without a copy, see getTargets):
+// the written copy is returned instead.
+func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string, now time.Time) (*clusterv1.Machine, markChange, error) {
 	after := m.DeepCopy()
 	change := applyMark(after, ev, checker, now)
 	if change == markUnchanged {
-		return nil
+		return m, markUnchanged, nil
 	}
 	if err := patchMark(ctx, r.Client, m, after); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil // deleted meanwhile: nothing to mark
+			return m, markUnchanged, nil // deleted meanwhile: nothing to mark
 		}
-		return err
+		return m, markUnchanged, err
 	}
-	*m = *after
+	return after, change, nil
+}
+
+// markEvent logs a mark set or cleared and records its event on the Machine.
+func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change markChange, ev evaluation, checker string) {
 	switch change {
 	case markSet:
 		ctrl.LoggerFrom(ctx).Info("Machine marked unhealthy", "Machine", klog.KObj(m), "reason", ev.reason, "message", ev.message)
@@ -454,7 +574,6 @@ func (r *Reconciler) applyMarkAndEvent(ctx context.Context, m *clusterv1.Machine
 		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkCleared, "HealthCheck",
 			"Machine %s is healthy again; mark by %s cleared", m.Name, checker)
 	}
-	return nil
 }
 
 // getTargets lists the Machines selected by the health check and reads their Nodes. Selected
@@ -465,8 +584,11 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 	if err != nil {
 		return nil, nil, err
 	}
+	// Machines and Nodes are read from the caches without copies: a round only reads them, and a
+	// mark is written from a deep copy (applyMark), so nothing here may modify them in place.
 	machines := &clusterv1.MachineList{}
-	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace), client.MatchingLabelsSelector{Selector: selector},
+		client.UnsafeDisableDeepCopy); err != nil {
 		return nil, nil, fmt.Errorf("listing Machines: %w", err)
 	}
 	targets = make([]target, 0, len(machines.Items))
@@ -479,7 +601,7 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 		t := target{machine: m}
 		if remote != nil && m.Status.NodeRef.IsDefined() {
 			node := &corev1.Node{}
-			if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node); err != nil {
+			if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node, noCopy); err != nil {
 				if !apierrors.IsNotFound(err) {
 					return nil, nil, fmt.Errorf("reading Node %s of Machine %s: %w", m.Status.NodeRef.Name, m.Name, err)
 				}
@@ -492,6 +614,9 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 	}
 	return targets, excluded, nil
 }
+
+// noCopy reads from a cache without a deep copy; the object must not be modified.
+var noCopy = &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}
 
 // machineSelector is the health check's selector restricted to its cluster.
 func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {

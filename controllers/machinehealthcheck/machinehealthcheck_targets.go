@@ -212,8 +212,12 @@ func timedOut(start time.Time, timeout time.Duration, now time.Time) (bool, time
 	if deadline.Before(now) {
 		return true, 0
 	}
-	return false, deadline.Sub(now) + time.Second
+	return false, deadline.Sub(now) + expirySlack
 }
+
+// expirySlack is what timedOut adds to the time left before a timeout expires; nextCheck carries it.
+// The requeue does not need it (round.requeueAfter): the work queue never fires early.
+const expirySlack = time.Second
 
 func seconds(s *int32) time.Duration {
 	if s == nil {

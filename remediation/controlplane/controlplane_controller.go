@@ -144,10 +144,17 @@ func (r *Reconciler) remediationsOfCluster(ctx context.Context, namespace, clust
 	return out
 }
 
-// remediationToSiblings maps a remediation to the other remediations of its cluster.
+// remediationToSiblings maps a remediation to the other remediations of its cluster. The request
+// of a worker Machine wakes nobody: it never holds the control plane and is never a candidate
+// (waitingCandidates considers control-plane Machines only), so its phase changes cannot change
+// another remediation's decision.
 func (r *Reconciler) remediationToSiblings(ctx context.Context, o client.Object) []reconcile.Request {
 	mr, ok := o.(*caprv1.MachineRemediation)
 	if !ok {
+		return nil
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mr), m); err == nil && !util.IsControlPlaneMachine(m) {
 		return nil
 	}
 	clusterName := mr.Labels[clusterv1.ClusterNameLabel]
@@ -180,11 +187,21 @@ func phaseChangedOrDeleted() predicate.Funcs {
 }
 
 // machineToRemediations enqueues the remediations of the Machine's cluster: a Machine appearing,
-// getting its Node or going away is what a waiting step waits for.
+// getting its Node or going away is what a waiting step waits for. Only control-plane Machines are
+// waited for (the remediator reads no other Machine, see gather), so a worker Machine's event
+// enqueues only its own request: marking many workers at once costs one reconcile per Machine,
+// not one per Machine and request of the cluster.
 func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object) []reconcile.Request {
 	m, ok := o.(*clusterv1.Machine)
 	if !ok {
 		return nil
+	}
+	if !util.IsControlPlaneMachine(m) {
+		key := client.ObjectKeyFromObject(m)
+		if err := r.Client.Get(ctx, key, &caprv1.MachineRemediation{}); err != nil {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: key}}
 	}
 	list := &caprv1.MachineRemediationList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace)); err != nil {

@@ -1,0 +1,851 @@
+// Package bench measures CAPR's health checker side by side with CAPI's MachineHealthCheck
+// reconciler: the same envtest API server, a fresh fleet of N worker Machines with Nodes per run,
+// each controller in its own process, 10 % of the Nodes turned Ready=False in one batch with
+// timeouts that expire at a known instant, then turned Ready again. `make bench` runs it.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	capienv "github.com/capr-io/capr/test/envtest"
+)
+
+// Variant is one controller configuration under test.
+type Variant struct {
+	Name   string
+	System string // "capr" or "capi"
+	// QPS and Burst are the controller's client-side rate limit (QPS < 0: none).
+	QPS   float32
+	Burst int
+	// RateLimiting is CAPI's ReconcilerRateLimiting (15 s per MachineHealthCheck).
+	RateLimiting bool
+}
+
+// Variants are the shipped defaults of both systems and both with every limit off.
+var Variants = []Variant{
+	{Name: "CAPI defaults", System: "capi", QPS: 100, Burst: 200, RateLimiting: true},
+	{Name: "CAPI unlimited", System: "capi", QPS: -1, Burst: 0},
+	{Name: "CAPR defaults", System: "capr", QPS: controllers.DefaultKubeAPIQPS, Burst: controllers.DefaultKubeAPIBurst},
+	{Name: "CAPR unlimited", System: "capr", QPS: -1, Burst: 0},
+}
+
+// Config is one run: a fleet shape and a variant.
+type Config struct {
+	Machines     int
+	HealthChecks int // Machines are split evenly over this many health checks
+	Variant      Variant
+	// Workers is MaxConcurrentReconciles of the health-check controller (both systems' default: 10).
+	Workers int
+	// CPUProfile, when set, receives a CPU profile of the controller process during the mark phase.
+	CPUProfile string
+	// Log receives progress lines.
+	Log func(format string, args ...any)
+}
+
+// Phase is the measurement of one batch (marking or recovery).
+type Phase struct {
+	// Changed is how many Machines the batch affected; Done how many reached the expected state.
+	Changed, Done int
+	// Latencies are per Machine, from the reference instant to the Machine showing the state.
+	P50, P99, Max time.Duration
+	// BatchDuration is how long the harness took to write the Node updates.
+	BatchDuration time.Duration
+	// Requested is how many of the Machines had their remediation requested, the last LastRequest
+	// after the reference instant (marking only).
+	Requested   int
+	LastRequest time.Duration
+	// Expiry is the instant the timeouts expire (marking only).
+	Expiry time.Time
+	// Overran says the batch was still being written at the reference instant (marking only).
+	Overran bool
+	Stats   Stats
+	// ServerCPUSeconds is the CPU time of kube-apiserver and etcd during the phase (harness load
+	// included: the batch of Node updates).
+	ServerCPUSeconds float64
+	// Wrong counts Machines that reached a state they should not (a healthy Machine marked).
+	Wrong int
+}
+
+// Result is one run.
+type Result struct {
+	Config  Config
+	Mark    Phase
+	Recover Phase
+	// Setup is the time from starting the controller to every target reported healthy.
+	Setup time.Duration
+}
+
+const (
+	// conditionTimeout is the health checks' timeout for Ready=False / Ready=Unknown.
+	conditionTimeout = 300 * time.Second
+	// phaseTimeout bounds each phase; a phase that does not finish reports how far it got.
+	phaseTimeout = 3 * time.Minute
+	// fleetWorkers is the parallelism of the harness's own writes.
+	fleetWorkers = 16
+)
+
+// Run creates a fresh envtest API server and fleet, starts the controller process, and measures.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	logf := cfg.Log
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	env, err := capienv.Start(capienv.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = env.Stop() }()
+	env.Config.QPS, env.Config.Burst = -1, 0
+	c, err := client.New(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+
+	f, err := newFleet(ctx, env, c, cfg)
+	if err != nil {
+		return nil, err
+	}
+	logf("%s: fleet of %d Machines in %d health check(s) created", cfg.Variant.Name, cfg.Machines, cfg.HealthChecks)
+
+	obs, err := newObserver(ctx, env, f.ns, cfg.Variant.System)
+	if err != nil {
+		return nil, err
+	}
+	defer obs.stop()
+
+	start := time.Now()
+	proc, err := startController(ctx, env, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer proc.stop()
+	res := &Result{Config: cfg}
+	if err := f.waitReady(ctx, phaseTimeout); err != nil {
+		return nil, fmt.Errorf("%s: waiting for every target to be reported healthy: %w", cfg.Variant.Name, err)
+	}
+	res.Setup = time.Since(start)
+	logf("%s: controller ready, every target healthy after %s", cfg.Variant.Name, res.Setup.Round(time.Millisecond))
+
+	flipped := f.flipSet()
+	if res.Mark, err = f.markPhase(ctx, obs, proc, flipped); err != nil {
+		return nil, err
+	}
+	logf("%s: marked %d/%d, last %s after the expiry at %s", cfg.Variant.Name, res.Mark.Done, res.Mark.Changed, res.Mark.Max.Round(time.Millisecond),
+		res.Mark.Expiry.Format("15:04:05.000"))
+	if res.Mark.Done == res.Mark.Changed {
+		if res.Recover, err = f.recoverPhase(ctx, obs, proc, flipped); err != nil {
+			return nil, err
+		}
+		logf("%s: cleared %d/%d, last %s", cfg.Variant.Name, res.Recover.Done, res.Recover.Changed, res.Recover.Max.Round(time.Millisecond))
+	}
+	return res, nil
+}
+
+// fleet is one namespace with a Cluster, its Machines and Nodes and the health checks.
+type fleet struct {
+	c       client.Client
+	cfg     Config
+	ns      string
+	cluster *clusterv1.Cluster
+}
+
+func machineName(i int) string { return fmt.Sprintf("m-%05d", i) }
+
+func (f *fleet) nodeName(i int) string { return f.ns + "-" + machineName(i) }
+
+func newFleet(ctx context.Context, env *capienv.Environment, c client.Client, cfg Config) (*fleet, error) {
+	ns, err := capienv.CreateNamespace(ctx, c, "bench")
+	if err != nil {
+		return nil, err
+	}
+	f := &fleet{c: c, cfg: cfg, ns: ns}
+	f.cluster = capienv.NewCluster(ns, "c1", clusterv1.ContractVersionedObjectReference{})
+	if err := c.Create(ctx, f.cluster); err != nil {
+		return nil, fmt.Errorf("creating Cluster: %w", err)
+	}
+	if err := capienv.SetClusterReady(ctx, c, f.cluster, capienv.ControlPlaneInitialized); err != nil {
+		return nil, err
+	}
+	if err := capienv.CreateKubeconfigSecret(ctx, c, env.Config, f.cluster); err != nil {
+		return nil, err
+	}
+	healthySince := time.Now().Add(-time.Hour)
+	err = parallel(cfg.Machines, func(i int) error {
+		m := capienv.NewMachine(ns, f.cluster.Name, machineName(i))
+		m.Labels["pool"] = strconv.Itoa(i % cfg.HealthChecks)
+		if err := c.Create(ctx, m); err != nil {
+			return fmt.Errorf("creating Machine %s: %w", m.Name, err)
+		}
+		if err := capienv.CreateNode(ctx, c, capienv.NewNode(f.nodeName(i), corev1.ConditionTrue, healthySince)); err != nil {
+			return err
+		}
+		return setMachineNodeHealthy(ctx, c, m, f.nodeName(i))
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i := range cfg.HealthChecks {
+		if err := c.Create(ctx, f.healthCheck(i)); err != nil {
+			return nil, fmt.Errorf("creating health check: %w", err)
+		}
+	}
+	return f, nil
+}
+
+// setMachineNodeHealthy sets the Machine's nodeRef and InfrastructureReady as CAPI's Machine
+// controller would, plus both systems' "health check succeeded" conditions, so that neither
+// controller has to write every Machine once at start (the start is not what is measured).
+func setMachineNodeHealthy(ctx context.Context, c client.Client, m *clusterv1.Machine, node string) error {
+	base := m.DeepCopy()
+	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: node}
+	conditions.Set(m, metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: metav1.ConditionTrue, Reason: "Ready"})
+	conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionTrue,
+		Reason: clusterv1.MachineHealthCheckSucceededReason})
+	conditions.Set(m, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition, Status: metav1.ConditionTrue,
+		Reason: caprv1.MachineCAPRHealthCheckSucceededReason})
+	if err := c.Status().Patch(ctx, m, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("setting nodeRef of Machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// waitReady waits until the health checks report every Machine as an expected, healthy target.
+func (f *fleet) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		expected, healthy, err := f.healthCheckCounts(ctx)
+		if err != nil {
+			return err
+		}
+		if expected == f.cfg.Machines && healthy == f.cfg.Machines {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s the health checks report %d expected, %d healthy of %d Machines", timeout, expected, healthy, f.cfg.Machines)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (f *fleet) healthCheckCounts(ctx context.Context) (expected, healthy int, _ error) {
+	if f.cfg.Variant.System == "capi" {
+		list := &clusterv1.MachineHealthCheckList{}
+		if err := f.c.List(ctx, list, client.InNamespace(f.ns)); err != nil {
+			return 0, 0, fmt.Errorf("listing health checks: %w", err)
+		}
+		for _, h := range list.Items {
+			expected += int(ptr.Deref(h.Status.ExpectedMachines, 0))
+			healthy += int(ptr.Deref(h.Status.CurrentHealthy, 0))
+		}
+		return expected, healthy, nil
+	}
+	list := &caprv1.MachineHealthCheckList{}
+	if err := f.c.List(ctx, list, client.InNamespace(f.ns)); err != nil {
+		return 0, 0, fmt.Errorf("listing health checks: %w", err)
+	}
+	for _, h := range list.Items {
+		expected += int(ptr.Deref(h.Status.ExpectedMachines, 0))
+		healthy += int(ptr.Deref(h.Status.CurrentHealthy, 0))
+	}
+	return expected, healthy, nil
+}
+
+// healthCheck is health check i of the variant's system, selecting pool i.
+func (f *fleet) healthCheck(i int) client.Object {
+	name, selector := fmt.Sprintf("hc-%d", i), map[string]string{"pool": strconv.Itoa(i)}
+	timeout := ptr.To(int32(conditionTimeout / time.Second))
+	if f.cfg.Variant.System == "capi" {
+		return &clusterv1.MachineHealthCheck{
+			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+			Spec: clusterv1.MachineHealthCheckSpec{
+				ClusterName: f.cluster.Name,
+				Selector:    metav1.LabelSelector{MatchLabels: selector},
+				Checks: clusterv1.MachineHealthCheckChecks{
+					NodeStartupTimeoutSeconds: ptr.To[int32](600),
+					UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{
+						{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: timeout},
+						{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: timeout},
+					},
+				},
+			},
+		}
+	}
+	return &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: f.cluster.Name,
+			Selector:    caprv1.MachineSelector{MatchLabels: selector},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](600),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: timeout},
+					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: timeout},
+				},
+			},
+		},
+	}
+}
+
+// flipSet is every tenth Machine (10 %, spread over every health check).
+func (f *fleet) flipSet() []int {
+	var out []int
+	for i := 0; i < f.cfg.Machines; i += 10 {
+		out = append(out, i)
+	}
+	return out
+}
+
+// markPhase turns the Nodes of flipped Ready=False with a lastTransitionTime chosen so that the
+// timeout expires at a known whole second after the batch is written, and measures from there.
+func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerProcess, flipped []int) (Phase, error) {
+	if err := proc.reset(ctx); err != nil {
+		return Phase{}, err
+	}
+	server := serverCPU()
+	begin := time.Now()
+	lead := 2*time.Second + time.Duration(len(flipped))*4*time.Millisecond
+	expiry := begin.Add(lead).Truncate(time.Second).Add(time.Second)
+	since := metav1.NewTime(expiry.Add(-conditionTimeout))
+	names := f.names(flipped)
+	obs.track(names, stateMarked)
+	err := parallel(len(flipped), func(k int) error {
+		return setNodeReady(ctx, f.c, f.nodeName(flipped[k]), corev1.ConditionFalse, since)
+	})
+	if err != nil {
+		return Phase{}, err
+	}
+	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin), Overran: time.Now().After(expiry), Expiry: expiry}
+	ref := expiry
+	if ph.Overran {
+		ref = time.Now()
+	}
+	ph.Done, ph.P50, ph.P99, ph.Max = obs.wait(ctx, names, ref, phaseTimeout+time.Until(ref))
+	ph.Wrong = obs.wrongMarks(names)
+	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
+		return Phase{}, err
+	}
+	ph.Requested, ph.LastRequest = obs.lastRequest(ref)
+	ph.ServerCPUSeconds = serverCPU() - server
+	return ph, nil
+}
+
+// recoverPhase turns the same Nodes Ready again and measures from the start of that batch until
+// every mark is cleared.
+func (f *fleet) recoverPhase(ctx context.Context, obs *observer, proc *controllerProcess, flipped []int) (Phase, error) {
+	if err := proc.reset(ctx); err != nil {
+		return Phase{}, err
+	}
+	names := f.names(flipped)
+	obs.track(names, stateHealthy)
+	server := serverCPU()
+	begin := time.Now()
+	now := metav1.NewTime(begin)
+	err := parallel(len(flipped), func(k int) error {
+		return setNodeReady(ctx, f.c, f.nodeName(flipped[k]), corev1.ConditionTrue, now)
+	})
+	if err != nil {
+		return Phase{}, err
+	}
+	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin)}
+	ph.Done, ph.P50, ph.P99, ph.Max = obs.wait(ctx, names, begin, phaseTimeout)
+	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
+		return Phase{}, err
+	}
+	ph.ServerCPUSeconds = serverCPU() - server
+	return ph, nil
+}
+
+func (f *fleet) names(idx []int) []string {
+	out := make([]string, len(idx))
+	for k, i := range idx {
+		out[k] = machineName(i)
+	}
+	return out
+}
+
+// setNodeReady patches the Node's Ready condition (status, lastTransitionTime since).
+func setNodeReady(ctx context.Context, c client.Client, name string, status corev1.ConditionStatus, since metav1.Time) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	patch := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: status, Reason: "Bench", LastTransitionTime: since, LastHeartbeatTime: metav1.Now(),
+	}}}}
+	raw, err := json.Marshal(patch)
+	if err != nil {
+		return fmt.Errorf("encoding Node patch: %w", err)
+	}
+	if err := c.Status().Patch(ctx, node, client.RawPatch("application/strategic-merge-patch+json", raw)); err != nil {
+		return fmt.Errorf("setting Ready=%s on Node %s: %w", status, name, err)
+	}
+	return nil
+}
+
+// parallel runs fn(0..n-1) on fleetWorkers goroutines and returns the first error.
+func parallel(n int, fn func(int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  = make(chan int)
+	)
+	for range min(fleetWorkers, max(n, 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := fn(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return first
+}
+
+// machineState is what the observer looks for on a Machine.
+type machineState int
+
+const (
+	stateHealthy machineState = iota
+	stateMarked
+)
+
+// stateOf reads a Machine's health-check state as the system under test writes it: CAPI's
+// HealthCheckSucceeded condition, or CAPR's mark (annotation and condition; the condition is
+// written last).
+func stateOf(system string, m *clusterv1.Machine) (machineState, bool) {
+	condType := clusterv1.MachineHealthCheckSucceededCondition
+	if system == "capr" {
+		condType = caprv1.MachineCAPRHealthCheckSucceededCondition
+	}
+	c := conditions.Get(m, condType)
+	if c == nil {
+		return 0, false
+	}
+	_, annotated := m.Annotations[caprv1.UnhealthyAnnotation]
+	switch {
+	case c.Status == metav1.ConditionTrue && (system == "capi" || !annotated):
+		return stateHealthy, true
+	case c.Status == metav1.ConditionFalse && (system == "capi" || annotated):
+		return stateMarked, true
+	}
+	return 0, false
+}
+
+// observer watches the fleet's Machines and records when each reaches the tracked state.
+type observer struct {
+	system string
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	state   map[string]machineState
+	want    machineState
+	tracked map[string]bool
+	reached map[string]time.Time
+	// requested is when each tracked Machine's remediation was requested: its MachineRemediation
+	// appeared (CAPR), or OwnerRemediated=False (CAPI, written with the mark).
+	requested map[string]time.Time
+	changed   chan struct{}
+}
+
+func newObserver(ctx context.Context, env *capienv.Environment, ns, system string) (*observer, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("creating the observer's cache: %w", err)
+	}
+	o := &observer{system: system, cancel: cancel, state: map[string]machineState{}, reached: map[string]time.Time{},
+		requested: map[string]time.Time{}, changed: make(chan struct{}, 1)}
+	inf, err := c.GetInformer(ctx, &clusterv1.Machine{})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("getting the Machine informer: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { o.see(obj) },
+		UpdateFunc: func(_, obj any) { o.see(obj) },
+	}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching Machines: %w", err)
+	}
+	mrs, err := c.GetInformer(ctx, &caprv1.MachineRemediation{})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("getting the MachineRemediation informer: %w", err)
+	}
+	if _, err := mrs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if mr, ok := obj.(*caprv1.MachineRemediation); ok {
+				o.request(mr.Name)
+			}
+		},
+	}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching MachineRemediations: %w", err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		cancel()
+		return nil, errors.New("the observer's cache did not sync")
+	}
+	return o, nil
+}
+
+func (o *observer) stop() { o.cancel() }
+
+func (o *observer) see(obj any) {
+	m, ok := obj.(*clusterv1.Machine)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	s, known := stateOf(o.system, m)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !known {
+		delete(o.state, m.Name)
+		return
+	}
+	o.state[m.Name] = s
+	if c := conditions.Get(m, clusterv1.MachineOwnerRemediatedCondition); c != nil && c.Status == metav1.ConditionFalse && o.tracked[m.Name] {
+		if _, ok := o.requested[m.Name]; !ok {
+			o.requested[m.Name] = now
+		}
+	}
+	if o.tracked[m.Name] && s == o.want {
+		if _, ok := o.reached[m.Name]; !ok {
+			o.reached[m.Name] = now
+		}
+	}
+	select {
+	case o.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (o *observer) request(name string) {
+	now := time.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.requested[name]; !ok && o.tracked[name] {
+		o.requested[name] = now
+	}
+}
+
+// lastRequest is the latest remediation request of the tracked Machines after ref, and how many.
+func (o *observer) lastRequest(ref time.Time) (int, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var last time.Duration
+	for _, t := range o.requested {
+		last = max(last, t.Sub(ref))
+	}
+	return len(o.requested), last
+}
+
+// track starts recording when names reach want.
+func (o *observer) track(names []string, want machineState) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.want, o.tracked, o.reached, o.requested = want, map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}
+	for _, n := range names {
+		o.tracked[n] = true
+	}
+}
+
+// wait waits until every tracked name reached the state (or timeout) and returns how many did
+// and their latency percentiles from ref.
+func (o *observer) wait(ctx context.Context, names []string, ref time.Time, timeout time.Duration) (done int, p50, p99, maxLat time.Duration) {
+	deadline := time.After(timeout)
+	for {
+		o.mu.Lock()
+		done = len(o.reached)
+		o.mu.Unlock()
+		if done == len(names) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-deadline:
+		case <-o.changed:
+			continue
+		case <-time.After(time.Second):
+			continue
+		}
+		break
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	lat := make([]time.Duration, 0, len(o.reached))
+	for _, t := range o.reached {
+		lat = append(lat, max(t.Sub(ref), 0))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return len(lat), percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 1)
+}
+
+// wrongMarks counts marked Machines that are not in names.
+func (o *observer) wrongMarks(names []string) int {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	wrong := 0
+	for n, s := range o.state {
+		if s == stateMarked && !want[n] {
+			wrong++
+		}
+	}
+	return wrong
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// controllerProcess is this binary re-executed as a controller process.
+type controllerProcess struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan error
+	dir  string
+}
+
+func startController(ctx context.Context, env *capienv.Environment, cfg Config) (*controllerProcess, error) {
+	dir, err := os.MkdirTemp("", "capr-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("creating a directory for the controller: %w", err)
+	}
+	kubeconfig, err := env.KubeConfig("bench-"+cfg.Variant.System, []string{"system:masters"})
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		return nil, fmt.Errorf("writing kubeconfig: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("locating the benchmark binary: %w", err)
+	}
+	rateLimit := "off"
+	if cfg.Variant.RateLimiting {
+		rateLimit = "on"
+	}
+	cmd := exec.CommandContext(ctx, self, "-test.run=^$") //nolint:gosec // re-executes this binary
+	cmd.Env = append(os.Environ(),
+		envController+"="+cfg.Variant.System,
+		envKubeconfig+"="+path,
+		envQPS+"="+strconv.FormatFloat(float64(cfg.Variant.QPS), 'f', -1, 32),
+		envBurst+"="+strconv.Itoa(cfg.Variant.Burst),
+		envRateLimit+"="+rateLimit,
+		envWorkers+"="+strconv.Itoa(cfg.Workers),
+		envCPUProfile+"="+cfg.CPUProfile,
+	)
+	logFile, err := os.Create(filepath.Join(dir, "controller.log"))
+	if err != nil {
+		return nil, fmt.Errorf("creating the controller's log: %w", err)
+	}
+	defer func() { _ = logFile.Close() }()
+	cmd.Stderr = logFile
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the controller's stdout: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the controller process: %w", err)
+	}
+	p := &controllerProcess{cmd: cmd, done: make(chan error, 1), dir: dir}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "BENCH_ADDR="); ok {
+				addr <- a
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	go func() { p.done <- cmd.Wait() }()
+	select {
+	case p.addr = <-addr:
+		return p, nil
+	case err := <-p.done:
+		return nil, fmt.Errorf("the controller process exited before serving: %w", err)
+	case <-time.After(time.Minute):
+		p.stop()
+		return nil, errors.New("the controller process did not start within a minute")
+	}
+}
+
+// stop ends the controller process; its log (errors only) is kept in BENCH_LOG_DIR when set.
+func (p *controllerProcess) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	if dir := os.Getenv("BENCH_LOG_DIR"); dir != "" {
+		if raw, err := os.ReadFile(filepath.Join(p.dir, "controller.log")); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("controller-%d.log", p.cmd.Process.Pid)), raw, 0o600)
+		}
+	}
+	_ = os.RemoveAll(p.dir)
+}
+
+func (p *controllerProcess) call(ctx context.Context, path string, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+path, nil)
+	if err != nil {
+		return fmt.Errorf("building request %s: %w", path, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("calling the controller's %s: %w", path, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode >= 300 {
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("the controller's %s: %s: %s", path, resp.Status, body)
+	}
+	if into == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
+		return fmt.Errorf("decoding the controller's %s: %w", path, err)
+	}
+	return nil
+}
+
+func (p *controllerProcess) reset(ctx context.Context) error { return p.call(ctx, "/reset", nil) }
+
+// quiescentStats waits until the controller has sent no request for a second (at most 20 s:
+// trailing events and status patches belong to the phase) and returns its stats.
+func (p *controllerProcess) quiescentStats(ctx context.Context) (Stats, error) {
+	var last Stats
+	if err := p.call(ctx, "/stats", &last); err != nil {
+		return Stats{}, err
+	}
+	for range 20 {
+		select {
+		case <-ctx.Done():
+			return Stats{}, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		var s Stats
+		if err := p.call(ctx, "/stats", &s); err != nil {
+			return Stats{}, err
+		}
+		if total(s.Requests, nil) == total(last.Requests, nil) {
+			return s, nil
+		}
+		last = s
+	}
+	return last, nil
+}
+
+// total sums the counts whose key passes keep (all when keep is nil).
+func total(counts map[string]int, keep func(string) bool) int {
+	n := 0
+	for k, v := range counts {
+		if keep == nil || keep(k) {
+			n += v
+		}
+	}
+	return n
+}
+
+// isWrite reports whether a request key is a write.
+func isWrite(key string) bool {
+	verb, _, _ := strings.Cut(key, " ")
+	switch verb {
+	case "create", "update", "patch", "delete":
+		return true
+	}
+	return false
+}
+
+// serverCPU is the CPU time (user + system, seconds) of this process's kube-apiserver and etcd
+// children, from /proc (Linux; 0 elsewhere).
+func serverCPU() float64 {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	self := strconv.Itoa(os.Getpid())
+	total := 0.0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime(14) stime(15): fields after the closing parenthesis.
+		s := string(raw)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		comm := s[open+1 : closing]
+		fields := strings.Fields(s[closing+1:])
+		if len(fields) < 13 || fields[1] != self || (comm != "kube-apiserver" && comm != "etcd") {
+			continue
+		}
+		utime, _ := strconv.ParseFloat(fields[11], 64)
+		stime, _ := strconv.ParseFloat(fields[12], 64)
+		total += (utime + stime) / clockTicks
+	}
+	return total
+}
+
+// clockTicks is USER_HZ, 100 on Linux.
+const clockTicks = 100

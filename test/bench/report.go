@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Table renders the results of one fleet shape (same N and health checks, one result per variant)
+// as a Markdown table with the ratios CAPR/CAPI for the same limits.
+func Table(results []*Result) string {
+	if len(results) == 0 {
+		return ""
+	}
+	byName := map[string]*Result{}
+	var cols []string
+	for _, r := range results {
+		byName[r.Config.Variant.Name] = r
+		cols = append(cols, r.Config.Variant.Name)
+	}
+	type ratio struct{ name, capr, capi string }
+	var ratios []ratio
+	for _, p := range []ratio{
+		{"CAPR/CAPI defaults", "CAPR defaults", "CAPI defaults"},
+		{"CAPR/CAPI unlimited", "CAPR unlimited", "CAPI unlimited"},
+	} {
+		if byName[p.capr] != nil && byName[p.capi] != nil {
+			ratios = append(ratios, p)
+		}
+	}
+
+	type row struct {
+		name  string
+		value func(*Result) (float64, string)
+	}
+	secs := func(d time.Duration) (float64, string) { return d.Seconds(), fmt.Sprintf("%.2f", d.Seconds()) }
+	perChange := func(ph Phase, keep func(string) bool) (float64, string) {
+		if ph.Changed == 0 {
+			return 0, "-"
+		}
+		v := float64(total(ph.Stats.Requests, keep)) / float64(ph.Changed)
+		return v, fmt.Sprintf("%.2f", v)
+	}
+	isEvent := func(k string) bool { return strings.HasSuffix(k, " events") && isWrite(k) }
+	nonEventWrite := func(k string) bool { return isWrite(k) && !isEvent(k) }
+	rows := []row{
+		{"mark: last Machine (s)", func(r *Result) (float64, string) { return markedOrNot(r.Mark, r.Mark.Max) }},
+		{"mark: last remediation requested (s)", func(r *Result) (float64, string) {
+			if r.Mark.Requested < r.Mark.Changed {
+				return r.Mark.LastRequest.Seconds(), fmt.Sprintf("%d/%d", r.Mark.Requested, r.Mark.Changed)
+			}
+			return secs(r.Mark.LastRequest)
+		}},
+		{"mark: p50 (s)", func(r *Result) (float64, string) { return secs(r.Mark.P50) }},
+		{"mark: p99 (s)", func(r *Result) (float64, string) { return secs(r.Mark.P99) }},
+		{"mark: writes per mark, events excluded", func(r *Result) (float64, string) { return perChange(r.Mark, nonEventWrite) }},
+		{"mark: event writes per mark", func(r *Result) (float64, string) { return perChange(r.Mark, isEvent) }},
+		{"mark: requests per mark, all verbs", func(r *Result) (float64, string) { return perChange(r.Mark, nil) }},
+		{"mark: CPU (s)", func(r *Result) (float64, string) {
+			return r.Mark.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Mark.Stats.CPUSeconds)
+		}},
+		{"mark: API server + etcd CPU (s)", func(r *Result) (float64, string) {
+			return r.Mark.ServerCPUSeconds, fmt.Sprintf("%.2f", r.Mark.ServerCPUSeconds)
+		}},
+		{"mark: peak heap (MiB)", func(r *Result) (float64, string) { return mib(r.Mark.Stats.PeakHeapBytes) }},
+		{"recover: last mark cleared (s)", func(r *Result) (float64, string) { return markedOrNot(r.Recover, r.Recover.Max) }},
+		{"recover: p50 (s)", func(r *Result) (float64, string) { return secs(r.Recover.P50) }},
+		{"recover: writes per Machine, events excluded", func(r *Result) (float64, string) { return perChange(r.Recover, nonEventWrite) }},
+		{"recover: CPU (s)", func(r *Result) (float64, string) {
+			return r.Recover.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Recover.Stats.CPUSeconds)
+		}},
+		{"setup: every target healthy (s)", func(r *Result) (float64, string) { return secs(r.Setup) }},
+	}
+
+	first := results[0].Config
+	var b strings.Builder
+	fmt.Fprintf(&b, "N = %d Machines, %d health check(s), %d flipped, %d workers\n\n", first.Machines, first.HealthChecks,
+		results[0].Mark.Changed, first.Workers)
+	b.WriteString("| |")
+	for _, c := range cols {
+		b.WriteString(" " + c + " |")
+	}
+	for _, p := range ratios {
+		b.WriteString(" " + p.name + " |")
+	}
+	b.WriteString("\n|---|")
+	b.WriteString(strings.Repeat("---|", len(cols)+len(ratios)))
+	b.WriteString("\n")
+	for _, rw := range rows {
+		b.WriteString("| " + rw.name + " |")
+		for _, c := range cols {
+			_, s := rw.value(byName[c])
+			b.WriteString(" " + s + " |")
+		}
+		for _, p := range ratios {
+			a, _ := rw.value(byName[p.capr])
+			c, _ := rw.value(byName[p.capi])
+			if c == 0 {
+				b.WriteString(" - |")
+				continue
+			}
+			fmt.Fprintf(&b, " %.2f |", a/c)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\nRequests during the mark phase, by verb and resource:\n\n")
+	for _, c := range cols {
+		fmt.Fprintf(&b, "- %s: %s\n", c, verbs(byName[c].Mark.Stats))
+	}
+	for _, c := range cols {
+		r := byName[c]
+		if r.Mark.Overran {
+			fmt.Fprintf(&b, "- %s: the Node batch (%.2f s) overran the expiry instant; latencies are from the batch's end\n", c, r.Mark.BatchDuration.Seconds())
+		}
+		if r.Mark.Wrong > 0 {
+			fmt.Fprintf(&b, "- %s: %d Machines marked that were not flipped\n", c, r.Mark.Wrong)
+		}
+	}
+	return b.String()
+}
+
+func markedOrNot(ph Phase, d time.Duration) (float64, string) {
+	if ph.Done < ph.Changed {
+		return d.Seconds(), fmt.Sprintf("%d/%d after %.0f s", ph.Done, ph.Changed, d.Seconds())
+	}
+	return d.Seconds(), fmt.Sprintf("%.2f", d.Seconds())
+}
+
+func mib(b uint64) (float64, string) {
+	v := float64(b) / (1 << 20)
+	return v, fmt.Sprintf("%.0f", v)
+}
+
+// verbs lists the requests by verb and resource with their mean round trip.
+func verbs(s Stats) string {
+	keys := make([]string, 0, len(s.Requests))
+	for k := range s.Requests {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		n := s.Requests[k]
+		if strings.HasPrefix(k, "watch ") {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %d (%.0f ms)", k, n, 1000*s.LatencySeconds[k]/float64(n)))
+	}
+	return strings.Join(parts, ", ")
+}
