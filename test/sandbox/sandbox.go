@@ -527,11 +527,9 @@ func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node s
 	if s.opts.Provider == ProviderKubeadm {
 		// The real thing: the kubelet stops renewing its Lease and kube-controller-manager's node
 		// lifecycle controller sets Ready=Unknown and the unreachable taints after its grace period.
-		s.mu.Lock()
-		k := s.kubelets[node]
-		s.mu.Unlock()
-		if k == nil {
-			return fmt.Errorf("node %s has no kubelet", node)
+		k, err := s.kubeletOf(node)
+		if err != nil {
+			return err
 		}
 		k.StopHeartbeat()
 		return nil
@@ -544,15 +542,23 @@ func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node s
 func (s *Sandbox) ResumeHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {
 	s.Log.Add(wc.Name, "node %s reports again (Ready=True)", node)
 	if s.opts.Provider == ProviderKubeadm {
-		s.mu.Lock()
-		k := s.kubelets[node]
-		s.mu.Unlock()
-		if k == nil {
-			return fmt.Errorf("node %s has no kubelet", node)
+		k, err := s.kubeletOf(node)
+		if err != nil {
+			return err
 		}
 		k.startHeartbeat(s.Client, node)
 	}
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionTrue)
+}
+
+// kubeletOf returns the kubelet stand-in of a Node.
+func (s *Sandbox) kubeletOf(node string) (*Kubelet, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.kubelets[node]; k != nil {
+		return k, nil
+	}
+	return nil, fmt.Errorf("node %s has no kubelet", node)
 }
 
 // EventLog is a list of timestamped world events.
