@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,8 +43,9 @@ func TestMain(m *testing.M) {
 
 // Environment variables set by `make chaos`.
 const (
-	runsEnv = "CHAOS_RUNS"
-	seedEnv = "CHAOS_SEED"
+	runsEnv     = "CHAOS_RUNS"
+	seedEnv     = "CHAOS_SEED"
+	parallelEnv = "CHAOS_PARALLEL"
 )
 
 func envInt(t *testing.T, name string, def int64) int64 {
@@ -59,20 +61,40 @@ func envInt(t *testing.T, name string, def int64) int64 {
 }
 
 // TestChaos runs CHAOS_RUNS scenarios (default 2) with seeds CHAOS_SEED, CHAOS_SEED+1, ... (default
-// seed: from the clock, printed).
+// seed: from the clock, printed). With CHAOS_PARALLEL > 1 the scenarios run concurrently (go test's
+// -parallel bounds how many), each in its own namespace with its own CAPR manager watching only that
+// namespace, so a controller killed in one scenario is not killed in the others. A scenario's
+// outcome does not depend on the others: each draws its faults from its own seed.
 func TestChaos(t *testing.T) {
 	runs := envInt(t, runsEnv, 2)
 	seed := envInt(t, seedEnv, time.Now().UnixNano()%1_000_000)
+	parallel := envInt(t, parallelEnv, 1) > 1
 	t.Logf("chaos: %d runs, seeds %d..%d (one run: make chaos RUNS=1 SEED=<seed>)", runs, seed, seed+runs-1)
 	start := time.Now()
-	failed := 0
-	for i := range runs {
-		s := seed + i
-		if !t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { runScenario(t, s) }) {
-			failed++
+	var mu sync.Mutex
+	var failedSeeds []int64
+	// The group returns when every (parallel) scenario has finished.
+	t.Run("runs", func(t *testing.T) {
+		for i := range runs {
+			s := seed + i
+			t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
+				if parallel {
+					t.Parallel()
+				}
+				defer func() {
+					if t.Failed() {
+						mu.Lock()
+						failedSeeds = append(failedSeeds, s)
+						mu.Unlock()
+					}
+				}()
+				runScenario(t, s)
+			})
 		}
-	}
-	t.Logf("chaos: %d runs, %d with invariant violations, %s", runs, failed, time.Since(start).Round(time.Second))
+	})
+	slices.Sort(failedSeeds)
+	t.Logf("chaos: %d runs (seeds %d..%d), %d with invariant violations %v, %s", runs, seed, seed+runs-1,
+		len(failedSeeds), failedSeeds, time.Since(start).Round(time.Second))
 }
 
 // faultKind is one kind of fault the suite injects.
@@ -201,7 +223,7 @@ func runScenario(t *testing.T, seed int64) {
 	g.Expect(err).NotTo(HaveOccurred())
 
 	backend := &recordingBackend{asked: map[string]time.Time{}, fenced: map[string]time.Time{}, confirm: 300 * time.Millisecond}
-	opts := sandbox.CAPROptions{Options: controllers.Options{Fencer: &fencing.PolicyFencer{
+	opts := sandbox.CAPROptions{Namespace: ns, Options: controllers.Options{Fencer: &fencing.PolicyFencer{
 		Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendExternal: backend}}}}
 	crashOpts := opts
 	crashOpts.CrashAfterWrites = p.crash
@@ -367,7 +389,8 @@ func atRest(wc *sandbox.WorkloadCluster, victims, skipped map[string]bool) error
 	requests := map[string]*caprv1.MachineRemediation{}
 	for i, mr := range list.Items {
 		if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning || !mr.DeletionTimestamp.IsZero() {
-			return fmt.Errorf("remediation %s is %s (deleting: %t)", mr.Name, mr.Status.Phase, !mr.DeletionTimestamp.IsZero())
+			return fmt.Errorf("remediation %s is %s (deleting: %t), step %q: %s (last error: %q)", mr.Name, mr.Status.Phase,
+				!mr.DeletionTimestamp.IsZero(), mr.Status.CurrentStep, conditions.GetMessage(&mr, caprv1.MachineRemediationProgressingCondition), mr.Status.LastError)
 		}
 		requests[mr.Name] = &list.Items[i]
 	}

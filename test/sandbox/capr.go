@@ -34,6 +34,9 @@ type CAPROptions struct {
 	controllers.Options
 	// CrashAfterWrites, when > 0, trips the crash switch after that many API writes.
 	CrashAfterWrites int64
+	// Namespace, when set, is the only namespace the manager watches (main.go's --namespace), so
+	// that several managers can each own the clusters of one namespace on one API server.
+	Namespace string
 }
 
 // StartCAPR starts CAPR's manager with short etcd timeouts suited to the sandbox.
@@ -42,7 +45,7 @@ func (s *Sandbox) StartCAPR(ctx context.Context, opts CAPROptions) (*CAPR, error
 	mgr, err := ctrl.NewManager(s.Env.ManagerConfig, ctrl.Options{
 		Scheme:                  s.Env.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
-		Cache:                   controllers.ManagerCacheOptionsNamed(s.Env.Scheme, fmt.Sprintf("capr-manager-%d", managerSeq.Add(1)), "", 10*time.Minute),
+		Cache:                   controllers.ManagerCacheOptionsNamed(s.Env.Scheme, fmt.Sprintf("capr-manager-%d", managerSeq.Add(1)), opts.Namespace, 10*time.Minute),
 		Client:                  controllers.ManagerClientOptions(),
 		GracefulShutdownTimeout: ptr.To(time.Second),
 		Controller:              ctrlConfigSkipNameValidation(),
@@ -256,15 +259,20 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 		defer close(w.done)
 		var failingSince time.Time
 		reported := false
+		// Connections are kept between samples (a client whose call failed is redialled): a fresh
+		// TLS handshake with every member every 50 ms was most of the fault suite's CPU.
+		clients := &etcdutil.ClientCache{}
+		defer clients.Forget(wc.Name)
 		for wctx.Err() == nil {
-			ec := &etcdutil.Cluster{CallTimeout: 500 * time.Millisecond, Connector: &etcdutil.Direct{
-				Endpoints: wc.Etcd.Endpoints(), TLS: wc.Etcd.ClientTLS(), DialTimeout: 500 * time.Millisecond}}
 			endpoints := wc.Etcd.Endpoints()
+			ec := &etcdutil.Cluster{CallTimeout: 500 * time.Millisecond, Connector: clients.For(wc.Name, nil, &etcdutil.Direct{
+				Endpoints: endpoints, TLS: wc.Etcd.ClientTLS(), DialTimeout: 500 * time.Millisecond})}
 			names := make([]string, 0, len(endpoints))
 			for n := range endpoints {
 				names = append(names, n)
 			}
 			sort.Strings(names)
+			clients.Retain(wc.Name, names)
 			// Which processes run is read before the member list: a member removed and then
 			// stopped between the two reads must not count as a voting member that is down.
 			running := map[string]bool{}
