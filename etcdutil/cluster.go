@@ -30,6 +30,8 @@ type MemberStatus struct {
 	Healthy bool
 	// Problem says why the member is not healthy ("" when healthy).
 	Problem string
+	// Note says how a healthy member that could not be reached is known to be alive ("" otherwise).
+	Note string
 }
 
 // State is a fresh view of an etcd cluster: the member list plus each member's status.
@@ -132,7 +134,7 @@ func (s *State) Table() string {
 		if !m.Healthy {
 			health = "DOWN"
 		}
-		fmt.Fprintf(&b, "%-28s %-17x %-8s %-8s %s\n", orDefault(m.Name, "(unstarted)"), m.ID, role, health, m.Problem)
+		fmt.Fprintf(&b, "%-28s %-17x %-8s %-8s %s\n", orDefault(m.Name, "(unstarted)"), m.ID, role, health, orDefault(m.Problem, m.Note))
 	}
 	return b.String()
 }
@@ -330,7 +332,40 @@ func (c *Cluster) Inspect(ctx context.Context, nodes []string) (*State, error) {
 	}
 	wg.Wait()
 	state.LeaderID = electedLeader(state.Members, leaders)
+	markLeaderAlive(state, leaders)
 	return state, nil
+}
+
+// markLeaderAlive counts an unreachable leader as healthy (still not Reachable: nothing can be sent
+// to it) when etcd itself shows that it runs: the member list was just read linearizably, which etcd
+// serves only through a leader that has confirmed its leadership with a quorum (ReadIndex), and every
+// reachable member that knows a leader names it. A dead leader stops being named within an election
+// timeout and linearizable reads fail until a new one is elected. This is the case of a Machine whose
+// kubelet died under a running leader (CAPI #8465, #12711): counting that member as down would make a
+// remediation lower the failure margin for nothing.
+func markLeaderAlive(state *State, leaders []uint64) {
+	if !state.QuorumProven || state.LeaderID == 0 {
+		return
+	}
+	leader := state.ByID(state.LeaderID)
+	if leader == nil || leader.Reachable || leader.IsLearner || leader.Name == "" || len(leader.Alarms) > 0 {
+		return
+	}
+	followers := 0
+	for i, m := range state.Members {
+		if !m.Reachable || leaders[i] == 0 {
+			continue
+		}
+		if leaders[i] != state.LeaderID {
+			return
+		}
+		followers++
+	}
+	if followers == 0 {
+		return
+	}
+	leader.Healthy, leader.Problem = true, ""
+	leader.Note = fmt.Sprintf("unreachable through its node, but alive: it leads (%d reachable member(s) follow it, a linearizable read just passed through it)", followers)
 }
 
 // probe fills Reachable/Healthy/Problem of one member and returns the leader it reports. Health is

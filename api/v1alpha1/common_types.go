@@ -157,11 +157,15 @@ type ControlPlaneOrder string
 
 const (
 	// ControlPlaneOrderAuto (policy only) chooses from real etcd state: scale up first when the victim's
-	// member is healthy (or scaling up first is quorum-safe), otherwise remove the victim's member first.
+	// member is healthy (or scaling up first is quorum-safe), otherwise remove the victim's member first
+	// — but never a healthy member when that leaves no failure margin (3 healthy voters → 2 of 2): then
+	// the remediation waits (reason WouldLoseFailureMargin).
 	ControlPlaneOrderAuto ControlPlaneOrder = "Auto"
 	// ControlPlaneOrderRemoveMemberFirst removes the victim's member before scaling up. As a policy it
 	// is for infrastructures without spare capacity for a surge Machine (e.g. a fixed pool of
-	// bare-metal hosts).
+	// bare-metal hosts), and it accepts removing a healthy member even when that leaves no failure
+	// margin until the replacement votes (e.g. KCP refusing to scale up while the etcd leader's
+	// kubelet is down).
 	ControlPlaneOrderRemoveMemberFirst ControlPlaneOrder = "RemoveMemberFirst"
 	// ControlPlaneOrderScaleUpFirst (status only) scales up, waits for the new member to vote, then
 	// removes the victim's member.
@@ -214,7 +218,10 @@ type ControlPlaneRemediationSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	StepTimeoutSeconds *int32 `json:"stepTimeoutSeconds,omitempty"`
 
-	// order is the ordering policy: Auto (default) or RemoveMemberFirst.
+	// order is the ordering policy: Auto (default) or RemoveMemberFirst. Auto never removes a healthy
+	// etcd member first when that leaves no failure margin (it waits instead, reason
+	// WouldLoseFailureMargin); RemoveMemberFirst accepts that, and may be set on a waiting
+	// MachineRemediation to let it proceed.
 	// +optional
 	// +kubebuilder:default=Auto
 	// +kubebuilder:validation:Enum=Auto;RemoveMemberFirst

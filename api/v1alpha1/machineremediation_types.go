@@ -295,6 +295,10 @@ const (
 	MachineRemediationQuorumLostReason = "QuorumLost"
 	// MachineRemediationNotQuorumSafeReason: the next step would not be quorum-safe now.
 	MachineRemediationNotQuorumSafeReason = "NotQuorumSafe"
+	// MachineRemediationWouldLoseFailureMarginReason: the only order possible now removes a healthy
+	// etcd member first, which would leave no failure margin (3 healthy voters → 2 of 2); the
+	// remediation waits. spec.controlPlane.order RemoveMemberFirst accepts that margin.
+	MachineRemediationWouldLoseFailureMarginReason = "WouldLoseFailureMargin"
 	// MachineRemediationAnotherRemediationInProgressReason: another control-plane remediation of the cluster holds it.
 	MachineRemediationAnotherRemediationInProgressReason = "AnotherRemediationInProgress"
 	// MachineRemediationRetryLimitReachedReason: maxRetry was reached.

@@ -112,6 +112,18 @@ func CanRemoveMember(c Counts, v Victim) bool {
 	return after.Healthy >= Of(after.Voting)
 }
 
+// RemovalKeepsMargin says whether removing the victim's member first keeps a failure margin the
+// cluster has now: removing a healthy member of 3 healthy voters is quorum-safe (2 of 2) but leaves
+// no margin — the next failure loses quorum — where adding the replacement first would have kept
+// one. An unhealthy or learner victim never lowers the margin, and a cluster without a margin has
+// none to keep. Callers refuse a remove-first order on it unless a person chose that order.
+func RemovalKeepsMargin(c Counts, v Victim) bool {
+	if !v.Healthy || v.Learner || FailureMargin(c) < 1 {
+		return true
+	}
+	return FailureMargin(Counts{Voting: c.Voting - 1, Healthy: c.Healthy - 1}) >= 1
+}
+
 // MaxUnhealthyControlPlane is the quorum-safe number of control-plane Machines that may be unhealthy
 // (and so remediated) at once for a control plane of n desired replicas: floor((n-1)/2), i.e. 1 of 3,
 // 2 of 5, 3 of 7, 0 of 1.

@@ -201,3 +201,43 @@ func TestUnreachableMembersCountAsUnhealthy(t *testing.T) {
 	g.Expect(CanAddMember(serializable, true)).To(BeFalse())
 	g.Expect(CanRemoveMember(serializable, Victim{})).To(BeFalse())
 }
+
+// spare is the oracle for the failure margin: how many healthy voters may fail, one at a time, while
+// the rest are still a strict majority of v (counted by trying, not by the formula under test).
+func spare(h, v int) int {
+	k := 0
+	for majority(h-k-1, v) {
+		k++
+	}
+	if !majority(h, v) {
+		return -1
+	}
+	return k
+}
+
+func TestRemovalKeepsMarginEveryCombination(t *testing.T) {
+	for v := 1; v <= 7; v++ {
+		for h := 0; h <= v; h++ {
+			for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
+				if victim.Healthy && h == 0 || !victim.Healthy && !victim.Learner && h == v {
+					continue
+				}
+				t.Run(fmt.Sprintf("V%d_H%d_healthy%t_learner%t", v, h, victim.Healthy, victim.Learner), func(t *testing.T) {
+					want := true
+					if victim.Healthy && spare(h, v) >= 1 {
+						want = spare(h-1, v-1) >= 1
+					}
+					NewWithT(t).Expect(RemovalKeepsMargin(Counts{Voting: v, Healthy: h}, victim)).To(Equal(want))
+				})
+			}
+		}
+	}
+}
+
+func TestRemovalKeepsMarginKnownCases(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(RemovalKeepsMargin(Counts{Voting: 3, Healthy: 3}, Victim{Healthy: true})).To(BeFalse(), "3 healthy → 2 of 2: no margin left")
+	g.Expect(RemovalKeepsMargin(Counts{Voting: 5, Healthy: 5}, Victim{Healthy: true})).To(BeTrue(), "5 healthy → 4 of 4: margin 1")
+	g.Expect(RemovalKeepsMargin(Counts{Voting: 3, Healthy: 2}, Victim{})).To(BeTrue(), "a dead victim: the margin is 0 either way")
+	g.Expect(RemovalKeepsMargin(Counts{Voting: 4, Healthy: 4}, Victim{Healthy: true})).To(BeTrue(), "4 healthy (margin 1) → 3 of 3 (margin 1)")
+}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 )
 
@@ -135,13 +136,20 @@ func TestKCPOrderIsRemoveFirstWhenKCPWouldRefuseScaleUpFirst(t *testing.T) {
 	allPods := []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition}
 	machines := []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), kcpMachine("victim", allPods...)}
 	view := ProviderView{ControlPlane: kcpObject(), Machines: machines, Victim: machines[2], Etcd: etcdState("a", "b", "victim")}
-	d := ChooseOrder(OrderInput{
+	in := OrderInput{
 		Initialized: true, Counts: etcdutil.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy,
 		ProviderRefusesScaleUpNow:          KCP{}.ScaleUpRefusal(view, false),
 		ProviderRefusesScaleUpAfterRemoval: KCP{}.ScaleUpRefusal(view, true),
-	})
+	}
+	// All three members are healthy: removing the victim's first would leave 2 of 2, so CAPR waits…
+	d := ChooseOrder(in)
+	g.Expect(d.Order).To(BeEmpty())
+	g.Expect(d.WaitReason).To(Equal(caprv1.MachineRemediationWouldLoseFailureMarginReason))
+	g.Expect(d.WaitMessage).To(ContainSubstring("KCP projects"))
+	// …unless a person chose RemoveMemberFirst.
+	in.Policy = caprv1.ControlPlaneOrderRemoveMemberFirst
+	d = ChooseOrder(in)
 	g.Expect(d.Order).To(BeEquivalentTo("RemoveMemberFirst"))
-	g.Expect(d.Reason).To(ContainSubstring("KCP projects"))
 }
 
 func TestKCPBeforeScaleUpSetsRemediationInProgress(t *testing.T) {

@@ -109,6 +109,9 @@ func ChooseOrder(in OrderInput) OrderDecision {
 			"cannot proceed: the control-plane provider would not scale down (%s), and after removing the victim's member it would not create a replacement: %s",
 			in.ProviderRefusesScaleDown, in.ProviderRefusesScaleUpAfterRemoval)}
 	}
+	if wait := marginWait(in, "the control-plane provider would not scale down ("+in.ProviderRefusesScaleDown+")"); wait != nil {
+		return *wait
+	}
 	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
 		"the control-plane provider would not scale down (%s): the victim's %s member is removed (%d/%d healthy after), the victim deleted, and the provider creates the replacement without a surge",
 		in.ProviderRefusesScaleDown, in.Victim, after.Healthy, after.Voting)}
@@ -179,8 +182,26 @@ func chooseSurgeOrder(in OrderInput) OrderDecision {
 			"cannot proceed: %s, and after removing the victim's member the control-plane provider would not scale up: %s",
 			notFirst, in.ProviderRefusesScaleUpAfterRemoval)}
 	}
+	if wait := marginWait(in, notFirst); wait != nil {
+		return *wait
+	}
 	return removeFirst(fmt.Sprintf("the victim's etcd member is %s and %s: it is removed first (%d/%d healthy after), then the replacement is added",
 		in.Victim, notFirst, after.Healthy, after.Voting))
+}
+
+// marginWait refuses to remove a healthy member first when that takes the failure margin from one to
+// none (quorum.RemovalKeepsMargin), unless a person chose RemoveMemberFirst: the Machine is broken but
+// its member votes, so waiting keeps the cluster as safe as it is, while removing it leaves a
+// cluster one failure away from losing quorum until the replacement votes.
+func marginWait(in OrderInput, notFirst string) *OrderDecision {
+	v := quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: in.Victim == VictimLearner}
+	if in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst || quorum.RemovalKeepsMargin(in.Counts, v) {
+		return nil
+	}
+	after := countsAfterRemoval(in.Counts, in.Victim)
+	return &OrderDecision{WaitReason: caprv1.MachineRemediationWouldLoseFailureMarginReason, WaitMessage: fmt.Sprintf(
+		"waiting: %s, and the victim's etcd member is healthy, so removing it first would leave %d of %d voting members healthy, with no failure margin (the next failure would lose quorum); set spec.controlPlane.order to RemoveMemberFirst on this MachineRemediation to accept that",
+		notFirst, after.Healthy, after.Voting)}
 }
 
 // quorumWait says why nothing may be decided on the counts: quorum lost, or not known. etcd answering a

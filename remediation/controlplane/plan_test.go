@@ -61,8 +61,16 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"policy RemoveMemberFirst with healthy victim", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
-		{"provider refuses scale-up now: remove first", OrderInput{Policy: auto, Initialized: true,
+		// Removing a healthy member first would leave 2 of 2 (no failure margin): wait, unless a person
+		// chose RemoveMemberFirst. With 5 members removing one keeps a margin.
+		{"provider refuses scale-up now, 3 healthy: removing first would lose the margin, wait", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, "", caprv1.MachineRemediationWouldLoseFailureMarginReason},
+		{"provider refuses scale-up now, 3 healthy, policy RemoveMemberFirst: remove first", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"provider refuses scale-up now, 5 healthy: remove first keeps a margin", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 5}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"provider refuses scale-up now, victim dead: remove first (the margin is 0 either way)", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, ProviderRefusesScaleUpNow: "KCP preflight"}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"provider refuses both: wait", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"single member healthy: adding a voter is not safe, removing the last is refused", OrderInput{Policy: auto, Initialized: true,
@@ -70,7 +78,9 @@ func TestChooseOrder(t *testing.T) {
 		// The provider would not scale down (KCP with another unhealthy Machine): no surge.
 		{"5 members, two dead, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "KCP: d unhealthy"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
-		{"3 healthy, victim healthy, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
+		{"3 healthy, victim healthy, provider would not scale down: deleting first would lose the margin, wait", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, "", caprv1.MachineRemediationWouldLoseFailureMarginReason},
+		{"3 healthy, victim healthy, provider would not scale down, policy RemoveMemberFirst: delete first", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
 		{"provider would not scale down nor scale up after removal: wait", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},

@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -152,8 +154,13 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "capr-sandbox-")
+	removeAbandonedDirs()
+	dir, err := os.MkdirTemp("", sandboxDirPrefix)
 	if err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		_ = env.Stop()
 		return nil, err
 	}
@@ -630,3 +637,29 @@ func isAlreadyExists(err error) bool { return apierrors.IsAlreadyExists(err) }
 
 // EtcdRunning reports whether the etcd process of a Node runs.
 func (s *Sandbox) EtcdRunning(wc *WorkloadCluster, node string) bool { return wc.Etcd.Running(node) }
+
+const (
+	sandboxDirPrefix = "capr-sandbox-"
+	// ownerFile holds the PID of the process that owns a sandbox directory.
+	ownerFile = "owner.pid"
+)
+
+// removeAbandonedDirs deletes the directories (etcd data: 64 MB of WAL per member) of sandboxes
+// whose process died without stopping them, e.g. a test binary killed at its timeout: they would
+// otherwise fill the disk over a long fault-suite campaign.
+func removeAbandonedDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), sandboxDirPrefix+"*"))
+	for _, dir := range dirs {
+		pid, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // not ours to judge (an older layout, or being created)
+		}
+		n, err := strconv.Atoi(string(pid))
+		if err != nil || n <= 0 {
+			continue
+		}
+		if err := syscall.Kill(n, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(dir)
+		}
+	}
+}

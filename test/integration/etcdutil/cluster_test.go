@@ -9,6 +9,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/capr-io/capr/etcdutil"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -149,4 +150,61 @@ func TestUnreachableNodeIsBoundedByTimeouts(t *testing.T) {
 	_, err := ec.Inspect(context.Background(), []string{"gone"})
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(err.Error()).To(ContainSubstring("no etcd member could be reached"))
+}
+
+// blockedNode cannot reach one node, as when that node's kubelet is down while its etcd member runs.
+type blockedNode struct {
+	etcdutil.Connector
+	node string
+}
+
+func (b blockedNode) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
+	if node == b.node {
+		return nil, errors.New("kubelet down")
+	}
+	return b.Connector.Connect(ctx, node)
+}
+
+// TestInspectUnreachableLeaderIsAlive: a leader that cannot be reached through its node is counted
+// healthy (alive: the others follow it and a linearizable read passed through it), a follower that
+// cannot be reached is not (nothing shows it runs), and a leader that really died is not either.
+func TestInspectUnreachableLeaderIsAlive(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	ctx := context.Background()
+	nodes := []string{"n1", "n2", "n3"}
+	state, err := inspector(c).Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	leader := state.ByID(state.LeaderID).Name
+	var follower string
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
+		}
+	}
+
+	blockLeader := &etcdutil.Cluster{Connector: blockedNode{Connector: c.Direct(), node: leader}, CallTimeout: 2 * time.Second}
+	state, err = blockLeader.Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	m := state.ByName(leader)
+	g.Expect(m.Reachable).To(BeFalse())
+	g.Expect(m.Healthy).To(BeTrue(), m.Problem)
+	g.Expect(m.Note).To(ContainSubstring("leads"))
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, Unreachable: 1, QuorumProven: true}))
+
+	blockFollower := &etcdutil.Cluster{Connector: blockedNode{Connector: c.Direct(), node: follower}, CallTimeout: 2 * time.Second}
+	state, err = blockFollower.Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(follower).Healthy).To(BeFalse())
+	g.Expect(state.ByName(follower).Problem).To(Equal("unreachable"))
+
+	// The leader dies: the others elect a new one and stop naming it.
+	c.Kill(leader)
+	g.Eventually(func(g Gomega) {
+		state, err := blockLeader.Inspect(ctx, nodes)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(state.LeaderID).NotTo(Equal(m.ID))
+		g.Expect(state.ByName(leader).Healthy).To(BeFalse())
+		g.Expect(state.Counts().Healthy).To(Equal(2))
+	}, 20*time.Second, 200*time.Millisecond).Should(Succeed())
 }

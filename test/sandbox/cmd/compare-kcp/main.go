@@ -97,6 +97,8 @@ type run struct {
 	minMargin    int
 	atMostZero   time.Duration
 	fenced       string
+	// waiting is what CAPR's requests say while a run has not reached full voting strength.
+	waiting string
 }
 
 func main() {
@@ -206,7 +208,38 @@ sampling:
 	_, _ = quorum.Stop()
 	r.minMargin, _, r.atMostZero = quorum.Margin()
 	r.fenced = r.fencing(ctx)
+	if r.fullStrength.IsZero() {
+		r.waiting = r.waitingReasons(ctx)
+	}
 	return r, nil
+}
+
+// requests are CAPR's MachineRemediations of the victims that exist.
+func (r *run) requests(ctx context.Context) []*caprv1.MachineRemediation {
+	var out []*caprv1.MachineRemediation
+	for _, v := range r.victims {
+		mr := &caprv1.MachineRemediation{}
+		if err := r.sb.Client.Get(ctx, client.ObjectKey{Namespace: r.wc.Namespace, Name: v}, mr); err == nil {
+			out = append(out, mr)
+		}
+	}
+	return out
+}
+
+// waitingReasons is the Progressing reason of each of CAPR's requests that has not succeeded ("" for
+// KCP, which has no request).
+func (r *run) waitingReasons(ctx context.Context) string {
+	if r.system == systemKCP {
+		return ""
+	}
+	var out []string
+	for _, mr := range r.requests(ctx) {
+		if mr.Status.Phase != caprv1.MachineRemediationPhaseSucceeded {
+			out = append(out, fmt.Sprintf("%s (%s)", mr.Status.Phase, conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)))
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
 }
 
 // capiControlPlaneHealthCheck is CAPI's MachineHealthCheck for the control plane with the same
@@ -305,11 +338,7 @@ func (r *run) fencing(ctx context.Context) string {
 		return "no (KCP does not fence)"
 	}
 	var out []string
-	for _, v := range r.victims {
-		mr := &caprv1.MachineRemediation{}
-		if err := r.sb.Client.Get(ctx, client.ObjectKey{Namespace: r.wc.Namespace, Name: v}, mr); err != nil {
-			continue
-		}
+	for _, mr := range r.requests(ctx) {
 		for _, s := range mr.Status.Steps {
 			if s.Name == caprv1.StepFence {
 				out = append(out, fmt.Sprintf("%s: %s", s.Outcome, s.Message))
@@ -347,6 +376,9 @@ func printTable(sc scenario, runs []*run) {
 		return fmt.Sprintf("%.1f s", t.Sub(from).Seconds())
 	}
 	row("outcome", func(r *run) string {
+		if r.fullStrength.IsZero() && r.waiting != "" {
+			return "**stalled**: " + r.waiting
+		}
 		if r.fullStrength.IsZero() {
 			return "**stalled**"
 		}

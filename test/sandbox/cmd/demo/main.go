@@ -316,6 +316,18 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 					lastWait[v] = c.Message
 					d.say("%s waits (%s): %s", v, c.Reason, c.Message)
 				}
+				if c.Reason == caprv1.MachineRemediationWouldLoseFailureMarginReason && (mr.Spec.ControlPlane == nil || mr.Spec.ControlPlane.Order != caprv1.ControlPlaneOrderRemoveMemberFirst) {
+					// What an operator does to let it proceed: accept the margin on this request.
+					d.say("as an operator would: accepting no failure margin for %s until its replacement votes (spec.controlPlane.order: RemoveMemberFirst)", v)
+					base := mr.DeepCopy()
+					if mr.Spec.ControlPlane == nil {
+						mr.Spec.ControlPlane = &caprv1.ControlPlaneRemediationSpec{}
+					}
+					mr.Spec.ControlPlane.Order = caprv1.ControlPlaneOrderRemoveMemberFirst
+					if err := d.sb.Client.Patch(ctx, mr, client.MergeFrom(base)); err != nil {
+						return fmt.Errorf("setting the order of %s: %w", v, err)
+					}
+				}
 				if sc.quorumLost && c.Reason == caprv1.MachineRemediationQuorumLostReason {
 					d.table(ctx)
 					d.say("CAPR did nothing automatic: quorum is lost; the Machine stays, no member is removed, no replica changes")
