@@ -23,6 +23,13 @@ const (
 	// optimistic locking is what makes "one control-plane remediation per cluster at a time" hold even
 	// with several controller replicas or after a crash.
 	ControlPlaneLockAnnotation = "remediation.cluster.x-k8s.io/remediation-in-progress"
+
+	// FenceBeforeDeleteHookAnnotation is a CAPI pre-drain deletion hook
+	// (clusterv1.PreDrainDeleteHookAnnotationPrefix + "/capr-fence-before-delete") that a running
+	// remediation keeps on its victim Machine until the victim is fenced. Whoever deletes the Machine
+	// meanwhile (a KCP rollout, a person), CAPI's Machine controller neither drains nor deletes it
+	// before the hook is removed. Its value is the name of the MachineRemediation.
+	FenceBeforeDeleteHookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/capr-fence-before-delete"
 )
 
 // MachineRemediation lifecycle.

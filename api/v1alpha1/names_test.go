@@ -12,6 +12,9 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 // TestNoNameClashWithCAPI checks that no exported constant of this API package has the Go name of a
@@ -83,4 +86,14 @@ func stringConstants(t *testing.T, path string) map[string]string {
 		}
 	}
 	return out
+}
+
+// TestFenceHookIsACAPIPreDrainHook: CAPI's Machine controller honours only annotations with its
+// pre-drain hook prefix, followed by "/" and a name.
+func TestFenceHookIsACAPIPreDrainHook(t *testing.T) {
+	g := NewWithT(t)
+	prefix, name, ok := strings.Cut(caprv1.FenceBeforeDeleteHookAnnotation, "/")
+	g.Expect(ok).To(BeTrue())
+	g.Expect(prefix).To(Equal(clusterv1.PreDrainDeleteHookAnnotationPrefix))
+	g.Expect(name).NotTo(BeEmpty())
 }

@@ -50,6 +50,7 @@ const (
 	EventRemediationFailed    = "RemediationFailed"
 	EventQuorumLost           = "EtcdQuorumLost"
 	EventFencingGaveUp        = "FencingGaveUp"
+	EventFencedDeletingVictim = "FencedDeletingVictim"
 	EventRemediationAborted   = "RemediationAborted"
 	EventRemediationRetried   = "RemediationRetried"
 	EventRemediationWithdrawn = "RemediationWithdrawn"

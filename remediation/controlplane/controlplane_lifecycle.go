@@ -139,6 +139,12 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 	if yielded, err := r.yieldToMoreBroken(ctx, s); yielded || err != nil {
 		return ctrl.Result{RequeueAfter: waitLong}, err
 	}
+	if err := r.ensureFenceHook(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.fenceDeletingVictim(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
 	return r.runSteps(ctx, s)
 }
 
@@ -350,6 +356,9 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 			did = append(did, "the provider's remediation annotation removed")
 		}
 		did = append(did, r.deleteLeftBehind(ctx, s, reps)...)
+	}
+	if err := r.removeFenceHook(ctx, s); err != nil {
+		return "", err
 	}
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name {
 		did = append(did, "the control-plane lock released")

@@ -55,6 +55,12 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 	if s.mr.Status.Phase == "" {
 		s.mr.Status.Phase = caprv1.MachineRemediationPhasePending
 	}
+	// A Pending request holds nothing, not even a fence hook left by a run that went back to Pending.
+	if s.machine.Annotations[caprv1.FenceBeforeDeleteHookAnnotation] == s.mr.Name {
+		if err := r.removeFenceHook(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if annotations.HasSkipRemediation(s.machine) {
 		return ctrl.Result{}, r.withdraw(ctx, s)
 	}

@@ -456,6 +456,13 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		return stepResult{}, err
 	}
 	switch res.Outcome {
+	case fencing.Fenced, fencing.Skipped, fencing.GaveUp:
+		// Whoever deletes the victim now may: the fence is confirmed (or the policy lets it go).
+		if err := r.removeFenceHook(ctx, s); err != nil {
+			return stepResult{}, err
+		}
+	}
+	switch res.Outcome {
 	case fencing.Fenced:
 		return stepResult{done: true, message: res.Message}, nil
 	case fencing.Skipped:
@@ -484,7 +491,14 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 		return stepResult{}, err
 	}
+	cps := s.mr.Status.ControlPlane
 	if !m.DeletionTimestamp.IsZero() {
+		// Being deleted, possibly by someone else (a rollout, a person): the surge still has to go.
+		if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
+			if err := r.replicasBack(ctx, s); err != nil {
+				return stepResult{}, err
+			}
+		}
 		return stepResult{message: fmt.Sprintf("Machine %s is being deleted", m.Name), requeue: waitShort}, nil
 	}
 	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
@@ -494,7 +508,6 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
 	}
-	cps := s.mr.Status.ControlPlane
 	if cps.Order == caprv1.ControlPlaneOrderReplace || cps.Order == caprv1.ControlPlaneOrderDeleteFirst {
 		// Nothing was scaled: delete the victim and the provider creates a new one (Replace: not
 		// initialized; DeleteFirst: the provider would not scale down).
@@ -503,15 +516,24 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 		return stepResult{message: "deleted the Machine; the provider creates a new one", requeue: waitShort}, nil
 	}
-	desired := ptr.Deref(cps.DesiredReplicas, 0)
-	if current, err := Replicas(s.cp); err != nil {
+	if err := r.replicasBack(ctx, s); err != nil {
 		return stepResult{}, err
-	} else if current != desired {
-		if err := r.setReplicas(ctx, s, desired, nil); err != nil {
-			return stepResult{}, err
-		}
 	}
-	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s%s", desired, s.adapter.Name(), m.Name, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
+	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s%s",
+		ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Name(), m.Name, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
+}
+
+// replicasBack returns the control plane's replicas to what they were before the surge.
+func (r *Reconciler) replicasBack(ctx context.Context, s *scope) error {
+	desired := ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)
+	current, err := Replicas(s.cp)
+	if err != nil {
+		return err
+	}
+	if current == desired {
+		return nil
+	}
+	return r.setReplicas(ctx, s, desired, nil)
 }
 
 // waitForDesiredMachines finishes the Delete step once the victim is gone and the provider is back

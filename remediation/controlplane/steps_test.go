@@ -491,12 +491,14 @@ func TestStepDelete(t *testing.T) {
 				g.Expect(w.machine(g, "m-b")).To(BeNil())
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
-		{name: "Machine being deleted: waits, replicas untouched",
+		// Deleted by someone else (a rollout, a person) while the surge is still there: the surge must
+		// go too, or the provider would replace the victim and stay at 4.
+		{name: "Machine being deleted: replicas back, waits",
 			world: []worldOption{withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b", beingDeleted()), cpMachine("m-c")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
 				g.Expect(res.message).To(ContainSubstring("is being deleted"))
-				g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
 	})
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -299,6 +300,13 @@ func (s *Sandbox) powerOff(ctx context.Context, wc *WorkloadCluster, node string
 func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m *clusterv1.Machine) error {
 	if !controllerutil.ContainsFinalizer(m, machineFinalizer) {
 		return nil
+	}
+	// As CAPI's Machine controller: nothing is drained or deleted while a pre-drain hook remains (its
+	// removal is an update of the Machine, which reconciles it again).
+	for k := range m.Annotations {
+		if strings.HasPrefix(k, clusterv1.PreDrainDeleteHookAnnotationPrefix+"/") {
+			return nil
+		}
 	}
 	node := m.Name
 	_, isCP := m.Labels[clusterv1.MachineControlPlaneLabel]

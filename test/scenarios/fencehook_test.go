@@ -1,0 +1,103 @@
+package scenarios_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// gateBackend is a fencing backend that confirms only once opened, recording when it first did.
+type gateBackend struct {
+	mu     sync.Mutex
+	open   bool
+	fenced time.Time
+}
+
+func (b *gateBackend) Fence(context.Context, fencing.Request, caprv1.FencingBackend) (bool, string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return false, "the test has not opened the gate", nil
+	}
+	if b.fenced.IsZero() {
+		b.fenced = time.Now()
+	}
+	return true, "fenced", nil
+}
+
+func (b *gateBackend) openGate() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.open = true
+}
+
+func (b *gateBackend) fencedAt() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.fenced
+}
+
+// TestVictimDeletedBySomeoneElseWaitsForItsFence: while a remediation runs, someone else deletes the
+// victim Machine (a rollout of the control-plane provider, a person). CAPI's pre-drain hook that the
+// remediation keeps on it holds that deletion: the victim is not drained, powered off or deleted
+// until its fence is confirmed. Then the deletion proceeds, the remediation ends Failed saying who
+// took the victim (its undo returns replicas to 3), and the provider replaces the victim.
+func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired, TimeoutSeconds: ptr.To[int32](600),
+			Backends: []caprv1.FencingBackend{{Type: caprv1.FencingBackendExternal, TemplateRef: &caprv1.TemplateReference{
+				APIVersion: "fencing.example.com/v1", Kind: "PowerFenceTemplate", Name: "gate"}}}}
+	}))
+	check := writeData(t, wc)
+	gate := &gateBackend{}
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: &fencing.PolicyFencer{
+		Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendExternal: gate}}}})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capr.Stop)
+	start := time.Now()
+	victim := controlPlane(g, wc)[1]
+	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
+
+	// Running, with the hook on the victim; then someone else deletes the victim.
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, wc, victim.Name)
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+		m := &clusterv1.Machine{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim.Name}, m)).To(Succeed())
+		g.Expect(m.Annotations).To(HaveKeyWithValue(caprv1.FenceBeforeDeleteHookAnnotation, victim.Name))
+	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
+	m := victim.DeepCopy()
+	g.Expect(sb.Client.Delete(ctx, m)).To(Succeed())
+
+	// Unfenced, the victim stays: deleting, not torn down.
+	g.Consistently(func(g Gomega) {
+		g.Expect(sb.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse())
+		_, tornDown := sb.Log.Find(wc.Name, start, "Machine "+victim.Name+" deleted")
+		g.Expect(tornDown).To(BeFalse(), "the victim was torn down before its fence")
+	}, 10*time.Second, 250*time.Millisecond).Should(Succeed())
+
+	gate.openGate()
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, wc, victim.Name)
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseFailed))
+		g.Expect(mr.Status.LastError).To(ContainSubstring("deleted by someone else"))
+	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
+	deleted, ok := sb.Log.Find(wc.Name, start, "Machine "+victim.Name+" deleted")
+	g.Expect(ok).To(BeTrue())
+	g.Expect(deleted).To(BeTemporally(">=", gate.fencedAt()))
+	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, 3*time.Minute)).To(Succeed())
+	check()
+}
