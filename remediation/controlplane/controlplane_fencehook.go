@@ -43,10 +43,11 @@ func (r *Reconciler) ensureFenceHook(ctx context.Context, s *scope) error {
 }
 
 // removeFenceHook takes the hook off the victim (fenced, or the remediation undone): CAPI may then
-// drain and delete it. A victim that is gone has nothing to remove.
+// drain and delete it. A victim that is gone has nothing to remove. The Machine is read live: the
+// cache may not show yet a hook this remediation added a moment ago (e.g. again, after a restart).
 func (r *Reconciler) removeFenceHook(ctx context.Context, s *scope) error {
 	m := &clusterv1.Machine{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; !ok {

@@ -491,6 +491,13 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 		return stepResult{}, err
 	}
+	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; ok {
+		// Fenced (checked above), so the hook must not hold the deletion; it can be back only
+		// through a crash between a re-added hook and the Fence step's record.
+		if err := r.removeFenceHook(ctx, s); err != nil {
+			return stepResult{}, err
+		}
+	}
 	cps := s.mr.Status.ControlPlane
 	if !m.DeletionTimestamp.IsZero() {
 		// Being deleted, possibly by someone else (a rollout, a person): the surge still has to go.
