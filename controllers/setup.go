@@ -18,6 +18,7 @@ import (
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/remediation/worker"
 )
 
 // ControllerName is the name CAPR's manager uses for its informers, user agent and events.
@@ -156,6 +157,14 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		Fencer:           opts.Fencer,
 		WatchFilterValue: opts.WatchFilterValue,
 		StepObserver:     opts.StepObserver,
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
+		return nil, err
+	}
+	if err := (&worker.Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		Fencer:           opts.Fencer,
+		WatchFilterValue: opts.WatchFilterValue,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
 		return nil, err
 	}
