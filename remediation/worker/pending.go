@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -72,13 +73,13 @@ func (r *Reconciler) admit(ctx context.Context, s *scope, g group) (Admission, e
 		if other.Name == s.mr.Name {
 			other = s.mr // this reconcile's copy, with the group just resolved
 		}
-		if !sameGroup(other.Status.Worker, s.mr.Status.Worker) {
+		if !sameGroup(r.workerStatusOf(ctx, other), s.mr.Status.Worker) {
 			continue
 		}
 		switch other.Status.Phase {
 		case caprv1.MachineRemediationPhaseRunning:
 			inFlight++ // until its Machine is gone, also while aborting
-		case caprv1.MachineRemediationPhasePending:
+		case caprv1.MachineRemediationPhasePending, "":
 			if other.Name != s.mr.Name && !waitsForTurn(other) {
 				continue
 			}
@@ -86,6 +87,28 @@ func (r *Reconciler) admit(ctx context.Context, s *scope, g group) (Admission, e
 		}
 	}
 	return Admit(g.maxInFlight, inFlight, cands, s.mr.Name), nil
+}
+
+// workerStatusOf returns a request's worker state: recorded, or, for a request this remediator has
+// not reconciled yet (e.g. all created together, or while the Cluster was paused), resolved from its
+// Machine, so that it takes its turn in order and is not overtaken by whichever is reconciled first.
+func (r *Reconciler) workerStatusOf(ctx context.Context, mr *caprv1.MachineRemediation) *caprv1.WorkerRemediationStatus {
+	if mr.Status.Worker != nil || mr.Status.ControlPlane != nil {
+		return mr.Status.Worker
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mr), m); err != nil || util.IsControlPlaneMachine(m) {
+		return nil
+	}
+	ms, refusal := replacingOwner(m)
+	if refusal != "" {
+		return nil
+	}
+	g, err := resolveGroup(ctx, r.Client, mr.Namespace, ms)
+	if err != nil || g.wait != "" {
+		return nil
+	}
+	return &caprv1.WorkerRemediationStatus{MachineSet: ms, MachineDeployment: g.machineDeployment}
 }
 
 // waitsForTurn is true for a Pending request that would start if it had a slot: not being deleted,
