@@ -55,6 +55,9 @@ type Options struct {
 	EtcdCallTimeout time.Duration
 	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends.
 	Fencer fencing.Fencer
+	// EscalationTimeout overrides how the worker remediator turns an escalation step's timeoutSeconds
+	// into its timeout (tests); nil means seconds.
+	EscalationTimeout func(timeoutSeconds int32) time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
 }
@@ -161,10 +164,11 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		return nil, err
 	}
 	if err := (&worker.Reconciler{
-		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
-		Fencer:           opts.Fencer,
-		WatchFilterValue: opts.WatchFilterValue,
+		Client:            mgr.GetClient(),
+		APIReader:         mgr.GetAPIReader(),
+		Fencer:            opts.Fencer,
+		WatchFilterValue:  opts.WatchFilterValue,
+		EscalationTimeout: opts.EscalationTimeout,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
 		return nil, err
 	}

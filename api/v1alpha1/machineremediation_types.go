@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -43,6 +45,17 @@ type MachineRemediationSpec struct {
 	// controlPlane configures the remediation of a control-plane Machine.
 	// +optional
 	ControlPlane *ControlPlaneRemediationSpec `json:"controlPlane,omitempty"`
+
+	// escalation is an ordered list of remediations tried, each for its timeout, before a worker
+	// Machine is fenced and deleted (medik8s NodeHealthCheck's semantics): for each step an object is
+	// created from the template (kind without the Template suffix, named after the Machine, owned by
+	// this MachineRemediation); the Machine's health mark going away ends the remediation, nothing
+	// deleted; the timeout passing deletes that object and tries the next step. The health checker
+	// copies its spec.remediation.escalation here.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Escalation []EscalationStep `json:"escalation,omitempty"`
 }
 
 // RemediationPhase is the coarse state of a MachineRemediation.
@@ -97,7 +110,11 @@ const (
 	StepDelete StepName = "Delete"
 )
 
-// A worker remediation (remediation/worker) runs StepFence, then StepDelete.
+// A worker remediation (remediation/worker) runs one step per spec.escalation entry, named
+// EscalationStepName(i), then StepFence, then StepDelete.
+
+// EscalationStepName names the i-th (from 0) escalation step: Escalate1, Escalate2, ...
+func EscalationStepName(i int) StepName { return StepName(fmt.Sprintf("Escalate%d", i+1)) }
 
 // RemediationStep records one step of the sequence.
 type RemediationStep struct {
@@ -371,15 +388,4 @@ func (s *MachineRemediationStatus) Step(name StepName) *RemediationStep {
 		}
 	}
 	return nil
-}
-
-// FirstUnfinished returns the first of steps that has not succeeded or been skipped ("" when all have).
-func (s *MachineRemediationStatus) FirstUnfinished(steps []StepName) StepName {
-	for _, name := range steps {
-		rec := s.Step(name)
-		if rec == nil || (rec.Outcome != StepOutcomeSucceeded && rec.Outcome != StepOutcomeSkipped) {
-			return name
-		}
-	}
-	return ""
 }

@@ -94,6 +94,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 				Message:      truncate(ev.message, 10240),
 				Fencing:      mhc.Spec.Remediation.Fencing.DeepCopy(),
 				ControlPlane: mhc.Spec.Remediation.ControlPlane.DeepCopy(),
+				Escalation:   append([]caprv1.EscalationStep(nil), mhc.Spec.Remediation.Escalation...),
 			},
 		}
 		obj = mr

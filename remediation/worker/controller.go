@@ -51,6 +51,7 @@ const (
 	EventFencingGaveUp        = "FencingGaveUp"
 	EventStepTimedOut         = "StepTimedOut"
 	EventNoRemediator         = "NoRemediator"
+	EventEscalationCreated    = "EscalationCreated"
 )
 
 // Unfencer is implemented by a Fencer that can undo its fencing: an aborted remediation calls it
@@ -77,6 +78,9 @@ type Reconciler struct {
 	WatchFilterValue string
 	// DeleteTimeout overrides DefaultDeleteTimeout (tests).
 	DeleteTimeout time.Duration
+	// EscalationTimeout, when set, turns an escalation step's timeoutSeconds into its timeout (tests:
+	// the API's minimum of 60 s is too long to wait for).
+	EscalationTimeout func(timeoutSeconds int32) time.Duration
 
 	// admitMu serialises the admission decision and the write of Running, so that two requests of
 	// one MachineDeployment never both take its last free slot (the manager runs with leader election:

@@ -150,8 +150,11 @@ func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Resu
 	mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
 	mr.Status.StartTime = ptr.To(metav1.Now())
 	mr.Status.LastError = ""
-	msg := fmt.Sprintf("Remediating worker Machine %s of MachineSet %s (%s): fence, then delete; the MachineSet replaces it",
-		mr.Name, mr.Status.Worker.MachineSet, why)
+	plan := "fence, then delete; the MachineSet replaces it"
+	if n := len(mr.Spec.Escalation); n > 0 {
+		plan = fmt.Sprintf("%d escalation step(s), then %s", n, plan)
+	}
+	msg := fmt.Sprintf("Remediating worker Machine %s of MachineSet %s (%s): %s", mr.Name, mr.Status.Worker.MachineSet, why, plan)
 	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineRemediationStepInProgressReason, Message: msg})
 	if err := r.persist(ctx, s); err != nil {

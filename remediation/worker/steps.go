@@ -18,14 +18,36 @@ import (
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
-// steps of a worker remediation, in order.
-var steps = []caprv1.StepName{caprv1.StepFence, caprv1.StepDelete}
+// stepsOf returns the steps of a worker remediation, in order: the escalation chain, then fence and delete.
+func stepsOf(mr *caprv1.MachineRemediation) []caprv1.StepName {
+	out := make([]caprv1.StepName, 0, len(mr.Spec.Escalation)+2)
+	for i := range mr.Spec.Escalation {
+		out = append(out, caprv1.EscalationStepName(i))
+	}
+	return append(out, caprv1.StepFence, caprv1.StepDelete)
+}
+
+// nextStep is the first step not finished: not started, or still in progress ("" when all are
+// finished; an escalation step that timed out is finished, as Failed).
+func nextStep(mr *caprv1.MachineRemediation) caprv1.StepName {
+	for _, name := range stepsOf(mr) {
+		rec := mr.Status.Step(name)
+		if rec == nil || rec.Outcome == caprv1.StepOutcomeInProgress || rec.Outcome == "" {
+			return name
+		}
+	}
+	return ""
+}
 
 // stepResult is what one attempt at a step found.
 type stepResult struct {
 	done    bool
 	skipped bool
-	message string
+	// failed: done without effect (an escalation step that timed out); the next step follows.
+	failed bool
+	// recovered: the Machine is healthy again, the remediation ends here (escalation).
+	recovered bool
+	message   string
 	// waitReason, when set, is the Progressing reason while the step cannot proceed (with a Warning
 	// event when it changes).
 	waitReason string
@@ -39,7 +61,7 @@ func deleteIssued(mr *caprv1.MachineRemediation) bool {
 
 // runSteps works on the current step. A step is recorded as started (and written) before it acts.
 func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error) {
-	step := s.mr.Status.FirstUnfinished(steps)
+	step := nextStep(s.mr)
 	if step == "" {
 		return r.succeed(ctx, s, fmt.Sprintf("Machine %s deleted; MachineSet %s replaces it", s.mr.Name, s.mr.Status.Worker.MachineSet))
 	}
@@ -59,12 +81,18 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	switch step {
 	case caprv1.StepFence:
 		res, err = r.stepFence(ctx, s, rec)
-	default:
+	case caprv1.StepDelete:
 		res, err = r.stepDelete(ctx, s, rec)
+	default:
+		res, err = r.stepEscalate(ctx, s, rec)
 	}
 	if err != nil {
 		s.mr.Status.LastError = err.Error()
 		return ctrl.Result{}, err
+	}
+	if res.recovered {
+		rec.Outcome, rec.FinishTime, rec.Message = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now()), res.message
+		return r.succeed(ctx, s, res.message)
 	}
 	return r.recordStep(s, step, rec, res), nil
 }
@@ -77,8 +105,11 @@ func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.Reme
 	switch {
 	case res.done:
 		rec.Outcome, rec.FinishTime = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now())
-		if res.skipped {
+		switch {
+		case res.skipped:
 			rec.Outcome = caprv1.StepOutcomeSkipped
+		case res.failed:
+			rec.Outcome = caprv1.StepOutcomeFailed
 		}
 		return ctrl.Result{RequeueAfter: time.Millisecond}
 	case res.waitReason != "":
@@ -159,6 +190,9 @@ func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.R
 		}
 		return r.succeed(ctx, s, fmt.Sprintf("Machine %s deleted; MachineSet %s replaces it", s.mr.Name, s.mr.Status.Worker.MachineSet))
 	}
+	if err := r.deleteStartedEscalationObjects(ctx, s.mr); err != nil {
+		return ctrl.Result{}, err
+	}
 	return r.succeed(ctx, s, fmt.Sprintf("Machine %s was deleted outside this remediation: nothing is left to remediate", s.mr.Name))
 }
 
@@ -195,6 +229,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		msg := "The request was deleted after the Machine's deletion was issued: it goes once the Machine is gone; " + res.message
 		r.setWaitingWithEvent(mr, EventRemediationAborted, caprv1.MachineRemediationAbortedReason, msg)
 		return ctrl.Result{RequeueAfter: waitShort}, nil
+	}
+	if err := r.deleteStartedEscalationObjects(ctx, mr); err != nil {
+		return ctrl.Result{}, err
 	}
 	if u, ok := r.Fencer.(Unfencer); ok && mr.Status.Step(caprv1.StepFence) != nil {
 		if err := u.Unfence(ctx, fencingRequest(s, mr.Status.Step(caprv1.StepFence).StartTime.Time)); err != nil {

@@ -105,7 +105,7 @@ func (f *fixture) node(machine string) string { return f.ns + "-" + machine }
 
 // request creates the MachineRemediation of m the way CAPR's health checker does (named after the
 // Machine, owned by it, labelled with the Cluster).
-func (f *fixture) request(g *WithT, m *clusterv1.Machine, fencingSpec *caprv1.FencingSpec, source caprv1.RemediationSource) {
+func (f *fixture) request(g *WithT, m *clusterv1.Machine, fencingSpec *caprv1.FencingSpec, source caprv1.RemediationSource, mutate ...func(*caprv1.MachineRemediation)) {
 	mr := &caprv1.MachineRemediation{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: f.ns, Name: m.Name,
@@ -115,6 +115,9 @@ func (f *fixture) request(g *WithT, m *clusterv1.Machine, fencingSpec *caprv1.Fe
 			}},
 		},
 		Spec: caprv1.MachineRemediationSpec{Source: source, Reason: "UnhealthyNode", Fencing: fencingSpec},
+	}
+	for _, mu := range mutate {
+		mu(mr)
 	}
 	g.Expect(k8sClient.Create(ctx, mr)).To(Succeed())
 }

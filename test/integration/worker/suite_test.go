@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -92,7 +93,10 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
 	var err error
-	testEnv, err = capienv.Start(capienv.Options{})
+	testEnv, err = capienv.Start(capienv.Options{
+		ExtraCRDDirs:     []string{filepath.Join("testdata", "crd")},
+		ManagerRoleFiles: []string{filepath.Join("testdata", "escalation_role.yaml")},
+	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
 		return 1
@@ -120,6 +124,8 @@ func run(m *testing.M) int {
 	if _, err := controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{
 		ConnectionRetryInterval: 2 * time.Second,
 		Fencer:                  fencer,
+		// An escalation step's timeoutSeconds (at least 60) counts as that many 100 ms here.
+		EscalationTimeout: func(seconds int32) time.Duration { return time.Duration(seconds) * 100 * time.Millisecond },
 	}); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
 		return 1
