@@ -251,7 +251,11 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 	long := time.Now().Add(-time.Hour)
 	f.machine(g, "healthy", nodeReady(corev1.ConditionTrue, long))
 	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, long))
-	f.healthCheck(g, nil)
+	escalation := []caprv1.EscalationStep{{
+		TemplateRef:    caprv1.TemplateReference{APIVersion: "example.com/v1", Kind: "RebootTemplate", Name: "reboot"},
+		TimeoutSeconds: 120,
+	}}
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) { mhc.Spec.Remediation.Escalation = escalation })
 
 	g.Eventually(func(g Gomega) {
 		rec, cond := markOf(g, f.ns, "sick")
@@ -272,6 +276,7 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 		g.Expect(mr.Spec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
 		g.Expect(mr.OwnerReferences).To(ContainElement(HaveField("Name", "sick")))
 		g.Expect(mr.Labels).To(HaveKeyWithValue(machinehealthcheck.HealthCheckLabel, "hc"))
+		g.Expect(mr.Spec.Escalation).To(Equal(escalation), "the escalation chain is copied into the request")
 	}, eventually, poll).Should(Succeed())
 
 	g.Eventually(func(g Gomega) {
