@@ -236,6 +236,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("reading Machine: %w", machineErr)
 	}
 	machineGone := apierrors.IsNotFound(machineErr)
+	if IsWorkerRequest(mr, machine, machineGone) {
+		return ctrl.Result{}, nil // remediation/worker's: not even observedGeneration is written here
+	}
 
 	s := &scope{mr: mr, base: mr.DeepCopy(), machine: machine, machineGone: machineGone}
 	defer func() {
@@ -254,9 +257,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 
-	if IsWorkerRequest(mr, machine, machineGone) {
-		return ctrl.Result{}, nil // remediation/worker's
-	}
 	if terminal(mr) {
 		return r.reconcileTerminal(ctx, s), nil
 	}
