@@ -146,11 +146,14 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	if f := s.mr.Spec.Fencing; f != nil && f.TimeoutSeconds != nil {
 		timeout = time.Duration(*f.TimeoutSeconds) * time.Second
 	}
-	if time.Since(rec.StartTime.Time) > timeout {
+	elapsed := time.Since(rec.StartTime.Time)
+	if elapsed > timeout {
 		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: waitLong,
 			message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}, nil
 	}
-	return stepResult{waitReason: caprv1.MachineRemediationWaitingForFencingReason, message: res.Message, requeue: 10 * time.Second}, nil
+	// Asked again at least when the timeout expires (BestEffort then gives up).
+	requeue := min(10*time.Second, timeout-elapsed+100*time.Millisecond)
+	return stepResult{waitReason: caprv1.MachineRemediationWaitingForFencingReason, message: res.Message, requeue: requeue}, nil
 }
 
 // stepDelete deletes the Machine (its MachineSet replaces it) and waits for it to go. It refuses

@@ -78,11 +78,7 @@ func TestEscalationFirstStepRecovers(t *testing.T) {
 	g.Expect(reboot.GetOwnerReferences()[0].UID).To(Equal(getRemediation(g, f.ns, victim).UID))
 
 	// The Machine recovers: its mark is removed (what the health checker does).
-	m := &clusterv1.Machine{}
-	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: victim}, m)).To(Succeed())
-	base := m.DeepCopy()
-	delete(m.Annotations, caprv1.UnhealthyAnnotation)
-	g.Expect(k8sClient.Patch(ctx, m, client.MergeFrom(base))).To(Succeed())
+	patchMachine(g, f.ns, victim, func(m *clusterv1.Machine) { delete(m.Annotations, caprv1.UnhealthyAnnotation) })
 
 	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
 		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))

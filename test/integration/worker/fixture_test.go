@@ -176,3 +176,16 @@ func eventReasons(g Gomega, ns, name string) []string {
 	}
 	return out
 }
+
+func getMachine(g Gomega, ns, name string) *clusterv1.Machine {
+	m := &clusterv1.Machine{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m)).To(Succeed())
+	return m
+}
+
+func patchMachine(g Gomega, ns, name string, mutate func(*clusterv1.Machine)) {
+	m := getMachine(g, ns, name)
+	base := m.DeepCopy()
+	mutate(m)
+	g.Expect(k8sClient.Patch(ctx, m, client.MergeFrom(base))).To(Succeed())
+}

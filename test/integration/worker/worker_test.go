@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -214,4 +215,63 @@ func TestControlPlaneRequestLeftToTheControlPlaneRemediator(t *testing.T) {
 		g.Expect(reason).NotTo(Equal(caprv1.MachineRemediationNoRemediatorReason))
 		g.Expect(machineExists(g, f.ns, "cp1")).To(BeTrue())
 	}, quiet, poll).Should(Succeed())
+}
+
+// TestBestEffortFencingGivesUpAfterItsTimeout: BestEffort fencing that never confirms deletes the
+// Machine after the fencing timeout, with a Warning event.
+func TestBestEffortFencingGivesUpAfterItsTimeout(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, "w1")
+	spec := required()
+	spec.Policy = caprv1.FencingBestEffort
+	spec.TimeoutSeconds = ptr.To[int32](2)
+	f.request(g, m, spec, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "w1") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
+	mr := getRemediation(g, f.ns, "w1")
+	fence := mr.Status.Step(caprv1.StepFence)
+	g.Expect(fence).NotTo(BeNil())
+	g.Expect(fence.Message).To(ContainSubstring("deleting anyway (BestEffort)"))
+	g.Expect(fence.FinishTime.Sub(fence.StartTime.Time)).To(BeNumerically(">=", 1500*time.Millisecond))
+	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("FencingGaveUp"))
+}
+
+// TestPausedMachineThenAbortAfterDeleteStarted: nothing is done while the Machine is paused; once the
+// Delete step has started, deleting the request does not keep the Machine: the request says so and
+// goes when the Machine is gone.
+func TestPausedMachineThenAbortAfterDeleteStarted(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	const hold = "test.capr.io/hold" // keeps the Machine deleting, as a drain would
+	m := f.workerOfMachineSet(g, "w1", func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+		m.Finalizers = []string{hold}
+	})
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) string {
+		reason, _ := progressing(g, f.ns, "w1")
+		return reason
+	}, eventually, poll).Should(Equal(caprv1.MachineRemediationPausedReason))
+	g.Consistently(func(g Gomega) {
+		g.Expect(getRemediation(g, f.ns, "w1").Status.Phase).NotTo(Equal(caprv1.MachineRemediationPhaseRunning))
+		g.Expect(getMachine(g, f.ns, "w1").DeletionTimestamp.IsZero()).To(BeTrue())
+	}, quiet, poll).Should(Succeed())
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { delete(m.Annotations, clusterv1.PausedAnnotation) })
+
+	g.Eventually(func(g Gomega) bool { return getMachine(g, f.ns, "w1").DeletionTimestamp.IsZero() }, eventually, poll).Should(BeFalse())
+	g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).NotTo(BeNil())
+	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, "w1"))).To(Succeed())
+	g.Eventually(func(g Gomega) string {
+		reason, _ := progressing(g, f.ns, "w1")
+		return reason
+	}, eventually, poll).Should(Equal(caprv1.MachineRemediationAbortedReason))
+	g.Consistently(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, quiet, poll).Should(BeTrue())
+
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { m.Finalizers = nil })
+	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
 }
