@@ -130,14 +130,23 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
 		return 1
 	}
-	done := make(chan error, 1)
+	// CAPI v1.14's own MachineHealthCheck reconciler, in its own manager as in CAPI's (interop tests).
+	capiMgr, err := capienv.CAPIMachineHealthCheckManager(mgrCtx, testEnv.Config, 2, false)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: setting up CAPI's MachineHealthCheck: %v\n", err)
+		return 1
+	}
+	done := make(chan error, 2)
 	go func() { done <- mgr.Start(mgrCtx) }()
+	go func() { done <- capiMgr.Start(mgrCtx) }()
 	code := m.Run()
 	cancel()
-	if err := <-done; err != nil {
-		fmt.Fprintf(os.Stderr, "manager stopped with error: %v\n", err)
-		if code == 0 {
-			code = 1
+	for range 2 {
+		if err := <-done; err != nil {
+			fmt.Fprintf(os.Stderr, "manager stopped with error: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
 		}
 	}
 	return code
