@@ -849,3 +849,26 @@ func TestUnreachableWarningOncePerTransition(t *testing.T) {
 		g.Expect(emissions(g, ns, caprv1.EventWorkloadClusterUnreachable)).To(Equal(1))
 	}, 6*time.Second, poll).Should(Succeed())
 }
+
+// TestFinishedRequestIsReplacedWhenUnhealthyAgain: a Succeeded request of a Machine that is still
+// there (it recovered during the worker remediator's escalation) does not stop a new remediation when
+// the Machine is unhealthy again: the health checker replaces it.
+func TestFinishedRequestIsReplacedWhenUnhealthyAgain(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	m := f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	old := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: m.Name}}
+	g.Expect(k8sClient.Create(ctx, old)).To(Succeed())
+	old.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
+	g.Expect(k8sClient.Status().Update(ctx, old)).To(Succeed())
+	f.healthCheck(g, nil)
+
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr)).To(Succeed())
+		g.Expect(mr.UID).NotTo(Equal(old.UID))
+		g.Expect(mr.Status.Phase).NotTo(Equal(caprv1.MachineRemediationPhaseSucceeded))
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
+	}, eventually, poll).Should(Succeed())
+}
