@@ -113,7 +113,11 @@ func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.Reme
 		}
 		return ctrl.Result{RequeueAfter: time.Millisecond}
 	case res.waitReason != "":
-		r.setWaitingWithEvent(mr, EventRemediationWaiting, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
+		eventReason := EventRemediationWaiting
+		if res.waitReason == caprv1.MachineRemediationStepTimedOutReason {
+			eventReason = EventStepTimedOut
+		}
+		r.setWaitingWithEvent(mr, eventReason, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
 	default:
 		conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
 			Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})

@@ -275,3 +275,25 @@ func TestPausedMachineThenAbortAfterDeleteStarted(t *testing.T) {
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
 	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
 }
+
+// TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting: Required fencing not confirmed within its
+// timeout says StepTimedOut (condition and Warning event) and still never deletes the Machine.
+func TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, "w1")
+	spec := required()
+	spec.TimeoutSeconds = ptr.To[int32](1)
+	f.request(g, m, spec, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) {
+		reason, msg := progressing(g, f.ns, "w1")
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationStepTimedOutReason))
+		g.Expect(msg).To(ContainSubstring("not confirmed within 1s, still waiting"))
+		g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("StepTimedOut"))
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+		g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).To(BeNil())
+	}, quiet, poll).Should(Succeed())
+}
