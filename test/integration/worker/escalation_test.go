@@ -117,3 +117,30 @@ func TestEscalationTimesOutThenReplaces(t *testing.T) {
 	g.Expect(got).To(Equal([]string{"Escalate1=Failed", "Escalate2=Failed", "Fence=Skipped", "Delete=Succeeded"}))
 	g.Expect(eventReasons(g, f.ns, victim)).To(ContainElement(worker.EventEscalationCreated))
 }
+
+// TestEscalationMissingTemplateIsReportedUntilItsTimeout: a step whose template does not exist says
+// so in the condition, and after its timeout the chain goes on (here: fence and delete).
+func TestEscalationMissingTemplateIsReportedUntilItsTimeout(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, victim, func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"UnhealthyNode","checker":"test"}`}
+	})
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck, func(mr *caprv1.MachineRemediation) {
+		mr.Spec.Escalation = []caprv1.EscalationStep{
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "RebootTemplate", Name: "missing"}, TimeoutSeconds: 60},
+		}
+	})
+
+	g.Eventually(func(g Gomega) {
+		reason, msg := progressing(g, f.ns, victim)
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForPreconditionsReason))
+		g.Expect(msg).To(ContainSubstring("template RebootTemplate missing not found"))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(machineExists(g, f.ns, victim)).To(BeTrue())
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(getRemediation(g, f.ns, victim).Status.Step(caprv1.EscalationStepName(0)).Outcome).To(Equal(caprv1.StepOutcomeFailed))
+	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
+}
