@@ -110,11 +110,7 @@ func TestEscalationTimesOutThenReplaces(t *testing.T) {
 	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
 	g.Expect(escalationObject(g, f.ns, "PowerCycle")).To(BeNil())
 	mr := getRemediation(g, f.ns, victim)
-	got := make([]string, 0, len(mr.Status.Steps))
-	for _, s := range mr.Status.Steps {
-		got = append(got, string(s.Name)+"="+string(s.Outcome))
-	}
-	g.Expect(got).To(Equal([]string{"Escalate1=Failed", "Escalate2=Failed", "Fence=Skipped", "Delete=Succeeded"}))
+	g.Expect(stepOutcomes(mr)).To(Equal([]string{"Escalate1=Failed", "Escalate2=Failed", "Fence=Skipped", "Delete=Succeeded"}))
 	g.Expect(eventReasons(g, f.ns, victim)).To(ContainElement(worker.EventEscalationCreated))
 }
 
@@ -143,4 +139,33 @@ func TestEscalationMissingTemplateIsReportedUntilItsTimeout(t *testing.T) {
 		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
 	g.Expect(getRemediation(g, f.ns, victim).Status.Step(caprv1.EscalationStepName(0)).Outcome).To(Equal(caprv1.StepOutcomeFailed))
 	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
+}
+
+// TestEscalationSkippedWithoutAMark: a request whose Machine carries no health mark (written by hand)
+// cannot see a recovery: the chain is recorded Skipped and the Machine is fenced and deleted.
+func TestEscalationSkippedWithoutAMark(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, victim)
+	f.request(g, m, nil, caprv1.MachineRemediationSourceManual, func(mr *caprv1.MachineRemediation) {
+		mr.Spec.Escalation = []caprv1.EscalationStep{
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "RebootTemplate", Name: "t"}, TimeoutSeconds: 60},
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "PowerCycleTemplate", Name: "t"}, TimeoutSeconds: 60},
+		}
+	})
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	mr := getRemediation(g, f.ns, victim)
+	g.Expect(stepOutcomes(mr)).To(Equal([]string{"Escalate1=Skipped", "Escalate2=Skipped", "Fence=Skipped", "Delete=Succeeded"}))
+	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
+}
+
+// stepOutcomes lists the recorded steps as name=outcome.
+func stepOutcomes(mr *caprv1.MachineRemediation) []string {
+	out := make([]string, 0, len(mr.Status.Steps))
+	for _, s := range mr.Status.Steps {
+		out = append(out, string(s.Name)+"="+string(s.Outcome))
+	}
+	return out
 }
