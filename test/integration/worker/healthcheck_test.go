@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -22,23 +23,7 @@ func TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced(t *testing.T) {
 	f.workerWithNode(g, "w1", corev1.ConditionFalse)
 	f.workerWithNode(g, "w2", corev1.ConditionFalse)
 	f.workerWithNode(g, "w3", corev1.ConditionTrue)
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: f.cluster.Name,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)},
-				},
-			},
-			Remediation: caprv1.MachineHealthCheckRemediation{
-				TriggerIf: &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(1))},
-			},
-		},
-	}
-	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
+	f.caprHealthCheck(g, &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(1))})
 
 	g.Eventually(func(g Gomega) {
 		for _, name := range []string{"w1", "w2"} {
@@ -61,4 +46,44 @@ func TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced(t *testing.T) {
 		g.Expect(machineExists(g, f.ns, name)).To(BeTrue())
 		g.Expect(remediationExists(g, f.ns, name)).To(BeFalse())
 	}
+}
+
+// caprHealthCheck creates CAPR's MachineHealthCheck over the pool (Node Ready=False for 1 s).
+func (f *fixture) caprHealthCheck(g *WithT, triggerIf *caprv1.MachineHealthCheckRemediationTriggerIf) {
+	mhc := &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "hc"},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: f.cluster.Name,
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](0),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)},
+				},
+			},
+			Remediation: caprv1.MachineHealthCheckRemediation{TriggerIf: triggerIf},
+		},
+	}
+	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
+}
+
+// TestRemediateMachineAnnotationRemediatesAWorker: CAPI's cluster.x-k8s.io/remediate-machine on a
+// healthy worker (a health check's target) starts a Manual remediation: it is fenced and deleted.
+func TestRemediateMachineAnnotationRemediatesAWorker(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	f.workerWithNode(g, "asked", corev1.ConditionTrue)
+	f.workerWithNode(g, "other", corev1.ConditionTrue)
+	f.caprHealthCheck(g, nil)
+	g.Consistently(func(g Gomega) bool { return remediationExists(g, f.ns, "asked") }, quiet, poll).Should(BeFalse())
+
+	patchMachine(g, f.ns, "asked", func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
+	})
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "asked") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(getRemediation(g, f.ns, "asked").Spec.Source).To(Equal(caprv1.MachineRemediationSourceManual))
+	g.Expect(machineExists(g, f.ns, "asked")).To(BeFalse())
+	g.Expect(machineExists(g, f.ns, "other")).To(BeTrue())
+	g.Expect(remediationExists(g, f.ns, "other")).To(BeFalse())
 }
