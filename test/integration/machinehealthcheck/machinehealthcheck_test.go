@@ -150,20 +150,7 @@ func (f *fixture) machine(g *WithT, name string, options ...machineOption) *clus
 }
 
 func (f *fixture) healthCheck(g *WithT, mutate func(*caprv1.MachineHealthCheck)) *caprv1.MachineHealthCheck {
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: f.cluster.Name,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](5)},
-					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](5)},
-				},
-			},
-		},
-	}
+	mhc := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 5)
 	if mutate != nil {
 		mutate(mhc)
 	}

@@ -5,7 +5,6 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -48,22 +47,10 @@ func TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced(t *testing.T) {
 	}
 }
 
-// caprHealthCheck creates CAPR's MachineHealthCheck over the pool (Node Ready=False for 1 s).
+// caprHealthCheck creates CAPR's MachineHealthCheck over the pool (Node not Ready for 1 s).
 func (f *fixture) caprHealthCheck(g *WithT, triggerIf *caprv1.MachineHealthCheckRemediationTriggerIf) {
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: f.cluster.Name,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)},
-				},
-			},
-			Remediation: caprv1.MachineHealthCheckRemediation{TriggerIf: triggerIf},
-		},
-	}
+	mhc := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
+	mhc.Spec.Remediation.TriggerIf = triggerIf
 	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
 }
 
