@@ -18,6 +18,7 @@ import (
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/remediation/worker"
 )
 
 // ControllerName is the name CAPR's manager uses for its informers, user agent and events.
@@ -54,6 +55,9 @@ type Options struct {
 	EtcdCallTimeout time.Duration
 	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends.
 	Fencer fencing.Fencer
+	// EscalationTimeout overrides how the worker remediator turns an escalation step's timeoutSeconds
+	// into its timeout (tests); nil means seconds.
+	EscalationTimeout func(timeoutSeconds int32) time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
 }
@@ -156,6 +160,15 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		Fencer:           opts.Fencer,
 		WatchFilterValue: opts.WatchFilterValue,
 		StepObserver:     opts.StepObserver,
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
+		return nil, err
+	}
+	if err := (&worker.Reconciler{
+		Client:            mgr.GetClient(),
+		APIReader:         mgr.GetAPIReader(),
+		Fencer:            opts.Fencer,
+		WatchFilterValue:  opts.WatchFilterValue,
+		EscalationTimeout: opts.EscalationTimeout,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -43,6 +45,17 @@ type MachineRemediationSpec struct {
 	// controlPlane configures the remediation of a control-plane Machine.
 	// +optional
 	ControlPlane *ControlPlaneRemediationSpec `json:"controlPlane,omitempty"`
+
+	// escalation is an ordered list of remediations tried, each for its timeout, before a worker
+	// Machine is fenced and deleted (medik8s NodeHealthCheck's semantics): for each step an object is
+	// created from the template (kind without the Template suffix, named after the Machine, owned by
+	// this MachineRemediation); the Machine's health mark going away ends the remediation, nothing
+	// deleted; the timeout passing deletes that object and tries the next step. The health checker
+	// copies its spec.remediation.escalation here.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Escalation []EscalationStep `json:"escalation,omitempty"`
 }
 
 // RemediationPhase is the coarse state of a MachineRemediation.
@@ -92,9 +105,16 @@ const (
 	StepRemoveMember StepName = "RemoveMember"
 	// StepFence fences the victim's storage (remediation/fencing).
 	StepFence StepName = "Fence"
-	// StepDelete deletes the victim through its control-plane provider.
+	// StepDelete deletes the victim through its control-plane provider (a worker Machine: deletes the
+	// Machine; its MachineSet replaces it).
 	StepDelete StepName = "Delete"
 )
+
+// A worker remediation (remediation/worker) runs one step per spec.escalation entry, named
+// EscalationStepName(i), then StepFence, then StepDelete.
+
+// EscalationStepName names the i-th (from 0) escalation step: Escalate1, Escalate2, ...
+func EscalationStepName(i int) StepName { return StepName(fmt.Sprintf("Escalate%d", i+1)) }
 
 // RemediationStep records one step of the sequence.
 type RemediationStep struct {
@@ -161,6 +181,26 @@ type ControlPlaneRemediationStatus struct {
 	RetryCount int32 `json:"retryCount,omitempty"`
 }
 
+// WorkerRemediationStatus is what a worker remediation must remember across restarts. It is written
+// when the worker remediator first acts on a request, while the Machine still exists: from then on the
+// request is a worker request, also after its Machine is gone, and the control-plane remediator leaves
+// it alone (and the worker remediator leaves alone every request with status.controlPlane).
+type WorkerRemediationStatus struct {
+	// clusterName is the Cluster of the Machine.
+	// +optional
+	ClusterName string `json:"clusterName,omitempty"`
+	// machineSet is the MachineSet owning the Machine ("" when it has none: it is not remediated).
+	// +optional
+	MachineSet string `json:"machineSet,omitempty"`
+	// machineDeployment is the MachineDeployment owning that MachineSet, if any: its
+	// spec.remediation.maxInFlight bounds the remediations of its Machines in flight.
+	// +optional
+	MachineDeployment string `json:"machineDeployment,omitempty"`
+	// nodeName is the Machine's Node when the remediation started (the fencing target).
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+}
+
 // MachineRemediationStatus is the durable, resumable state of a remediation.
 type MachineRemediationStatus struct {
 	// phase is Pending, Running, Succeeded or Failed.
@@ -186,6 +226,10 @@ type MachineRemediationStatus struct {
 	// controlPlane is the state of a control-plane remediation.
 	// +optional
 	ControlPlane *ControlPlaneRemediationStatus `json:"controlPlane,omitempty"`
+	// worker is the state of a worker remediation. A request has at most one of controlPlane and
+	// worker: the one set says which remediator owns it.
+	// +optional
+	Worker *WorkerRemediationStatus `json:"worker,omitempty"`
 	// conditions: Progressing (why it waits), Succeeded.
 	// +optional
 	// +listType=map
@@ -309,7 +353,8 @@ const (
 	MachineRemediationEtcdUnreachableReason = "EtcdUnreachable"
 	// MachineRemediationStepInProgressReason: a step was issued and its effect is awaited.
 	MachineRemediationStepInProgressReason = "StepInProgress"
-	// MachineRemediationNoRemediatorReason: no remediator handles this Machine yet.
+	// MachineRemediationNoRemediatorReason: no remediator can handle this Machine (the message says
+	// why, e.g. a worker Machine without a MachineSet owner that would replace it); nothing is done.
 	MachineRemediationNoRemediatorReason = "NoRemediator"
 	// MachineRemediationSucceededReason: done.
 	MachineRemediationSucceededReason = "RemediationSucceeded"
@@ -324,6 +369,12 @@ const (
 	// MachineRemediationControlPlaneInitializationUnknownReason: the Cluster says neither that its
 	// control plane is initialized nor that it is not; CAPR fails closed and waits.
 	MachineRemediationControlPlaneInitializationUnknownReason = "ControlPlaneInitializationUnknown"
+	// MachineRemediationDeferredReason: a worker remediation waits because its MachineDeployment's
+	// spec.remediation.maxInFlight remediations are already in flight (or others go first).
+	MachineRemediationDeferredReason = "RemediationDeferred"
+	// MachineRemediationWaitingForFencingReason: the Fence step waits for the fencing backends to
+	// confirm (with policy Required the Machine is never deleted before they do).
+	MachineRemediationWaitingForFencingReason = "WaitingForFencing"
 	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
 	MachineRemediationCannotRemediateReason = "CannotRemediate"
 )
@@ -331,4 +382,14 @@ const (
 func init() {
 	objectTypes = append(objectTypes, &MachineRemediation{}, &MachineRemediationList{},
 		&MachineRemediationTemplate{}, &MachineRemediationTemplateList{})
+}
+
+// Step returns the record of the named step, nil when it was not started.
+func (s *MachineRemediationStatus) Step(name StepName) *RemediationStep {
+	for i := range s.Steps {
+		if s.Steps[i].Name == name {
+			return &s.Steps[i]
+		}
+	}
+	return nil
 }

@@ -72,8 +72,16 @@ func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealth
 // ensureRequest creates the remediation request of an unhealthy Machine if it does not exist yet.
 // It returns true when it created one.
 func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, ev evaluation, existing map[string]client.Object) (bool, error) {
-	if _, ok := existing[m.Name]; ok {
-		return false, nil
+	if obj, ok := existing[m.Name]; ok {
+		if !finishedWithMachineKept(obj) {
+			return false, nil
+		}
+		// A finished remediation of a Machine that is still there (it recovered during the worker
+		// remediator's escalation) and unhealthy again: a new request replaces the old record.
+		err := r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})
+		if client.IgnoreNotFound(err) != nil {
+			return false, fmt.Errorf("replacing the finished remediation request %s: %w", m.Name, err)
+		}
 	}
 	gvk, err := requestGVK(mhc)
 	if err != nil {
@@ -94,6 +102,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 				Message:      truncate(ev.message, 10240),
 				Fencing:      mhc.Spec.Remediation.Fencing.DeepCopy(),
 				ControlPlane: mhc.Spec.Remediation.ControlPlane.DeepCopy(),
+				Escalation:   append([]caprv1.EscalationStep(nil), mhc.Spec.Remediation.Escalation...),
 			},
 		}
 		obj = mr
@@ -112,6 +121,13 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 	}
 	ctrl.LoggerFrom(ctx).Info("Created remediation request", "kind", gvk.Kind, "Machine", klog.KObj(m))
 	return true, nil
+}
+
+// finishedWithMachineKept reports whether a request is a Succeeded MachineRemediation (its Machine
+// exists, since the caller found it as a target): nothing is left to do for it.
+func finishedWithMachineKept(obj client.Object) bool {
+	mr, ok := obj.(*caprv1.MachineRemediation)
+	return ok && mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded && mr.DeletionTimestamp.IsZero()
 }
 
 // requestSource says who asks for the remediation of m: a person, through CAPI's remediate-machine

@@ -237,6 +237,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("reading Machine: %w", machineErr)
 	}
 	machineGone := apierrors.IsNotFound(machineErr)
+	if IsWorkerRequest(mr, machine, machineGone) {
+		return ctrl.Result{}, nil // remediation/worker's: not even observedGeneration is written here
+	}
 
 	s := &scope{mr: mr, base: mr.DeepCopy(), machine: machine, machineGone: machineGone}
 	defer func() {
@@ -257,14 +260,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	if terminal(mr) {
 		return r.reconcileTerminal(ctx, s), nil
-	}
-	if !machineGone && !util.IsControlPlaneMachine(machine) {
-		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
-		if mr.Status.Phase == "" {
-			mr.Status.Phase = caprv1.MachineRemediationPhasePending
-		}
-		setWaiting(mr, caprv1.MachineRemediationNoRemediatorReason, "This Machine is not a control-plane Machine; worker remediation is not handled by this CAPR version")
-		return ctrl.Result{}, nil
 	}
 	clusterName := clusterNameOf(s)
 	if clusterName == "" {
@@ -318,6 +313,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}
 	return res, err
+}
+
+// IsWorkerRequest reports whether a request belongs to the worker remediator: it recorded
+// status.worker (durable, also once the Machine is gone), or its Machine exists and is not a
+// control-plane Machine. The control-plane remediator leaves such requests alone.
+func IsWorkerRequest(mr *caprv1.MachineRemediation, machine *clusterv1.Machine, machineGone bool) bool {
+	return mr.Status.Worker != nil || (!machineGone && !util.IsControlPlaneMachine(machine))
 }
 
 // clusterNameOf returns the Cluster of the remediation: the Machine's, or, once the Machine is gone,

@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/kubeconfig"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 // CreateNamespace creates a namespace with a generated name.
@@ -167,4 +169,24 @@ func SetNodeReady(ctx context.Context, c client.Client, name string, ready corev
 		return fmt.Errorf("setting Ready=%s on Node %s: %w", ready, name, err)
 	}
 	return nil
+}
+
+// NewHealthCheck returns CAPR's MachineHealthCheck "hc" of cluster over the Machines labelled
+// pool=<pool>: a target is unhealthy once its Node's Ready is False or Unknown for timeoutSeconds;
+// no node startup timeout.
+func NewHealthCheck(namespace, cluster, pool string, timeoutSeconds int32) *caprv1.MachineHealthCheck {
+	return &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "hc"},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: cluster,
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": pool}},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](0),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To(timeoutSeconds)},
+					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To(timeoutSeconds)},
+				},
+			},
+		},
+	}
 }

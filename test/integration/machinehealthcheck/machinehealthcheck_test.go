@@ -150,20 +150,7 @@ func (f *fixture) machine(g *WithT, name string, options ...machineOption) *clus
 }
 
 func (f *fixture) healthCheck(g *WithT, mutate func(*caprv1.MachineHealthCheck)) *caprv1.MachineHealthCheck {
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: f.cluster.Name,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](5)},
-					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](5)},
-				},
-			},
-		},
-	}
+	mhc := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 5)
 	if mutate != nil {
 		mutate(mhc)
 	}
@@ -251,7 +238,11 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 	long := time.Now().Add(-time.Hour)
 	f.machine(g, "healthy", nodeReady(corev1.ConditionTrue, long))
 	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, long))
-	f.healthCheck(g, nil)
+	escalation := []caprv1.EscalationStep{{
+		TemplateRef:    caprv1.TemplateReference{APIVersion: "example.com/v1", Kind: "RebootTemplate", Name: "reboot"},
+		TimeoutSeconds: 120,
+	}}
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) { mhc.Spec.Remediation.Escalation = escalation })
 
 	g.Eventually(func(g Gomega) {
 		rec, cond := markOf(g, f.ns, "sick")
@@ -272,6 +263,7 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 		g.Expect(mr.Spec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
 		g.Expect(mr.OwnerReferences).To(ContainElement(HaveField("Name", "sick")))
 		g.Expect(mr.Labels).To(HaveKeyWithValue(machinehealthcheck.HealthCheckLabel, "hc"))
+		g.Expect(mr.Spec.Escalation).To(Equal(escalation), "the escalation chain is copied into the request")
 	}, eventually, poll).Should(Succeed())
 
 	g.Eventually(func(g Gomega) {
@@ -843,4 +835,27 @@ func TestUnreachableWarningOncePerTransition(t *testing.T) {
 	g.Consistently(func(g Gomega) {
 		g.Expect(emissions(g, ns, caprv1.EventWorkloadClusterUnreachable)).To(Equal(1))
 	}, 6*time.Second, poll).Should(Succeed())
+}
+
+// TestFinishedRequestIsReplacedWhenUnhealthyAgain: a Succeeded request of a Machine that is still
+// there (it recovered during the worker remediator's escalation) does not stop a new remediation when
+// the Machine is unhealthy again: the health checker replaces it.
+func TestFinishedRequestIsReplacedWhenUnhealthyAgain(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	m := f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	old := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: m.Name}}
+	g.Expect(k8sClient.Create(ctx, old)).To(Succeed())
+	old.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
+	g.Expect(k8sClient.Status().Update(ctx, old)).To(Succeed())
+	f.healthCheck(g, nil)
+
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "m"}, mr)).To(Succeed())
+		g.Expect(mr.UID).NotTo(Equal(old.UID))
+		g.Expect(mr.Status.Phase).NotTo(Equal(caprv1.MachineRemediationPhaseSucceeded))
+		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
+	}, eventually, poll).Should(Succeed())
 }

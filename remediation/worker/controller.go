@@ -1,0 +1,287 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/cluster-api/util/paused"
+	"sigs.k8s.io/cluster-api/util/predicates"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/remediation/fencing"
+)
+
+// Requeue intervals while waiting on the world (watches bring the controller back sooner).
+const (
+	waitShort = 2 * time.Second
+	waitLong  = 15 * time.Second
+)
+
+// DefaultDeleteTimeout is how long the Delete step waits for the Machine to go before it reports
+// StepTimedOut (it keeps waiting: a deletion in progress cannot be undone).
+const DefaultDeleteTimeout = 10 * time.Minute
+
+// Events on a MachineRemediation.
+const (
+	EventRemediationStarted   = "RemediationStarted"
+	EventRemediationWaiting   = "RemediationWaiting"
+	EventRemediationSucceeded = "RemediationSucceeded"
+	EventRemediationAborted   = "RemediationAborted"
+	EventFencingGaveUp        = "FencingGaveUp"
+	EventStepTimedOut         = "StepTimedOut"
+	EventNoRemediator         = "NoRemediator"
+	EventEscalationCreated    = "EscalationCreated"
+)
+
+// Unfencer is implemented by a Fencer that can undo its fencing: an aborted remediation calls it
+// before the request goes. (The built-in PolicyFencer does not: no backend fences anything yet.)
+type Unfencer interface {
+	Unfence(ctx context.Context, req fencing.Request) error
+}
+
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinesets;machinedeployments,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=core;events.k8s.io,resources=events,verbs=create;patch
+
+// Reconciler drives worker MachineRemediations.
+type Reconciler struct {
+	Client client.Client
+	// APIReader reads MachineRemediations live: a request's own durable state and the number of
+	// remediations in flight must never be read stale from a cache.
+	APIReader client.Reader
+	Fencer    fencing.Fencer
+
+	// WatchFilterValue is the label value used to filter events prior to reconciliation.
+	WatchFilterValue string
+	// DeleteTimeout overrides DefaultDeleteTimeout (tests).
+	DeleteTimeout time.Duration
+	// EscalationTimeout, when set, turns an escalation step's timeoutSeconds into its timeout (tests:
+	// the API's minimum of 60 s is too long to wait for).
+	EscalationTimeout func(timeoutSeconds int32) time.Duration
+
+	// admitMu serialises the admission decision and the write of Running, so that two requests of
+	// one MachineDeployment never both take its last free slot (the manager runs with leader election:
+	// one process decides).
+	admitMu  sync.Mutex
+	recorder events.EventRecorder
+}
+
+// SetupWithManager registers the controller.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
+	if r.Client == nil || r.APIReader == nil || r.Fencer == nil {
+		return errors.New("client, APIReader and Fencer must not be nil")
+	}
+	log := ctrl.LoggerFrom(ctx)
+	scheme := mgr.GetScheme()
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named("capr-worker-remediation").
+		For(&caprv1.MachineRemediation{}, builder.WithPredicates(notControlPlane(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		// A worker remediation that finishes or goes away frees a slot of its MachineDeployment.
+		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.remediationToGroup),
+			builder.WithPredicates(phaseChangedOrDeleted(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		// The Machine going away ends the Delete step; its pause annotation stops the remediation.
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToRemediation),
+			builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToRemediations),
+			builder.WithPredicates(predicates.All(scheme, log,
+				predicates.ClusterPausedTransitions(scheme, log),
+				predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue)))).
+		WithOptions(options).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("setting up the worker remediation controller: %w", err)
+	}
+	r.recorder = mgr.GetEventRecorder("capr-worker-remediation")
+	return nil
+}
+
+// scope is what one reconcile works on.
+type scope struct {
+	mr          *caprv1.MachineRemediation
+	machine     *clusterv1.Machine
+	machineGone bool
+	cluster     *clusterv1.Cluster
+	patch       *patch.Helper
+}
+
+// ownedByWorker reports whether the request is this remediator's: the control-plane remediator's
+// discriminator, and never a request the control-plane remediator has started.
+func ownedByWorker(mr *caprv1.MachineRemediation, m *clusterv1.Machine, machineGone bool) bool {
+	return mr.Status.ControlPlane == nil && controlplane.IsWorkerRequest(mr, m, machineGone)
+}
+
+// Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
+// patch → delete / Machine gone / running / pending.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+	mr := &caprv1.MachineRemediation{}
+	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("reading MachineRemediation: %w", err)
+	}
+	machine, machineGone, err := r.readMachine(ctx, client.ObjectKeyFromObject(mr))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !ownedByWorker(mr, machine, machineGone) {
+		return ctrl.Result{}, nil // the control-plane remediator's
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("Machine", klog.KRef(mr.Namespace, mr.Name))
+	ctx = ctrl.LoggerInto(ctx, log)
+	s := &scope{mr: mr, machine: machine, machineGone: machineGone}
+
+	if terminal(mr) {
+		if !mr.DeletionTimestamp.IsZero() {
+			return ctrl.Result{}, r.removeFinalizer(ctx, mr)
+		}
+		return ctrl.Result{}, nil
+	}
+	cluster, err := util.GetClusterByName(ctx, r.Client, mr.Namespace, clusterNameOf(s))
+	if err != nil {
+		if apierrors.IsNotFound(err) && !mr.DeletionTimestamp.IsZero() {
+			return ctrl.Result{}, r.removeFinalizer(ctx, mr)
+		}
+		return ctrl.Result{}, fmt.Errorf("reading Cluster %s: %w", clusterNameOf(s), err)
+	}
+	s.cluster = cluster
+	log = log.WithValues("Cluster", klog.KObj(cluster))
+	ctx = ctrl.LoggerInto(ctx, log)
+
+	if s.patch, err = patch.NewHelper(mr, r.Client); err != nil {
+		return ctrl.Result{}, fmt.Errorf("creating patch helper: %w", err)
+	}
+	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, mr); err != nil || isPaused || requeue {
+		return ctrl.Result{}, err
+	}
+	defer func() {
+		if err := r.persist(ctx, s); err != nil {
+			if apierrors.IsNotFound(err) && !mr.DeletionTimestamp.IsZero() && len(mr.Finalizers) == 0 {
+				return // the last finalizer was removed: the object is gone
+			}
+			reterr = kerrors.NewAggregate([]error{reterr, err})
+		}
+	}()
+
+	switch {
+	case !mr.DeletionTimestamp.IsZero():
+		return r.reconcileDelete(ctx, s)
+	case machineGone:
+		return r.reconcileMachineGone(ctx, s)
+	case annotations.HasPaused(machine):
+		setWaiting(mr, caprv1.MachineRemediationPausedReason,
+			fmt.Sprintf("Machine %s has annotation %s: nothing is done until it is removed", machine.Name, clusterv1.PausedAnnotation))
+		return ctrl.Result{}, nil
+	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning:
+		return r.runSteps(ctx, s)
+	}
+	return r.reconcilePending(ctx, s)
+}
+
+// readMachine reads the request's Machine. "Not found" in the cache is confirmed live: a Machine
+// that is gone ends a remediation, so a lagging cache must not decide it.
+func (r *Reconciler) readMachine(ctx context.Context, key client.ObjectKey) (*clusterv1.Machine, bool, error) {
+	m := &clusterv1.Machine{}
+	err := r.Client.Get(ctx, key, m)
+	if apierrors.IsNotFound(err) {
+		err = r.APIReader.Get(ctx, key, m)
+	}
+	switch {
+	case err == nil:
+		return m, false, nil
+	case apierrors.IsNotFound(err):
+		return m, true, nil
+	default:
+		return nil, false, fmt.Errorf("reading Machine: %w", err)
+	}
+}
+
+// clusterNameOf returns the Cluster of the remediation: the Machine's, or what the remediation recorded.
+func clusterNameOf(s *scope) string {
+	if !s.machineGone {
+		return s.machine.Spec.ClusterName
+	}
+	if s.mr.Status.Worker != nil && s.mr.Status.Worker.ClusterName != "" {
+		return s.mr.Status.Worker.ClusterName
+	}
+	return s.mr.Labels[clusterv1.ClusterNameLabel]
+}
+
+// persist writes what changed since the patch helper was made, then starts a new one. Steps call it
+// before issuing an action, so that the action is recorded before it happens.
+func (r *Reconciler) persist(ctx context.Context, s *scope) error {
+	s.mr.Status.ObservedGeneration = s.mr.Generation
+	if err := s.patch.Patch(ctx, s.mr, patch.WithOwnedConditions{Conditions: []string{
+		caprv1.MachineRemediationProgressingCondition, caprv1.MachineRemediationSucceededCondition, clusterv1.PausedCondition,
+	}}); err != nil {
+		return fmt.Errorf("writing MachineRemediation: %w", err)
+	}
+	if !s.mr.DeletionTimestamp.IsZero() && len(s.mr.Finalizers) == 0 {
+		return nil
+	}
+	h, err := patch.NewHelper(s.mr, r.Client)
+	if err != nil {
+		return fmt.Errorf("creating patch helper: %w", err)
+	}
+	s.patch = h
+	return nil
+}
+
+// removeFinalizer lets a finished request (or one whose Cluster is gone) go; it is called before
+// the patch helper exists.
+func (r *Reconciler) removeFinalizer(ctx context.Context, mr *caprv1.MachineRemediation) error {
+	base := mr.DeepCopy()
+	if !controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer) {
+		return nil
+	}
+	if err := r.Client.Patch(ctx, mr, client.MergeFrom(base)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing the finalizer of MachineRemediation %s: %w", mr.Name, err)
+	}
+	return nil
+}
+
+func terminal(mr *caprv1.MachineRemediation) bool {
+	return mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded || mr.Status.Phase == caprv1.MachineRemediationPhaseFailed
+}
+
+func setWaiting(mr *caprv1.MachineRemediation, reason, msg string) {
+	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+}
+
+// setWaitingWithEvent sets the waiting condition and, when the reason changes, records a Warning event.
+func (r *Reconciler) setWaitingWithEvent(mr *caprv1.MachineRemediation, eventReason, reason, msg string) {
+	if conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition) != reason ||
+		conditions.IsTrue(mr, caprv1.MachineRemediationProgressingCondition) {
+		r.event(mr, corev1.EventTypeWarning, eventReason, msg)
+	}
+	setWaiting(mr, reason, msg)
+}
+
+func (r *Reconciler) event(mr *caprv1.MachineRemediation, eventType, reason, msg string) {
+	if r.recorder != nil {
+		r.recorder.Eventf(mr, nil, eventType, reason, "Remediate", "%s", msg)
+	}
+}

@@ -1,0 +1,167 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// reconcilePending records the role, checks that something replaces the Machine, then starts the
+// remediation when its MachineDeployment has a free slot and no other request goes first.
+func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Result, error) {
+	mr, m := s.mr, s.machine
+	mr.Status.Phase = caprv1.MachineRemediationPhasePending
+	msName, refusal := replacingOwner(m)
+	mr.Status.Worker = &caprv1.WorkerRemediationStatus{ClusterName: s.cluster.Name, MachineSet: msName, NodeName: m.Status.NodeRef.Name}
+	if refusal != "" {
+		// Looked at again later: a MachineSet may still adopt the Machine.
+		r.setWaitingWithEvent(mr, EventNoRemediator, caprv1.MachineRemediationNoRemediatorReason, refusal)
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf("Machine %s is already being deleted", m.Name))
+		return ctrl.Result{RequeueAfter: waitShort}, nil
+	}
+	g, err := resolveGroup(ctx, r.Client, mr.Namespace, msName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	mr.Status.Worker.MachineDeployment = g.machineDeployment
+	if g.wait != "" {
+		r.setWaitingWithEvent(mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForPreconditionsReason, g.wait)
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
+
+	// Decide and record Running under one lock, from a live list: the next decision sees this one.
+	r.admitMu.Lock()
+	defer r.admitMu.Unlock()
+	adm, err := r.admit(ctx, s, g)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !adm.Start {
+		kind, name := g.key()
+		setWaiting(mr, caprv1.MachineRemediationDeferredReason, fmt.Sprintf("%s %s: %s", kind, name, adm.Message))
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
+	return r.start(ctx, s, adm.Message)
+}
+
+// admit counts the group's remediations in flight and its waiting candidates, read live.
+func (r *Reconciler) admit(ctx context.Context, s *scope, g group) (Admission, error) {
+	list := &caprv1.MachineRemediationList{}
+	if err := r.APIReader.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
+		return Admission{}, fmt.Errorf("listing MachineRemediations: %w", err)
+	}
+	inFlight := 0
+	var cands []Candidate
+	for i := range list.Items {
+		other := &list.Items[i]
+		if other.Name == s.mr.Name {
+			other = s.mr // this reconcile's copy, with the group just resolved
+		}
+		if !sameGroup(r.workerStatusOf(ctx, other), s.mr.Status.Worker) {
+			continue
+		}
+		switch other.Status.Phase {
+		case caprv1.MachineRemediationPhaseRunning:
+			inFlight++ // until its Machine is gone, also while aborting
+		case caprv1.MachineRemediationPhasePending, "":
+			if other.Name != s.mr.Name && !waitsForTurn(other) {
+				continue
+			}
+			cands = append(cands, r.candidate(ctx, other))
+		}
+	}
+	return Admit(g.maxInFlight, inFlight, cands, s.mr.Name), nil
+}
+
+// workerStatusOf returns a request's worker state: recorded, or, for a request this remediator has
+// not reconciled yet (e.g. all created together, or while the Cluster was paused), resolved from its
+// Machine, so that it takes its turn in order and is not overtaken by whichever is reconciled first.
+func (r *Reconciler) workerStatusOf(ctx context.Context, mr *caprv1.MachineRemediation) *caprv1.WorkerRemediationStatus {
+	if mr.Status.Worker != nil || mr.Status.ControlPlane != nil {
+		return mr.Status.Worker
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mr), m); err != nil || util.IsControlPlaneMachine(m) {
+		return nil
+	}
+	ms, refusal := replacingOwner(m)
+	if refusal != "" {
+		return nil
+	}
+	g, err := resolveGroup(ctx, r.Client, mr.Namespace, ms)
+	if err != nil || g.wait != "" {
+		return nil
+	}
+	return &caprv1.WorkerRemediationStatus{MachineSet: ms, MachineDeployment: g.machineDeployment}
+}
+
+// waitsForTurn is true for a Pending request that would start if it had a slot: not being deleted,
+// not paused, not refused.
+func waitsForTurn(mr *caprv1.MachineRemediation) bool {
+	if !mr.DeletionTimestamp.IsZero() {
+		return false
+	}
+	switch conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition) {
+	case caprv1.MachineRemediationPausedReason, caprv1.MachineRemediationNoRemediatorReason:
+		return false
+	}
+	return !conditions.IsTrue(mr, clusterv1.PausedCondition)
+}
+
+// candidate describes a waiting request for Admit: explicit when its Machine carries CAPI's
+// remediate-machine annotation or a person wrote it.
+func (r *Reconciler) candidate(ctx context.Context, mr *caprv1.MachineRemediation) Candidate {
+	requested := mr.Spec.Source == caprv1.MachineRemediationSourceManual
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mr), m); err == nil && annotations.HasRemediateMachine(m) {
+		requested = true
+	}
+	return Candidate{Name: mr.Name, Requested: requested, Created: mr.CreationTimestamp.Time}
+}
+
+// start records Running with the finalizer and re-owns the request by the Cluster (its record must
+// outlive the Machine it deletes), before anything is done to the Machine.
+func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Result, error) {
+	mr := s.mr
+	controllerutil.AddFinalizer(mr, caprv1.MachineRemediationFinalizer)
+	if mr.Labels == nil {
+		mr.Labels = map[string]string{}
+	}
+	mr.Labels[clusterv1.ClusterNameLabel] = s.cluster.Name
+	mr.OwnerReferences = []metav1.OwnerReference{{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: s.cluster.Name, UID: s.cluster.UID,
+	}}
+	mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
+	mr.Status.StartTime = ptr.To(metav1.Now())
+	mr.Status.LastError = ""
+	plan := "fence, then delete; the MachineSet replaces it"
+	if n := len(mr.Spec.Escalation); n > 0 {
+		plan = fmt.Sprintf("%d escalation step(s), then %s", n, plan)
+	}
+	msg := fmt.Sprintf("Remediating worker Machine %s of MachineSet %s (%s): %s", mr.Name, mr.Status.Worker.MachineSet, why, plan)
+	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
+		Reason: caprv1.MachineRemediationStepInProgressReason, Message: msg})
+	if err := r.persist(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, msg)
+	ctrl.LoggerFrom(ctx).Info("Worker remediation started", "MachineSet", mr.Status.Worker.MachineSet,
+		"MachineDeployment", mr.Status.Worker.MachineDeployment)
+	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+}

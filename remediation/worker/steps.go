@@ -1,0 +1,254 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/fencing"
+)
+
+// stepsOf returns the steps of a worker remediation, in order: the escalation chain, then fence and delete.
+func stepsOf(mr *caprv1.MachineRemediation) []caprv1.StepName {
+	out := make([]caprv1.StepName, 0, len(mr.Spec.Escalation)+2)
+	for i := range mr.Spec.Escalation {
+		out = append(out, caprv1.EscalationStepName(i))
+	}
+	return append(out, caprv1.StepFence, caprv1.StepDelete)
+}
+
+// nextStep is the first step not finished: not started, or still in progress ("" when all are
+// finished; an escalation step that timed out is finished, as Failed).
+func nextStep(mr *caprv1.MachineRemediation) caprv1.StepName {
+	for _, name := range stepsOf(mr) {
+		rec := mr.Status.Step(name)
+		if rec == nil || rec.Outcome == caprv1.StepOutcomeInProgress || rec.Outcome == "" {
+			return name
+		}
+	}
+	return ""
+}
+
+// stepResult is what one attempt at a step found.
+type stepResult struct {
+	done    bool
+	skipped bool
+	// failed: done without effect (an escalation step that timed out); the next step follows.
+	failed bool
+	// recovered: the Machine is healthy again, the remediation ends here (escalation).
+	recovered bool
+	message   string
+	// waitReason, when set, is the Progressing reason while the step cannot proceed (with a Warning
+	// event when it changes).
+	waitReason string
+	requeue    time.Duration
+}
+
+// deleteIssued is the point of no return: the Delete step was started, so the Machine may be deleting.
+func deleteIssued(mr *caprv1.MachineRemediation) bool {
+	return mr.Status.Step(caprv1.StepDelete) != nil
+}
+
+// runSteps works on the current step. A step is recorded as started (and written) before it acts.
+func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error) {
+	step := nextStep(s.mr)
+	if step == "" {
+		return r.succeed(ctx, s, fmt.Sprintf("Machine %s deleted; MachineSet %s replaces it", s.mr.Name, s.mr.Status.Worker.MachineSet))
+	}
+	rec := s.mr.Status.Step(step)
+	if rec == nil {
+		s.mr.Status.Steps = append(s.mr.Status.Steps, caprv1.RemediationStep{
+			Name: step, StartTime: ptr.To(metav1.Now()), Outcome: caprv1.StepOutcomeInProgress,
+		})
+		s.mr.Status.CurrentStep = step
+		if err := r.persist(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		rec = s.mr.Status.Step(step)
+	}
+	var res stepResult
+	var err error
+	switch step {
+	case caprv1.StepFence:
+		res, err = r.stepFence(ctx, s, rec)
+	case caprv1.StepDelete:
+		res, err = r.stepDelete(ctx, s, rec)
+	default:
+		res, err = r.stepEscalate(ctx, s, rec)
+	}
+	if err != nil {
+		s.mr.Status.LastError = err.Error()
+		return ctrl.Result{}, err
+	}
+	if res.recovered {
+		rec.Outcome, rec.FinishTime, rec.Message = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now()), res.message
+		return r.succeed(ctx, s, res.message)
+	}
+	return r.recordStep(s, step, rec, res), nil
+}
+
+// recordStep writes a step attempt's outcome into the status (persisted by the deferred patch).
+func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.RemediationStep, res stepResult) ctrl.Result {
+	mr := s.mr
+	rec.Message = res.message
+	mr.Status.LastError = ""
+	switch {
+	case res.done:
+		rec.Outcome, rec.FinishTime = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now())
+		switch {
+		case res.skipped:
+			rec.Outcome = caprv1.StepOutcomeSkipped
+		case res.failed:
+			rec.Outcome = caprv1.StepOutcomeFailed
+		}
+		return ctrl.Result{RequeueAfter: time.Millisecond}
+	case res.waitReason != "":
+		eventReason := EventRemediationWaiting
+		if res.waitReason == caprv1.MachineRemediationStepTimedOutReason {
+			eventReason = EventStepTimedOut
+		}
+		r.setWaitingWithEvent(mr, eventReason, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
+	default:
+		conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
+	}
+	return ctrl.Result{RequeueAfter: res.requeue}
+}
+
+// fencingRequest is what the Fencer is asked for this remediation.
+func fencingRequest(s *scope, started time.Time) fencing.Request {
+	return fencing.Request{Cluster: s.cluster, Machine: s.machine, Node: s.mr.Status.Worker.NodeName, Spec: s.mr.Spec.Fencing, Started: started}
+}
+
+// stepFence asks the Fencer until its outcome is final. Required never finishes unconfirmed: past
+// the fencing timeout it reports StepTimedOut and keeps waiting; BestEffort finishes with a Warning.
+func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+	res, err := r.Fencer.Fence(ctx, fencingRequest(s, rec.StartTime.Time))
+	if err != nil {
+		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.mr.Status.Worker.NodeName, err)
+	}
+	switch res.Outcome {
+	case fencing.Fenced:
+		return stepResult{done: true, message: res.Message}, nil
+	case fencing.Skipped:
+		return stepResult{done: true, skipped: true, message: res.Message}, nil
+	case fencing.GaveUp:
+		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, res.Message)
+		return stepResult{done: true, message: res.Message}, nil
+	}
+	timeout := fencing.DefaultTimeout
+	if f := s.mr.Spec.Fencing; f != nil && f.TimeoutSeconds != nil {
+		timeout = time.Duration(*f.TimeoutSeconds) * time.Second
+	}
+	elapsed := time.Since(rec.StartTime.Time)
+	if elapsed > timeout {
+		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: waitLong,
+			message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}, nil
+	}
+	// Asked again at least when the timeout expires (BestEffort then gives up).
+	requeue := min(10*time.Second, timeout-elapsed+100*time.Millisecond)
+	return stepResult{waitReason: caprv1.MachineRemediationWaitingForFencingReason, message: res.Message, requeue: requeue}, nil
+}
+
+// stepDelete deletes the Machine (its MachineSet replaces it) and waits for it to go. It refuses
+// unless the Fence step finished (fence before delete).
+func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+	fence := s.mr.Status.Step(caprv1.StepFence)
+	if fence == nil || (fence.Outcome != caprv1.StepOutcomeSucceeded && fence.Outcome != caprv1.StepOutcomeSkipped) {
+		return stepResult{}, fmt.Errorf("refusing to delete Machine %s: the Fence step has not finished", s.mr.Name)
+	}
+	m := s.machine
+	if m.DeletionTimestamp.IsZero() {
+		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: ptr.To(m.UID)}); err != nil && !apierrors.IsNotFound(err) {
+			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
+		}
+		ctrl.LoggerFrom(ctx).Info("Deleted worker Machine", "MachineSet", s.mr.Status.Worker.MachineSet)
+		return stepResult{message: "Machine deleted; waiting for it to drain and go", requeue: waitShort}, nil
+	}
+	timeout := DefaultDeleteTimeout
+	if r.DeleteTimeout > 0 {
+		timeout = r.DeleteTimeout
+	}
+	msg := fmt.Sprintf("Machine %s is being deleted (since %s)", m.Name, m.DeletionTimestamp.UTC().Format(time.RFC3339))
+	if time.Since(rec.StartTime.Time) > timeout {
+		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: waitLong,
+			message: fmt.Sprintf("%s and not gone within %s; still waiting (check its drain and finalizers)", msg, timeout)}, nil
+	}
+	return stepResult{message: msg, requeue: waitShort}, nil
+}
+
+// reconcileMachineGone ends a remediation whose Machine is gone: deleted by the Delete step, or by
+// someone else before it (then nothing is left to remediate either).
+func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if rec := s.mr.Status.Step(caprv1.StepDelete); rec != nil {
+		if rec.Outcome == caprv1.StepOutcomeInProgress {
+			rec.Outcome, rec.FinishTime = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now())
+			rec.Message = fmt.Sprintf("Machine %s is gone", s.mr.Name)
+		}
+		return r.succeed(ctx, s, fmt.Sprintf("Machine %s deleted; MachineSet %s replaces it", s.mr.Name, s.mr.Status.Worker.MachineSet))
+	}
+	if err := r.deleteStartedEscalationObjects(ctx, s.mr); err != nil {
+		return ctrl.Result{}, err
+	}
+	return r.succeed(ctx, s, fmt.Sprintf("Machine %s was deleted outside this remediation: nothing is left to remediate", s.mr.Name))
+}
+
+// succeed ends the remediation and lets the request go when it is deleted.
+func (r *Reconciler) succeed(ctx context.Context, s *scope, msg string) (ctrl.Result, error) {
+	mr := s.mr
+	mr.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
+	mr.Status.CurrentStep = ""
+	mr.Status.CompletionTime = ptr.To(metav1.Now())
+	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer) // nothing is left to finish or undo
+	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse,
+		Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
+	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue,
+		Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
+	r.event(mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	ctrl.LoggerFrom(ctx).Info("Worker remediation succeeded", "message", msg)
+	return ctrl.Result{}, nil
+}
+
+// reconcileDelete aborts: before the Delete step the Machine is kept (and unfenced when the Fencer
+// can); after it, the Machine's deletion is already under way and the request goes once it is gone.
+func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
+	mr := s.mr
+	switch {
+	case mr.Status.Phase != caprv1.MachineRemediationPhaseRunning || s.machineGone:
+		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+		return ctrl.Result{}, nil
+	case deleteIssued(mr):
+		rec := mr.Status.Step(caprv1.StepDelete)
+		res, err := r.stepDelete(ctx, s, rec)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		msg := "The request was deleted after the Machine's deletion was issued: it goes once the Machine is gone; " + res.message
+		r.setWaitingWithEvent(mr, EventRemediationAborted, caprv1.MachineRemediationAbortedReason, msg)
+		return ctrl.Result{RequeueAfter: waitShort}, nil
+	}
+	if err := r.deleteStartedEscalationObjects(ctx, mr); err != nil {
+		return ctrl.Result{}, err
+	}
+	if u, ok := r.Fencer.(Unfencer); ok && mr.Status.Step(caprv1.StepFence) != nil {
+		if err := u.Unfence(ctx, fencingRequest(s, mr.Status.Step(caprv1.StepFence).StartTime.Time)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("unfencing node %q: %w", mr.Status.Worker.NodeName, err)
+		}
+	}
+	msg := fmt.Sprintf("Remediation aborted (the request was deleted) before Machine %s was deleted: the Machine is kept", mr.Name)
+	setWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)
+	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+	ctrl.LoggerFrom(ctx).Info("Worker remediation aborted")
+	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+	return ctrl.Result{}, nil
+}

@@ -1,0 +1,171 @@
+package worker_test
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/worker"
+)
+
+const (
+	escalationGroupVersion = "escalation.test.capr.io/v1"
+	// victim is the Machine of the escalation tests (each in its own namespace).
+	victim = "w1"
+)
+
+// markedWorker creates a worker Machine of the MachineSet carrying a health mark, the two templates
+// of the chain (Reboot, then PowerCycle) and the request with that chain.
+func markedWorker(t *testing.T, g *WithT) *fixture {
+	t.Helper()
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, victim, func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"UnhealthyNode","checker":"test"}`}
+	})
+	for kind, spec := range map[string]map[string]any{
+		"RebootTemplate":     {"mode": "soft"},
+		"PowerCycleTemplate": {"force": true},
+	} {
+		tmpl := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": escalationGroupVersion, "kind": kind,
+			"metadata": map[string]any{"namespace": f.ns, "name": "t"},
+			"spec":     map[string]any{"template": map[string]any{"spec": spec}},
+		}}
+		g.Expect(k8sClient.Create(ctx, tmpl)).To(Succeed())
+	}
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck, func(mr *caprv1.MachineRemediation) {
+		mr.Spec.Escalation = []caprv1.EscalationStep{
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "RebootTemplate", Name: "t"}, TimeoutSeconds: 60},
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "PowerCycleTemplate", Name: "t"}, TimeoutSeconds: 60},
+		}
+	})
+	return f
+}
+
+// escalationObject returns the object of kind named after the victim Machine, nil when there is none.
+func escalationObject(g Gomega, ns, kind string) *unstructured.Unstructured {
+	obj := &unstructured.Unstructured{}
+	obj.SetAPIVersion(escalationGroupVersion)
+	obj.SetKind(kind)
+	err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, obj)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	g.Expect(err).NotTo(HaveOccurred())
+	return obj
+}
+
+// TestEscalationFirstStepRecovers: the first step's object is created from its template; the
+// Machine's mark going away ends the remediation: nothing deleted, the object cleaned up.
+func TestEscalationFirstStepRecovers(t *testing.T) {
+	g := NewWithT(t)
+	f := markedWorker(t, g)
+
+	var reboot *unstructured.Unstructured
+	g.Eventually(func(g Gomega) *unstructured.Unstructured {
+		reboot = escalationObject(g, f.ns, "Reboot")
+		return reboot
+	}, eventually, poll).ShouldNot(BeNil())
+	g.Expect(reboot.Object["spec"]).To(Equal(map[string]any{"mode": "soft"}))
+	g.Expect(reboot.GetAnnotations()).To(HaveKeyWithValue(worker.MachineAnnotation, victim))
+	g.Expect(reboot.GetOwnerReferences()).To(HaveLen(1))
+	g.Expect(reboot.GetOwnerReferences()[0].Kind).To(Equal("MachineRemediation"))
+	g.Expect(reboot.GetOwnerReferences()[0].UID).To(Equal(getRemediation(g, f.ns, victim).UID))
+
+	// The Machine recovers: its mark is removed (what the health checker does).
+	patchMachine(g, f.ns, victim, func(m *clusterv1.Machine) { delete(m.Annotations, caprv1.UnhealthyAnnotation) })
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	mr := getRemediation(g, f.ns, victim)
+	g.Expect(mr.Status.Steps).To(HaveLen(1))
+	g.Expect(mr.Status.Steps[0].Name).To(Equal(caprv1.EscalationStepName(0)))
+	g.Expect(mr.Status.Steps[0].Outcome).To(Equal(caprv1.StepOutcomeSucceeded))
+	g.Expect(mr.Status.Steps[0].Message).To(ContainSubstring("nothing deleted"))
+	g.Expect(machineExists(g, f.ns, victim)).To(BeTrue())
+	g.Expect(escalationObject(g, f.ns, "Reboot")).To(BeNil())
+	g.Expect(escalationObject(g, f.ns, "PowerCycle")).To(BeNil())
+}
+
+// TestEscalationTimesOutThenReplaces: each step that times out has its object deleted before the
+// next one's is created; after the last, the Machine is fenced (Disabled: skipped) and deleted.
+func TestEscalationTimesOutThenReplaces(t *testing.T) {
+	g := NewWithT(t)
+	f := markedWorker(t, g)
+
+	g.Eventually(func(g Gomega) *unstructured.Unstructured { return escalationObject(g, f.ns, "Reboot") }, eventually, poll).
+		ShouldNot(BeNil())
+	g.Eventually(func(g Gomega) *unstructured.Unstructured { return escalationObject(g, f.ns, "PowerCycle") }, eventually, poll).
+		ShouldNot(BeNil())
+	g.Expect(escalationObject(g, f.ns, "Reboot")).To(BeNil(), "the first step's object is gone before the second's exists")
+	g.Expect(machineExists(g, f.ns, victim)).To(BeTrue())
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
+	g.Expect(escalationObject(g, f.ns, "PowerCycle")).To(BeNil())
+	mr := getRemediation(g, f.ns, victim)
+	g.Expect(stepOutcomes(mr)).To(Equal([]string{"Escalate1=Failed", "Escalate2=Failed", "Fence=Skipped", "Delete=Succeeded"}))
+	g.Expect(eventReasons(g, f.ns, victim)).To(ContainElement(worker.EventEscalationCreated))
+}
+
+// TestEscalationMissingTemplateIsReportedUntilItsTimeout: a step whose template does not exist says
+// so in the condition, and after its timeout the chain goes on (here: fence and delete).
+func TestEscalationMissingTemplateIsReportedUntilItsTimeout(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, victim, func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"UnhealthyNode","checker":"test"}`}
+	})
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck, func(mr *caprv1.MachineRemediation) {
+		mr.Spec.Escalation = []caprv1.EscalationStep{
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "RebootTemplate", Name: "missing"}, TimeoutSeconds: 60},
+		}
+	})
+
+	g.Eventually(func(g Gomega) {
+		reason, msg := progressing(g, f.ns, victim)
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForPreconditionsReason))
+		g.Expect(msg).To(ContainSubstring("template RebootTemplate missing not found"))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(machineExists(g, f.ns, victim)).To(BeTrue())
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(getRemediation(g, f.ns, victim).Status.Step(caprv1.EscalationStepName(0)).Outcome).To(Equal(caprv1.StepOutcomeFailed))
+	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
+}
+
+// TestEscalationSkippedWithoutAMark: a request whose Machine carries no health mark (written by hand)
+// cannot see a recovery: the chain is recorded Skipped and the Machine is fenced and deleted.
+func TestEscalationSkippedWithoutAMark(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, victim)
+	f.request(g, m, nil, caprv1.MachineRemediationSourceManual, func(mr *caprv1.MachineRemediation) {
+		mr.Spec.Escalation = []caprv1.EscalationStep{
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "RebootTemplate", Name: "t"}, TimeoutSeconds: 60},
+			{TemplateRef: caprv1.TemplateReference{APIVersion: escalationGroupVersion, Kind: "PowerCycleTemplate", Name: "t"}, TimeoutSeconds: 60},
+		}
+	})
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, victim) }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	mr := getRemediation(g, f.ns, victim)
+	g.Expect(stepOutcomes(mr)).To(Equal([]string{"Escalate1=Skipped", "Escalate2=Skipped", "Fence=Skipped", "Delete=Succeeded"}))
+	g.Expect(machineExists(g, f.ns, victim)).To(BeFalse())
+}
+
+// stepOutcomes lists the recorded steps as name=outcome.
+func stepOutcomes(mr *caprv1.MachineRemediation) []string {
+	out := make([]string, 0, len(mr.Status.Steps))
+	for _, s := range mr.Status.Steps {
+		out = append(out, string(s.Name)+"="+string(s.Outcome))
+	}
+	return out
+}

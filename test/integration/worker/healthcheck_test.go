@@ -1,0 +1,76 @@
+package worker_test
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	capienv "github.com/capr-io/capr/test/envtest"
+)
+
+// TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced: CAPR's own health checker and the worker
+// remediator together. With two of three workers unhealthy and triggerIf allowing one, both are marked
+// and nothing is requested or deleted; when one recovers, the other is requested, fenced and deleted.
+func TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	f.workerWithNode(g, "w1", corev1.ConditionFalse)
+	f.workerWithNode(g, "w2", corev1.ConditionFalse)
+	f.workerWithNode(g, "w3", corev1.ConditionTrue)
+	f.caprHealthCheck(g, &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(1))})
+
+	g.Eventually(func(g Gomega) {
+		for _, name := range []string{"w1", "w2"} {
+			g.Expect(getMachine(g, f.ns, name).Annotations).To(HaveKey(caprv1.UnhealthyAnnotation))
+		}
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		for _, name := range []string{"w1", "w2", "w3"} {
+			g.Expect(remediationExists(g, f.ns, name)).To(BeFalse())
+			g.Expect(machineExists(g, f.ns, name)).To(BeTrue())
+		}
+	}, quiet, poll).Should(Succeed())
+
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.node("w2"), corev1.ConditionTrue)).To(Succeed())
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "w1") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
+	g.Expect(getRemediation(g, f.ns, "w1").Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
+	for _, name := range []string{"w2", "w3"} {
+		g.Expect(machineExists(g, f.ns, name)).To(BeTrue())
+		g.Expect(remediationExists(g, f.ns, name)).To(BeFalse())
+	}
+}
+
+// caprHealthCheck creates CAPR's MachineHealthCheck over the pool (Node not Ready for 1 s).
+func (f *fixture) caprHealthCheck(g *WithT, triggerIf *caprv1.MachineHealthCheckRemediationTriggerIf) {
+	mhc := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
+	mhc.Spec.Remediation.TriggerIf = triggerIf
+	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
+}
+
+// TestRemediateMachineAnnotationRemediatesAWorker: CAPI's cluster.x-k8s.io/remediate-machine on a
+// healthy worker (a health check's target) starts a Manual remediation: it is fenced and deleted.
+func TestRemediateMachineAnnotationRemediatesAWorker(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	f.workerWithNode(g, "asked", corev1.ConditionTrue)
+	f.workerWithNode(g, "other", corev1.ConditionTrue)
+	f.caprHealthCheck(g, nil)
+	g.Consistently(func(g Gomega) bool { return remediationExists(g, f.ns, "asked") }, quiet, poll).Should(BeFalse())
+
+	patchMachine(g, f.ns, "asked", func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
+	})
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "asked") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(getRemediation(g, f.ns, "asked").Spec.Source).To(Equal(caprv1.MachineRemediationSourceManual))
+	g.Expect(machineExists(g, f.ns, "asked")).To(BeFalse())
+	g.Expect(machineExists(g, f.ns, "other")).To(BeTrue())
+	g.Expect(remediationExists(g, f.ns, "other")).To(BeFalse())
+}

@@ -1,0 +1,160 @@
+// Package worker_test runs CAPR's worker remediator against a real kube-apiserver and etcd
+// (envtest) with CAPI's CRDs, next to the control-plane remediator and the health checker, as the
+// manager runs them. The fencing backend is a recording stand-in behind the real policy fencer.
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/fencing"
+	capienv "github.com/capr-io/capr/test/envtest"
+)
+
+var (
+	testEnv *capienv.Environment
+	// k8sClient is an uncached client: tests observe the API server, not the manager's cache.
+	k8sClient client.Client
+	ctx       = context.Background()
+	backend   = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
+)
+
+// testBackend is a fencing backend that confirms a node only once a test says so, and records what
+// it was asked. It stands in for NetworkFence (not implemented yet) behind the real PolicyFencer.
+type testBackend struct {
+	mu        sync.Mutex
+	confirmed map[string]bool
+	asked     map[string]time.Time
+	unfenced  map[string]bool
+}
+
+func (b *testBackend) Fence(_ context.Context, req fencing.Request, _ caprv1.FencingBackend) (bool, string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.asked[req.Node]; !ok {
+		b.asked[req.Node] = time.Now()
+	}
+	if b.confirmed[req.Node] {
+		return true, "fenced", nil
+	}
+	return false, "the test backend has not confirmed node " + req.Node, nil
+}
+
+func (b *testBackend) confirm(node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.confirmed[node] = true
+}
+
+func (b *testBackend) wasAsked(node string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.asked[node]
+	return ok
+}
+
+func (b *testBackend) wasUnfenced(node string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.unfenced[node]
+}
+
+// unfencingFencer is the policy fencer plus the Unfencer hook the worker remediator calls on abort.
+type unfencingFencer struct {
+	*fencing.PolicyFencer
+	backend *testBackend
+}
+
+func (f unfencingFencer) Unfence(_ context.Context, req fencing.Request) error {
+	f.backend.mu.Lock()
+	defer f.backend.mu.Unlock()
+	f.backend.unfenced[req.Node] = true
+	return nil
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
+	var err error
+	testEnv, err = capienv.Start(capienv.Options{
+		ExtraCRDDirs:     []string{filepath.Join("testdata", "crd")},
+		ManagerRoleFiles: []string{filepath.Join("testdata", "escalation_role.yaml")},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
+		return 1
+	}
+	defer func() { _ = testEnv.Stop() }()
+	k8sClient = testEnv.Client
+
+	mgrCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	mgr, err := ctrl.NewManager(testEnv.ManagerConfig, ctrl.Options{
+		Scheme:                  testEnv.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		Cache:                   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),
+		Client:                  controllers.ManagerClientOptions(),
+		GracefulShutdownTimeout: ptr.To(2 * time.Second),
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: creating manager: %v\n", err)
+		return 1
+	}
+	fencer := unfencingFencer{
+		PolicyFencer: &fencing.PolicyFencer{Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: backend}},
+		backend:      backend,
+	}
+	if _, err := controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{
+		ConnectionRetryInterval: 2 * time.Second,
+		Fencer:                  fencer,
+		// An escalation step's timeoutSeconds (at least 60) counts as that many 100 ms here.
+		EscalationTimeout: func(seconds int32) time.Duration { return time.Duration(seconds) * 100 * time.Millisecond },
+	}); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
+		return 1
+	}
+	// CAPI v1.14's own MachineHealthCheck reconciler, in its own manager as in CAPI's (interop tests).
+	capiMgr, err := capienv.CAPIMachineHealthCheckManager(mgrCtx, testEnv.Config, 2, false)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: setting up CAPI's MachineHealthCheck: %v\n", err)
+		return 1
+	}
+	done := make(chan error, 2)
+	go func() { done <- mgr.Start(mgrCtx) }()
+	go func() { done <- capiMgr.Start(mgrCtx) }()
+	code := m.Run()
+	cancel()
+	for range 2 {
+		if err := <-done; err != nil {
+			fmt.Fprintf(os.Stderr, "manager stopped with error: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	return code
+}
+
+func zapLevel() zapcore.Level {
+	if os.Getenv("CAPR_TEST_VERBOSE") != "" {
+		return zapcore.Level(-4)
+	}
+	return zapcore.ErrorLevel
+}

@@ -1,0 +1,299 @@
+package worker_test
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	capienv "github.com/capr-io/capr/test/envtest"
+)
+
+// waitingForFencing creates a worker Machine of a MachineSet and its request with Required fencing,
+// and waits until the remediation waits for the fencing backend (nothing is deleted before it confirms).
+func waitingForFencing(t *testing.T, g *WithT, name string) *fixture {
+	t.Helper()
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, name)
+	f.request(g, m, required(), caprv1.MachineRemediationSourceHealthCheck)
+	g.Eventually(func(g Gomega) string {
+		reason, _ := progressing(g, f.ns, name)
+		return reason
+	}, eventually, poll).Should(Equal(caprv1.MachineRemediationWaitingForFencingReason))
+	return f
+}
+
+// TestWorkerFencedThenDeleted: a worker Machine of a MachineSet is fenced, then deleted, and the
+// request Succeeds with both steps recorded in order; the control-plane remediator never writes it.
+func TestWorkerFencedThenDeleted(t *testing.T) {
+	g := NewWithT(t)
+	f := waitingForFencing(t, g, "w1")
+	g.Expect(backend.wasAsked(f.node("w1"))).To(BeTrue())
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+	backend.confirm(f.node("w1"))
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "w1") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
+	mr := getRemediation(g, f.ns, "w1")
+	g.Expect(mr.Status.Steps).To(HaveLen(2))
+	g.Expect(mr.Status.Steps[0].Name).To(Equal(caprv1.StepFence))
+	g.Expect(mr.Status.Steps[0].Outcome).To(Equal(caprv1.StepOutcomeSucceeded))
+	g.Expect(mr.Status.Steps[1].Name).To(Equal(caprv1.StepDelete))
+	g.Expect(mr.Status.Steps[1].Outcome).To(Equal(caprv1.StepOutcomeSucceeded))
+	g.Expect(mr.Status.Steps[1].StartTime.Time).NotTo(BeTemporally("<", mr.Status.Steps[0].FinishTime.Time))
+	g.Expect(mr.Status.Worker).NotTo(BeNil())
+	g.Expect(mr.Status.Worker.MachineSet).To(Equal("md-ms"))
+	g.Expect(mr.Status.Worker.MachineDeployment).To(Equal("md"))
+	g.Expect(mr.Status.ControlPlane).To(BeNil())
+	g.Expect(mr.Finalizers).To(BeEmpty())
+	// Re-owned by the Cluster when it started: the record outlives the Machine it deleted.
+	g.Expect(mr.OwnerReferences).To(HaveLen(1))
+	g.Expect(mr.OwnerReferences[0].Kind).To(Equal("Cluster"))
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, f.ns, "w1") }, eventually, poll).
+		Should(ContainElements("RemediationStarted", "RemediationSucceeded"))
+}
+
+// TestRequiredFencingWaitsThenAbort: Required fencing that never confirms keeps the Machine, says so
+// in a condition and an event, and the control-plane remediator does not take the request over;
+// deleting the request then aborts: the Machine is kept, the fencer's unfence hook is called, the
+// request goes.
+func TestRequiredFencingWaitsThenAbort(t *testing.T) {
+	g := NewWithT(t)
+	f := waitingForFencing(t, g, "w1")
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, f.ns, "w1") }, eventually, poll).
+		Should(ContainElement("RemediationWaiting"))
+	g.Consistently(func(g Gomega) {
+		mr := getRemediation(g, f.ns, "w1")
+		reason, msg := progressing(g, f.ns, "w1")
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForFencingReason))
+		g.Expect(msg).To(ContainSubstring("fencing is Required and not confirmed"))
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.StepFence))
+		g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
+		g.Expect(mr.Finalizers).To(ContainElement(caprv1.MachineRemediationFinalizer))
+		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+	}, quiet, poll).Should(Succeed())
+
+	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, "w1"))).To(Succeed())
+	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
+	g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeTrue())
+	g.Consistently(func(g Gomega) bool { return machineExists(g, f.ns, "w1") }, quiet, poll).Should(BeTrue())
+	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("RemediationAborted"))
+}
+
+// TestMachineWithoutReplacingOwnerIsNeverDeleted: a Machine without a MachineSet owner, and one of a
+// MachinePool, are never deleted, and the request says why (condition and event).
+func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	lone := f.machine(g, "lone")
+	pooled := f.machine(g, "pooled", func(m *clusterv1.Machine) {
+		m.OwnerReferences = ownedBy("MachinePool", "mp", "00000000-0000-0000-0000-000000000001")
+	})
+	f.request(g, lone, nil, caprv1.MachineRemediationSourceManual)
+	f.request(g, pooled, nil, caprv1.MachineRemediationSourceHealthCheck)
+
+	for name, why := range map[string]string{"lone": "has no controller owner", "pooled": "MachinePool mp"} {
+		g.Eventually(func(g Gomega) {
+			reason, msg := progressing(g, f.ns, name)
+			g.Expect(reason).To(Equal(caprv1.MachineRemediationNoRemediatorReason))
+			g.Expect(msg).To(ContainSubstring(why))
+			g.Expect(msg).To(ContainSubstring("never deleted"))
+			g.Expect(eventReasons(g, f.ns, name)).To(ContainElement("NoRemediator"))
+		}, eventually, poll).Should(Succeed())
+	}
+	g.Consistently(func(g Gomega) {
+		for _, name := range []string{"lone", "pooled"} {
+			g.Expect(machineExists(g, f.ns, name)).To(BeTrue())
+			mr := getRemediation(g, f.ns, name)
+			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+			g.Expect(mr.Status.Steps).To(BeEmpty())
+			g.Expect(mr.Status.Worker).NotTo(BeNil()) // the role is recorded: it stays a worker request
+		}
+	}, quiet, poll).Should(Succeed())
+}
+
+// TestMaxInFlightOneAtATime: nothing starts while the Cluster is paused; then, with maxInFlight 1,
+// three requests are remediated one at a time, the explicit request
+// (cluster.x-k8s.io/remediate-machine) first, then the oldest.
+func TestMaxInFlightOneAtATime(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, ptr.To(intstr.FromInt32(1)))
+	a := f.workerOfMachineSet(g, "a")
+	b := f.workerOfMachineSet(g, "b", func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
+	})
+	c := f.workerOfMachineSet(g, "c")
+	// The requests arrive while the Cluster is paused, oldest first: a, then c, then the explicit b.
+	setClusterPaused(g, f.cluster, true)
+	f.request(g, a, required(), caprv1.MachineRemediationSourceHealthCheck)
+	f.request(g, c, required(), caprv1.MachineRemediationSourceHealthCheck)
+	f.request(g, b, required(), caprv1.MachineRemediationSourceHealthCheck)
+	g.Eventually(func(g Gomega) {
+		for _, name := range []string{"a", "b", "c"} {
+			g.Expect(conditions.IsTrue(getRemediation(g, f.ns, name), clusterv1.PausedCondition)).To(BeTrue())
+		}
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		for _, name := range []string{"a", "b", "c"} {
+			g.Expect(getRemediation(g, f.ns, name).Status.Phase).To(BeEmpty())
+			g.Expect(backend.wasAsked(f.node(name))).To(BeFalse())
+		}
+	}, quiet, poll).Should(Succeed())
+	setClusterPaused(g, f.cluster, false)
+
+	running := func(g Gomega) []string {
+		list := &caprv1.MachineRemediationList{}
+		g.Expect(k8sClient.List(ctx, list, client.InNamespace(f.ns))).To(Succeed())
+		var out []string
+		for _, mr := range list.Items {
+			if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
+				out = append(out, mr.Name)
+			}
+		}
+		return out
+	}
+	for i, next := range []string{"b", "a", "c"} {
+		g.Eventually(running, eventually, poll).Should(Equal([]string{next}), "step %d", i)
+		// The others wait, deferred, and stay waiting while this one holds the slot.
+		othersDeferred := func(g Gomega) {
+			g.Expect(running(g)).To(Equal([]string{next}))
+			for _, other := range []string{"a", "b", "c"} {
+				if other == next || phase(g, f.ns, other) == caprv1.MachineRemediationPhaseSucceeded {
+					continue
+				}
+				reason, msg := progressing(g, f.ns, other)
+				g.Expect(reason).To(Equal(caprv1.MachineRemediationDeferredReason))
+				g.Expect(msg).To(ContainSubstring("maxInFlight is 1"))
+				g.Expect(machineExists(g, f.ns, other)).To(BeTrue())
+			}
+		}
+		g.Eventually(othersDeferred, eventually, poll).Should(Succeed())
+		g.Consistently(othersDeferred, quiet, poll).Should(Succeed())
+		backend.confirm(f.node(next))
+		g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, next) }, eventually, poll).
+			Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+		g.Expect(machineExists(g, f.ns, next)).To(BeFalse())
+	}
+}
+
+func setClusterPaused(g *WithT, cluster *clusterv1.Cluster, paused bool) {
+	c := &clusterv1.Cluster{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cluster), c)).To(Succeed())
+	base := c.DeepCopy()
+	c.Spec.Paused = ptr.To(paused)
+	g.Expect(k8sClient.Patch(ctx, c, client.MergeFrom(base))).To(Succeed())
+}
+
+// TestControlPlaneRequestLeftToTheControlPlaneRemediator: the worker remediator never records a
+// role on, nor deletes, a control-plane Machine's request.
+func TestControlPlaneRequestLeftToTheControlPlaneRemediator(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.machine(g, "cp1", capienv.AsControlPlane, func(m *clusterv1.Machine) {
+		m.OwnerReferences = ownedBy("MachineSet", f.ms.Name, f.ms.UID) // even with a MachineSet owner
+	})
+	f.request(g, m, nil, caprv1.MachineRemediationSourceManual)
+
+	// The control-plane remediator acts on it (it waits: this Cluster has no control plane object).
+	g.Eventually(func(g Gomega) string {
+		reason, _ := progressing(g, f.ns, "cp1")
+		return reason
+	}, eventually, poll).ShouldNot(BeEmpty())
+	g.Consistently(func(g Gomega) {
+		mr := getRemediation(g, f.ns, "cp1")
+		g.Expect(mr.Status.Worker).To(BeNil())
+		g.Expect(mr.Status.Steps).To(BeEmpty())
+		reason, _ := progressing(g, f.ns, "cp1")
+		g.Expect(reason).NotTo(Equal(caprv1.MachineRemediationNoRemediatorReason))
+		g.Expect(machineExists(g, f.ns, "cp1")).To(BeTrue())
+	}, quiet, poll).Should(Succeed())
+}
+
+// TestBestEffortFencingGivesUpAfterItsTimeout: BestEffort fencing that never confirms deletes the
+// Machine after the fencing timeout, with a Warning event.
+func TestBestEffortFencingGivesUpAfterItsTimeout(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, "w1")
+	spec := required()
+	spec.Policy = caprv1.FencingBestEffort
+	spec.TimeoutSeconds = ptr.To[int32](2)
+	f.request(g, m, spec, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "w1") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
+	mr := getRemediation(g, f.ns, "w1")
+	fence := mr.Status.Step(caprv1.StepFence)
+	g.Expect(fence).NotTo(BeNil())
+	g.Expect(fence.Message).To(ContainSubstring("deleting anyway (BestEffort)"))
+	g.Expect(fence.FinishTime.Sub(fence.StartTime.Time)).To(BeNumerically(">=", 1500*time.Millisecond))
+	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("FencingGaveUp"))
+}
+
+// TestPausedMachineThenAbortAfterDeleteStarted: nothing is done while the Machine is paused; once the
+// Delete step has started, deleting the request does not keep the Machine: the request says so and
+// goes when the Machine is gone.
+func TestPausedMachineThenAbortAfterDeleteStarted(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	const hold = "test.capr.io/hold" // keeps the Machine deleting, as a drain would
+	m := f.workerOfMachineSet(g, "w1", func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+		m.Finalizers = []string{hold}
+	})
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) string {
+		reason, _ := progressing(g, f.ns, "w1")
+		return reason
+	}, eventually, poll).Should(Equal(caprv1.MachineRemediationPausedReason))
+	g.Consistently(func(g Gomega) {
+		g.Expect(getRemediation(g, f.ns, "w1").Status.Phase).NotTo(Equal(caprv1.MachineRemediationPhaseRunning))
+		g.Expect(getMachine(g, f.ns, "w1").DeletionTimestamp.IsZero()).To(BeTrue())
+	}, quiet, poll).Should(Succeed())
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { delete(m.Annotations, clusterv1.PausedAnnotation) })
+
+	g.Eventually(func(g Gomega) bool { return getMachine(g, f.ns, "w1").DeletionTimestamp.IsZero() }, eventually, poll).Should(BeFalse())
+	g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).NotTo(BeNil())
+	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, "w1"))).To(Succeed())
+	g.Eventually(func(g Gomega) string {
+		reason, _ := progressing(g, f.ns, "w1")
+		return reason
+	}, eventually, poll).Should(Equal(caprv1.MachineRemediationAbortedReason))
+	g.Consistently(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, quiet, poll).Should(BeTrue())
+
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { m.Finalizers = nil })
+	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
+	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
+}
+
+// TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting: Required fencing not confirmed within its
+// timeout says StepTimedOut (condition and Warning event) and still never deletes the Machine.
+func TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, "w1")
+	spec := required()
+	spec.TimeoutSeconds = ptr.To[int32](1)
+	f.request(g, m, spec, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) {
+		reason, msg := progressing(g, f.ns, "w1")
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationStepTimedOutReason))
+		g.Expect(msg).To(ContainSubstring("not confirmed within 1s, still waiting"))
+		g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("StepTimedOut"))
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+		g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).To(BeNil())
+	}, quiet, poll).Should(Succeed())
+}
