@@ -20,8 +20,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestPortForwardPathToRealEtcd reaches every member through the API server's pods/portforward and
-// the Node's kubelet stand-in, as KCP and CAPR do in production, then stops one kubelet: that member
-// keeps running (the direct view says healthy) but is unreachable through the API server.
+// the Node's kubelet stand-in, as KCP and CAPR do in production, then stops a follower's kubelet: that
+// member keeps running (the direct view says healthy) but is unreachable through the API server. Then
+// the leader's kubelet: unreachable too, but the remaining follower follows it, so it counts as alive.
 func TestPortForwardPathToRealEtcd(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -42,14 +43,32 @@ func TestPortForwardPathToRealEtcd(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
 
-	g.Expect(sb.StopKubelet(ctx, wc, nodes[0])).To(Succeed())
-	state, err = viaAPIServer.Inspect(ctx, nodes)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(state.ByName(nodes[0]).Problem).To(Equal("unreachable"))
-	g.Expect(state.Counts().Healthy).To(Equal(2))
 	truth, err := sb.EtcdState(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
+	leader := truth.ByID(truth.LeaderID).Name
+	var followers []string
+	for _, n := range nodes {
+		if n != leader {
+			followers = append(followers, n)
+		}
+	}
+	g.Expect(followers).To(HaveLen(2))
+
+	g.Expect(sb.StopKubelet(ctx, wc, followers[0])).To(Succeed())
+	state, err = viaAPIServer.Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(followers[0]).Problem).To(Equal("unreachable"))
+	g.Expect(state.Counts().Healthy).To(Equal(2))
+	truth, err = sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(truth.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}), "the member itself is still healthy")
+
+	g.Expect(sb.StopKubelet(ctx, wc, leader)).To(Succeed())
+	state, err = viaAPIServer.Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(leader).Reachable).To(BeFalse())
+	g.Expect(state.ByName(leader).Healthy).To(BeTrue(), "followed by %s", followers[1])
+	g.Expect(state.Counts().Healthy).To(Equal(2))
 }
 
 // TestQuorumWatcherSeesQuorumLoss: the oracle every scenario relies on fires. One member of three
