@@ -486,10 +486,17 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	}
 	m := &clusterv1.Machine{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
-		if client.IgnoreNotFound(err) == nil {
-			return r.waitForDesiredMachines(s)
+		if client.IgnoreNotFound(err) != nil {
+			return stepResult{}, err
 		}
-		return stepResult{}, err
+		// Gone, possibly deleted by someone else before the replicas came back: the surge must go
+		// too, or the provider replaces the victim and stays above N.
+		if o := s.mr.Status.ControlPlane.Order; o != caprv1.ControlPlaneOrderReplace && o != caprv1.ControlPlaneOrderDeleteFirst {
+			if err := r.replicasBack(ctx, s); err != nil {
+				return stepResult{}, err
+			}
+		}
+		return r.waitForDesiredMachines(s)
 	}
 	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; ok {
 		// Fenced (checked above), so the hook must not hold the deletion; it can be back only

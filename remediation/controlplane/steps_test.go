@@ -512,6 +512,15 @@ func TestStepDelete(t *testing.T) {
 		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
 	})
 
+	t.Run("Machine gone (deleted by someone else) with the provider still at 4: replicas back to 3", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))...)
+		w.deleteMachine(g, "m-b")
+		_, err := w.run(caprv1.StepDelete)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+	})
+
 	t.Run("Machine gone: done", func(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))...)
