@@ -73,7 +73,7 @@ func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealth
 // It returns true when it created one.
 func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, ev evaluation, existing map[string]client.Object) (bool, error) {
 	if obj, ok := existing[m.Name]; ok {
-		if !finishedWithMachineKept(obj) {
+		if !finishedWithMachineKept(obj, m) {
 			return false, nil
 		}
 		// A finished remediation of a Machine that is still there (it recovered during the worker
@@ -123,11 +123,17 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 	return true, nil
 }
 
-// finishedWithMachineKept reports whether a request is a Succeeded MachineRemediation (its Machine
-// exists, since the caller found it as a target): nothing is left to do for it.
-func finishedWithMachineKept(obj client.Object) bool {
+// finishedWithMachineKept reports whether a request is a Succeeded MachineRemediation that ended by
+// recovery, its Machine kept (the worker remediator's escalation): nothing is left to do for it. A
+// remediation that deleted its Machine (a control-plane replacement, a worker's Delete step) is never
+// replaced: the health checker's cache may still show that Machine for a moment, and the request is
+// the only record of the remediation.
+func finishedWithMachineKept(obj client.Object, m *clusterv1.Machine) bool {
 	mr, ok := obj.(*caprv1.MachineRemediation)
-	return ok && mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded && mr.DeletionTimestamp.IsZero()
+	if !ok || mr.Status.Phase != caprv1.MachineRemediationPhaseSucceeded || !mr.DeletionTimestamp.IsZero() || !m.DeletionTimestamp.IsZero() {
+		return false
+	}
+	return mr.Status.ControlPlane == nil && mr.Status.Step(caprv1.StepDelete) == nil
 }
 
 // requestSource says who asks for the remediation of m: a person, through CAPI's remediate-machine
