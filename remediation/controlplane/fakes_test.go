@@ -462,9 +462,10 @@ func (w *world) machine(g Gomega, name string) *clusterv1.Machine {
 	return m
 }
 
-// deleteMachine deletes a Machine from the API (someone else deleted it).
-func (w *world) deleteMachine(g Gomega, name string) {
-	g.Expect(w.client.Delete(w.t.Context(), &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name}})).To(Succeed())
+// deleteVictim deletes the remediated Machine from the API (someone else deleted it).
+func (w *world) deleteVictim(g Gomega) {
+	victim := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: w.s.machine.Name}}
+	g.Expect(w.client.Delete(w.t.Context(), victim)).To(Succeed())
 }
 
 var errInjected = errors.New("injected failure")

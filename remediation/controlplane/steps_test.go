@@ -214,7 +214,7 @@ func TestStepsDeleteFirst(t *testing.T) {
 		w := newWorld(t, withOrder(caprv1.ControlPlaneOrderDeleteFirst), withControlPlaneObject(kcpObject()),
 			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), cpMachine("m-c", kcpHealthy())),
 			withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC))))
-		w.deleteMachine(g, "m-b")
+		w.deleteVictim(g)
 		w.s.machines = slices.DeleteFunc(w.s.machines, func(m *clusterv1.Machine) bool { return m.Name == "m-b" })
 		res, err := w.run(caprv1.StepWaitForReplacement)
 		expectIssued(g, res, err)
@@ -506,7 +506,7 @@ func TestStepDelete(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, withSurgeOfTwo(), withReplicas(3), withReplacement(cpMachine("m-d")), withReplacement(cpMachine("m-e")),
 			withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
-		w.deleteMachine(g, "m-b")
+		w.deleteVictim(g)
 		res, err := w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
 		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
@@ -515,7 +515,7 @@ func TestStepDelete(t *testing.T) {
 	t.Run("Machine gone (deleted by someone else) with the provider still at 4: replicas back to 3", func(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))...)
-		w.deleteMachine(g, "m-b")
+		w.deleteVictim(g)
 		_, err := w.run(caprv1.StepDelete)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
@@ -524,7 +524,7 @@ func TestStepDelete(t *testing.T) {
 	t.Run("Machine gone: done", func(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))...)
-		w.deleteMachine(g, "m-b")
+		w.deleteVictim(g)
 		res, err := w.run(caprv1.StepDelete)
 		expectDone(g, res, err)
 	})
