@@ -42,20 +42,21 @@ const (
 
 // Events on a MachineRemediation.
 const (
-	EventRemediationStarted   = "RemediationStarted"
-	EventStepStarted          = "StepStarted"
-	EventStepFinished         = "StepFinished"
-	EventRemediationWaiting   = "RemediationWaiting"
-	EventRemediationSucceeded = "RemediationSucceeded"
-	EventRemediationFailed    = "RemediationFailed"
-	EventQuorumLost           = "EtcdQuorumLost"
-	EventFencingGaveUp        = "FencingGaveUp"
-	EventFencedDeletingVictim = "FencedDeletingVictim"
-	EventRemediationAborted   = "RemediationAborted"
-	EventRemediationRetried   = "RemediationRetried"
-	EventRemediationWithdrawn = "RemediationWithdrawn"
-	EventRemediationYielded   = "RemediationYielded"
-	EventStepTimedOut         = "StepTimedOut"
+	EventRemediationStarted        = "RemediationStarted"
+	EventStepStarted               = "StepStarted"
+	EventStepFinished              = "StepFinished"
+	EventRemediationWaiting        = "RemediationWaiting"
+	EventRemediationSucceeded      = "RemediationSucceeded"
+	EventRemediationFailed         = "RemediationFailed"
+	EventQuorumLost                = "EtcdQuorumLost"
+	EventFencingGaveUp             = "FencingGaveUp"
+	EventFencedDeletingVictim      = "FencedDeletingVictim"
+	EventRemediationAborted        = "RemediationAborted"
+	EventRemediationRetried        = "RemediationRetried"
+	EventRemediationWithdrawn      = "RemediationWithdrawn"
+	EventRemediationYielded        = "RemediationYielded"
+	EventStepTimedOut              = "StepTimedOut"
+	EventSurplusReplacementDeleted = "SurplusReplacementDeleted"
 )
 
 // EtcdProvider gives access to a workload cluster's etcd (WorkloadEtcd in production).

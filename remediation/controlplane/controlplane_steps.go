@@ -93,7 +93,16 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	rec.Message = res.message
 	if !res.done {
 		if res.waitReason != "" {
-			setWaiting(s.mr, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
+			msg := fmt.Sprintf("step %s: %s", step, res.message)
+			if !isWaitingFor(s.mr, res.waitReason) {
+				// Said once, when the wait starts (the condition carries the latest word).
+				eventType, reason := corev1.EventTypeNormal, EventRemediationWaiting
+				if res.waitReason == caprv1.MachineRemediationStepTimedOutReason {
+					eventType, reason = corev1.EventTypeWarning, EventStepTimedOut
+				}
+				r.event(s.mr, eventType, reason, msg)
+			}
+			setWaiting(s.mr, res.waitReason, msg)
 		} else {
 			conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
 				Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
@@ -455,30 +464,28 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	if err != nil {
 		return stepResult{}, err
 	}
-	switch res.Outcome {
-	case fencing.Fenced, fencing.Skipped, fencing.GaveUp:
-		// Whoever deletes the victim now may: the fence is confirmed (or the policy lets it go).
-		if err := r.removeFenceHook(ctx, s); err != nil {
-			return stepResult{}, err
+	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
+	if !v.Done {
+		reason := caprv1.MachineRemediationWaitingForFencingReason
+		if v.TimedOut {
+			reason = caprv1.MachineRemediationStepTimedOutReason
 		}
+		return stepResult{waitReason: reason, message: v.Message, requeue: v.Requeue}, nil
 	}
-	switch res.Outcome {
-	case fencing.Fenced:
-		return stepResult{done: true, message: res.Message}, nil
-	case fencing.Skipped:
-		return stepResult{done: true, skipped: true, message: res.Message}, nil
-	case fencing.GaveUp:
-		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, res.Message)
-		return stepResult{done: true, message: res.Message}, nil
-	default:
-		return stepResult{waitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, message: res.Message, requeue: 10 * time.Second}, nil
+	// Whoever deletes the victim now may: the fence is confirmed (or the policy lets it go).
+	if err := r.removeFenceHook(ctx, s); err != nil {
+		return stepResult{}, err
 	}
+	if v.GaveUp {
+		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
+	}
+	return stepResult{done: true, skipped: v.Skipped, message: v.Message}, nil
 }
 
-// stepDelete deletes the victim through the control-plane provider: annotate it
-// cluster.x-k8s.io/delete-machine and return replicas to N, so the provider's own scale-down removes
-// exactly this Machine. It is the only place a Machine is deleted, and it refuses unless the Fence
-// step finished (fence before delete).
+// stepDelete deletes the victim and, after a surge, returns replicas to N (the victim also carries
+// cluster.x-k8s.io/delete-machine, the provider's first choice should it scale down first). It is
+// the only place the victim is deleted, and it refuses unless the Fence step finished (fence before
+// delete).
 func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, error) {
 	fence := findStep(s.mr, caprv1.StepFence)
 	if fence == nil || (fence.Outcome != caprv1.StepOutcomeSucceeded && fence.Outcome != caprv1.StepOutcomeSkipped) {
@@ -496,7 +503,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 				return stepResult{}, err
 			}
 		}
-		return r.waitForDesiredMachines(s)
+		return r.waitForDesiredMachines(ctx, s)
 	}
 	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; ok {
 		// Fenced (checked above), so the hook must not hold the deletion; it can be back only
@@ -522,19 +529,25 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
 	}
+	// The victim is deleted here, not left to the provider's scale-down: a provider picks the Machine
+	// to scale down from its own caches, where the new replicas can arrive before the annotation above
+	// (two informers), and would then delete a healthy Machine, taking a voting member out of the
+	// failure margin and leaving the victim in place (the fault suite saw it). While the victim is
+	// being deleted neither KCP nor the sandbox's provider scales (KCP's preflight waits for deleting
+	// Machines), and the replicas are back to N before it is gone.
+	if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+		return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
+	}
 	if cps.Order == caprv1.ControlPlaneOrderReplace || cps.Order == caprv1.ControlPlaneOrderDeleteFirst {
-		// Nothing was scaled: delete the victim and the provider creates a new one (Replace: not
-		// initialized; DeleteFirst: the provider would not scale down).
-		if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
-			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
-		}
+		// Nothing was scaled (Replace: not initialized; DeleteFirst: the provider would not scale
+		// down): the provider creates a new Machine.
 		return stepResult{message: "deleted the Machine; the provider creates a new one", requeue: waitShort}, nil
 	}
 	if err := r.replicasBack(ctx, s); err != nil {
 		return stepResult{}, err
 	}
-	return stepResult{message: fmt.Sprintf("replicas back to %d; waiting for the %s to delete Machine %s%s",
-		ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Name(), m.Name, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
+	return stepResult{message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
+		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), requeue: waitShort}, nil
 }
 
 // replicasBack returns the control plane's replicas to what they were before the surge.
@@ -552,7 +565,7 @@ func (r *Reconciler) replicasBack(ctx context.Context, s *scope) error {
 
 // waitForDesiredMachines finishes the Delete step once the victim is gone and the provider is back
 // at desiredReplicas Machines, none deleting (after a surge of two it also removes a second Machine).
-func (r *Reconciler) waitForDesiredMachines(s *scope) (stepResult, error) {
+func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (stepResult, error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
 	if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
@@ -567,12 +580,56 @@ func (r *Reconciler) waitForDesiredMachines(s *scope) (stepResult, error) {
 				deleting++
 			}
 		}
+		if live > int(desired) && deleting == 0 {
+			if res, ok, err := r.deleteSurplusReplacement(ctx, s); ok {
+				return res, err
+			}
+		}
 		if live != int(desired) || deleting > 0 {
 			return stepResult{message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)%s",
 				s.mr.Name, s.adapter.Name(), desired, live, deleting, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
 		}
 	}
-	return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted by the %s", s.mr.Name, s.adapter.Name())}, nil
+	return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted; the %s is at %d Machines", s.mr.Name, s.adapter.Name(), desired)}, nil
+}
+
+// deleteSurplusReplacement deletes, after a surge of two, the newer replacement when the provider
+// refuses to scale down to N itself (KCP while another control-plane Machine is unhealthy, e.g. one
+// that failed after this remediation's point of no return): otherwise the control plane stays above
+// its replicas and the next remediation, which starts only on a quiet control plane, waits forever.
+// With N odd (KCP's stacked etcd), N+1 members with one unhealthy keep the same failure margin
+// when a healthy one goes: (h-1) - (N/2+1) = h - ((N+1)/2+1). KCP's own deletion path (its
+// pre-terminate hook) removes the Machine's etcd member. ok is false when there is nothing to do.
+func (r *Reconciler) deleteSurplusReplacement(ctx context.Context, s *scope) (res stepResult, ok bool, err error) {
+	reps := replacements(s)
+	if len(reps) < 2 {
+		return stepResult{}, false, nil
+	}
+	surplus := reps[len(reps)-1]
+	if surplus.Name == s.mr.Status.ControlPlane.Replacement {
+		surplus = reps[len(reps)-2]
+	}
+	refusal := s.adapter.ScaleDownRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: surplus})
+	if refusal == "" {
+		return stepResult{}, false, nil
+	}
+	if _, marked := surplus.Annotations[clusterv1.DeleteMachineAnnotation]; !marked {
+		// First the provider's own choice is pinned to the surplus (it would otherwise pick the
+		// oldest Machine, and may delete it: KCP does when that one is the unhealthy Machine). Only
+		// if the provider still refuses at a later pass, with nothing deleting, is it deleted here.
+		if err := r.markForDeletion(ctx, []*clusterv1.Machine{surplus}); err != nil {
+			return stepResult{}, true, err
+		}
+		return stepResult{message: fmt.Sprintf("Machine %s deleted; surplus replacement %s marked %s (%s)",
+			s.mr.Name, surplus.Name, clusterv1.DeleteMachineAnnotation, refusal), requeue: waitShort}, true, nil
+	}
+	if err := r.Client.Delete(ctx, surplus); client.IgnoreNotFound(err) != nil {
+		return stepResult{}, true, fmt.Errorf("deleting surplus replacement %s: %w", surplus.Name, err)
+	}
+	msg := fmt.Sprintf("Machine %s deleted; the %s does not scale down (%s), so CAPR deleted the surplus replacement %s itself",
+		s.mr.Name, s.adapter.Name(), refusal, surplus.Name)
+	r.event(s.mr, corev1.EventTypeNormal, EventSurplusReplacementDeleted, msg)
+	return stepResult{message: msg, requeue: waitShort}, true, nil
 }
 
 // succeed ends the remediation: the victim is gone and the control plane back to N Machines.

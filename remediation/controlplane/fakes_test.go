@@ -203,6 +203,12 @@ func beingDeleted() machineOption {
 	}
 }
 
+// withFinalizer holds the Machine's deletion (as CAPI's Machine controller's finalizer does), so a
+// deleted Machine is still there, being deleted.
+func withFinalizer() machineOption {
+	return func(m *clusterv1.Machine) { m.Finalizers = append(m.Finalizers, "test.capr.io/hold") }
+}
+
 // withMachineAnnotation sets an annotation on the Machine.
 func withMachineAnnotation(key, value string) machineOption {
 	return func(m *clusterv1.Machine) {

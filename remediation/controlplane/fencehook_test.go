@@ -62,10 +62,11 @@ func TestFenceHook(t *testing.T) {
 	t.Run("Delete step on a fenced victim that carries the hook again (a crash before the Fence step's record): the hook is removed", func(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, withReplicas(4), withReplacement(cpMachine("m-d")),
-			withMachines(cpMachine("m-a"), cpMachine("m-b", withFenceHook()), cpMachine("m-c")),
+			withMachines(cpMachine("m-a"), cpMachine("m-b", withFenceHook(), withFinalizer()), cpMachine("m-c")),
 			withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
 		_, err := w.run(caprv1.StepDelete)
 		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.machine(g, "m-b").DeletionTimestamp.IsZero()).To(BeFalse(), "deleted")
 		g.Expect(hook(g, w)).To(BeEmpty())
 	})
 	t.Run("undone: the hook is removed", func(t *testing.T) {

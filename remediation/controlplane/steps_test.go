@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -20,7 +23,9 @@ import (
 type stepCase struct {
 	name  string
 	world []worldOption
-	check func(g Gomega, w *world, res stepResult, err error)
+	// before, if set, edits the world before the attempt.
+	before func(w *world)
+	check  func(g Gomega, w *world, res stepResult, err error)
 }
 
 func runStepCases(t *testing.T, step caprv1.StepName, cases []stepCase) {
@@ -29,6 +34,9 @@ func runStepCases(t *testing.T, step caprv1.StepName, cases []stepCase) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
 			w := newWorld(t, tc.world...)
+			if tc.before != nil {
+				tc.before(w)
+			}
 			res, err := w.run(step)
 			tc.check(g, w, res, err)
 		})
@@ -431,8 +439,18 @@ func TestStepFence(t *testing.T) {
 			g.Expect(res.message).To(Equal("gave up"))
 		}},
 		{name: "fencing in progress: wait", world: []worldOption{withFence(fencing.Result{Outcome: fencing.Waiting, Message: "waiting for the backend"}, nil)}, check: func(g Gomega, _ *world, res stepResult, err error) {
-			expectWaiting(g, res, err, caprv1.MachineRemediationWaitingForPreconditionsReason)
+			expectWaiting(g, res, err, caprv1.MachineRemediationWaitingForFencingReason)
 		}},
+		{name: "Required, not confirmed past the fencing timeout: waits, saying it timed out", world: []worldOption{withFence(fencing.Result{Outcome: fencing.Waiting, Message: "not confirmed"}, nil)},
+			before: func(w *world) {
+				w.s.mr.Spec.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired, TimeoutSeconds: ptr.To[int32](60)}
+				w.s.mr.Status.Steps = append(w.s.mr.Status.Steps, caprv1.RemediationStep{Name: caprv1.StepFence, Outcome: caprv1.StepOutcomeInProgress,
+					StartTime: ptr.To(metav1.NewTime(time.Now().Add(-2 * time.Minute)))})
+			},
+			check: func(g Gomega, _ *world, res stepResult, err error) {
+				expectWaiting(g, res, err, caprv1.MachineRemediationStepTimedOutReason)
+				g.Expect(res.message).To(ContainSubstring("not confirmed within 1m0s"))
+			}},
 		{name: "fencer error: error, retried", world: []worldOption{withFence(fencing.Result{}, errInjected)}, check: func(g Gomega, _ *world, res stepResult, err error) {
 			g.Expect(err).To(MatchError(errInjected))
 			g.Expect(res.done).To(BeFalse())
@@ -466,22 +484,28 @@ func TestStepDelete(t *testing.T) {
 			g.Expect(err).To(MatchError(ContainSubstring("refusing to delete")))
 			expectUntouched(g, w)
 		}},
-		{name: "fenced: marked for the provider's scale-down and replicas back to 3, not deleted directly",
-			world: with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")),
+		// Deleted directly, not left to the provider's scale-down, which picks from its caches and may
+		// not see the annotation yet when it sees the new replicas.
+		{name: "fenced: the victim is deleted and replicas back to 3; nothing else is touched",
+			world: []worldOption{withMachines(cpMachine("m-a"), cpMachine("m-b", withFinalizer()), cpMachine("m-c")), withReplicas(4),
+				withReplacement(cpMachine("m-d")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
 				m := w.machine(g, "m-b")
-				g.Expect(m).NotTo(BeNil())
-				g.Expect(m.DeletionTimestamp.IsZero()).To(BeTrue())
-				g.Expect(m.Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation))
+				g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is being deleted")
+				g.Expect(m.Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation), "the provider's first choice, should it scale down first")
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
-				g.Expect(w.machine(g, "m-d").Annotations).NotTo(HaveKey(clusterv1.DeleteMachineAnnotation))
+				for _, other := range []string{"m-a", "m-c", "m-d"} {
+					o := w.machine(g, other)
+					g.Expect(o.DeletionTimestamp.IsZero()).To(BeTrue(), other)
+					g.Expect(o.Annotations).NotTo(HaveKey(clusterv1.DeleteMachineAnnotation), other)
+				}
 			}},
 		{name: "fencing skipped: proceeds the same way",
 			world: with(withStep(caprv1.StepFence, caprv1.StepOutcomeSkipped, "")),
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
-				g.Expect(w.machine(g, "m-b").Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation))
+				g.Expect(w.machine(g, "m-b")).To(BeNil())
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
 		{name: "not initialized (replace): the Machine is deleted, replicas untouched",
@@ -510,6 +534,45 @@ func TestStepDelete(t *testing.T) {
 		res, err := w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
 		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
+	})
+
+	// A second Machine failed after the point of no return: KCP will not scale down to 3 while it is
+	// unhealthy, and the next remediation starts only once KCP is back at its replicas.
+	// After a surge of two on KCP, the victim m-b gone; m-c healthy or not.
+	surgedKCPVictimGone := func(t *testing.T, g Gomega, mc *clusterv1.Machine) *world {
+		w := newWorld(t, withControlPlaneObject(kcpObject()), withSurgeOfTwo(), withReplicas(3),
+			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b"), mc),
+			withReplacement(cpMachine("m-d", kcpHealthy())), withReplacement(cpMachine("m-e", kcpHealthy())),
+			withRecordedReplacement("m-d"), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
+		w.deleteVictim(g)
+		w.s.machines = slices.DeleteFunc(w.s.machines, func(m *clusterv1.Machine) bool { return m.Name == "m-b" })
+		return w
+	}
+	t.Run("Machine gone after a surge of two, KCP refuses to scale down: the surplus replacement is deleted", func(t *testing.T) {
+		g := NewWithT(t)
+		w := surgedKCPVictimGone(t, g, cpMachine("m-c"))
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(res.message).To(ContainSubstring("surplus replacement m-e marked"))
+		g.Expect(w.machine(g, "m-e").Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation), "KCP's own choice first")
+		w.s.machines = slices.DeleteFunc(w.s.machines, func(m *clusterv1.Machine) bool { return m.Name == "m-e" })
+		w.s.machines = append(w.s.machines, w.machine(g, "m-e"))
+		res, err = w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(res.message).To(ContainSubstring("deleted the surplus replacement m-e"))
+		g.Expect(w.machine(g, "m-e")).To(BeNil())
+		for _, kept := range []string{"m-a", "m-c", "m-d"} {
+			g.Expect(w.machine(g, kept)).NotTo(BeNil(), kept)
+		}
+	})
+
+	t.Run("Machine gone after a surge of two, KCP would scale down: left to KCP", func(t *testing.T) {
+		g := NewWithT(t)
+		w := surgedKCPVictimGone(t, g, cpMachine("m-c", kcpHealthy()))
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
+		g.Expect(w.machine(g, "m-e")).NotTo(BeNil())
 	})
 
 	t.Run("Machine gone (deleted by someone else) with the provider still at 4: replicas back to 3", func(t *testing.T) {

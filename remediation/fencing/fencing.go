@@ -102,10 +102,7 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 	if p.Now != nil {
 		now = p.Now
 	}
-	timeout := DefaultTimeout
-	if spec.TimeoutSeconds != nil {
-		timeout = time.Duration(*spec.TimeoutSeconds) * time.Second
-	}
+	timeout := Timeout(spec)
 	msg := strings.Join(waiting, "; ")
 	if spec.Policy == caprv1.FencingBestEffort && now().After(req.Started.Add(timeout)) {
 		return Result{Outcome: GaveUp, Message: fmt.Sprintf("fencing not confirmed within %s, deleting anyway (BestEffort): %s", timeout, msg)}, nil
@@ -114,4 +111,49 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 		msg = "fencing is Required and not confirmed, the Machine is not deleted: " + msg
 	}
 	return Result{Outcome: Waiting, Message: msg}, nil
+}
+
+// Timeout is how long fencing may take before the policy decides (spec.fencing.timeoutSeconds).
+func Timeout(spec *caprv1.FencingSpec) time.Duration {
+	if spec != nil && spec.TimeoutSeconds != nil {
+		return time.Duration(*spec.TimeoutSeconds) * time.Second
+	}
+	return DefaultTimeout
+}
+
+// Verdict is what a remediator's Fence step makes of one Fencer answer. Both remediators take it
+// from Judge, so "fence before delete" is decided in one place.
+type Verdict struct {
+	// Done: the Machine may now be deleted (fenced, skipped, or BestEffort gave up).
+	Done bool
+	// Skipped: done without fencing (the policy is Disabled, or there is no Node).
+	Skipped bool
+	// GaveUp: done unconfirmed (BestEffort past its timeout); the remediator warns in an event.
+	GaveUp bool
+	// TimedOut: not done and past the timeout (Required never deletes unconfirmed: it keeps waiting,
+	// visibly).
+	TimedOut bool
+	Message  string
+	// Requeue is when to ask again while not done: at the latest when the timeout expires, so
+	// BestEffort gives up on time.
+	Requeue time.Duration
+}
+
+// Judge turns a Fencer's answer for a Fence step that started at started into a Verdict.
+func Judge(res Result, spec *caprv1.FencingSpec, started, now time.Time) Verdict {
+	switch res.Outcome {
+	case Fenced:
+		return Verdict{Done: true, Message: res.Message}
+	case Skipped:
+		return Verdict{Done: true, Skipped: true, Message: res.Message}
+	case GaveUp:
+		return Verdict{Done: true, GaveUp: true, Message: res.Message}
+	}
+	timeout := Timeout(spec)
+	elapsed := now.Sub(started)
+	if elapsed > timeout {
+		return Verdict{TimedOut: true, Requeue: 15 * time.Second,
+			Message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}
+	}
+	return Verdict{Message: res.Message, Requeue: min(10*time.Second, timeout-elapsed+100*time.Millisecond)}
 }

@@ -54,3 +54,33 @@ func TestPolicyFencer(t *testing.T) {
 		})
 	}
 }
+
+// TestJudge: what a Fence step makes of the Fencer's answer. Only Fenced, Skipped and GaveUp let the
+// Machine go; a wait past the timeout says so and keeps waiting; a wait within it asks again no later
+// than the timeout.
+func TestJudge(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	spec := &caprv1.FencingSpec{Policy: caprv1.FencingRequired, TimeoutSeconds: ptr.To[int32](60)}
+	tests := []struct {
+		name    string
+		res     Result
+		spec    *caprv1.FencingSpec
+		elapsed time.Duration
+		want    Verdict
+	}{
+		{"fenced", Result{Outcome: Fenced, Message: "m"}, spec, 0, Verdict{Done: true, Message: "m"}},
+		{"skipped", Result{Outcome: Skipped, Message: "m"}, spec, 0, Verdict{Done: true, Skipped: true, Message: "m"}},
+		{"gave up", Result{Outcome: GaveUp, Message: "m"}, spec, time.Hour, Verdict{Done: true, GaveUp: true, Message: "m"}},
+		{"waiting, early: asked again in 10 s", Result{Outcome: Waiting, Message: "m"}, spec, time.Second, Verdict{Message: "m", Requeue: 10 * time.Second}},
+		{"waiting, 5 s before the timeout: asked again just after it", Result{Outcome: Waiting, Message: "m"}, spec, 55 * time.Second, Verdict{Message: "m", Requeue: 5*time.Second + 100*time.Millisecond}},
+		{"waiting past the timeout: says so, keeps waiting", Result{Outcome: Waiting, Message: "m"}, spec, 61 * time.Second,
+			Verdict{TimedOut: true, Message: "not confirmed within 1m0s, still waiting: m", Requeue: 15 * time.Second}},
+		{"no spec: the default timeout", Result{Outcome: Waiting, Message: "m"}, nil, DefaultTimeout - time.Second, Verdict{Message: "m", Requeue: time.Second + 100*time.Millisecond}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			g.Expect(Judge(tt.res, tt.spec, start, start.Add(tt.elapsed))).To(Equal(tt.want))
+		})
+	}
+}

@@ -137,27 +137,17 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	if err != nil {
 		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.mr.Status.Worker.NodeName, err)
 	}
-	switch res.Outcome {
-	case fencing.Fenced:
-		return stepResult{done: true, message: res.Message}, nil
-	case fencing.Skipped:
-		return stepResult{done: true, skipped: true, message: res.Message}, nil
-	case fencing.GaveUp:
-		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, res.Message)
-		return stepResult{done: true, message: res.Message}, nil
+	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
+	switch {
+	case v.GaveUp:
+		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
+		return stepResult{done: true, message: v.Message}, nil
+	case v.Done:
+		return stepResult{done: true, skipped: v.Skipped, message: v.Message}, nil
+	case v.TimedOut:
+		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: v.Requeue, message: v.Message}, nil
 	}
-	timeout := fencing.DefaultTimeout
-	if f := s.mr.Spec.Fencing; f != nil && f.TimeoutSeconds != nil {
-		timeout = time.Duration(*f.TimeoutSeconds) * time.Second
-	}
-	elapsed := time.Since(rec.StartTime.Time)
-	if elapsed > timeout {
-		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: waitLong,
-			message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}, nil
-	}
-	// Asked again at least when the timeout expires (BestEffort then gives up).
-	requeue := min(10*time.Second, timeout-elapsed+100*time.Millisecond)
-	return stepResult{waitReason: caprv1.MachineRemediationWaitingForFencingReason, message: res.Message, requeue: requeue}, nil
+	return stepResult{waitReason: caprv1.MachineRemediationWaitingForFencingReason, message: v.Message, requeue: v.Requeue}, nil
 }
 
 // stepDelete deletes the Machine (its MachineSet replaces it) and waits for it to go. It refuses

@@ -3,15 +3,21 @@ package kubeadm
 import (
 	"context"
 	"fmt"
+	"sort"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega" //nolint:staticcheck // gomega's DSL, as in the tests that call this
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/fencing"
 	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/sandbox"
 )
@@ -25,6 +31,9 @@ type Scenario struct {
 	ControlPlane int32
 	// Inject breaks the cluster and returns the Machines that must be remediated.
 	Inject func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error)
+	// Fencing, if set, is the health check's fencing spec; CAPR then fences with Fencer.
+	Fencing *caprv1.FencingSpec
+	Fencer  fencing.Fencer
 }
 
 // Result is what a scenario left behind.
@@ -48,12 +57,19 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.ControlPlane})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
-	g.Expect(sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2))).To(Succeed())
+	t.Cleanup(func() { // runs before the cluster is destroyed
+		if t.Failed() {
+			t.Log(Describe(ctx, sb, wc))
+		}
+	})
+	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
+	mhc.Spec.Remediation.Fencing = sc.Fencing
+	g.Expect(sb.Client.Create(ctx, mhc)).To(Succeed())
 	check, err := sandbox.WriteData(ctx, wc, 50)
 	g.Expect(err).NotTo(HaveOccurred())
 	machines, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: sc.Fencer}})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(capr.Stop)
 	quorum := sb.WatchQuorum(ctx, wc)
@@ -99,6 +115,54 @@ func StepNames(mr *caprv1.MachineRemediation) []caprv1.StepName {
 	out := make([]caprv1.StepName, 0, len(mr.Status.Steps))
 	for _, s := range mr.Status.Steps {
 		out = append(out, s.Name)
+	}
+	return out
+}
+
+// Describe says what a failed scenario left: the health checks, the requests, the Machines, KCP
+// and the events of the cluster's namespace.
+func Describe(ctx context.Context, sb *sandbox.Sandbox, wc *sandbox.WorkloadCluster) string {
+	out := "state at failure:\n"
+	mhcs := &caprv1.MachineHealthCheckList{}
+	if err := sb.Client.List(ctx, mhcs, client.InNamespace(wc.Namespace)); err == nil {
+		for _, h := range mhcs.Items {
+			out += fmt.Sprintf("  MachineHealthCheck %s: %s\n", h.Name, conditionsString(h.Status.Conditions))
+		}
+	}
+	mrs := &caprv1.MachineRemediationList{}
+	if err := sb.Client.List(ctx, mrs, client.InNamespace(wc.Namespace)); err == nil {
+		for _, mr := range mrs.Items {
+			out += fmt.Sprintf("  MachineRemediation %s: %s step %q, %s\n", mr.Name, mr.Status.Phase, mr.Status.CurrentStep, conditionsString(mr.Status.Conditions))
+		}
+	}
+	if machines, err := sb.ControlPlaneMachines(ctx, wc); err == nil {
+		for _, m := range machines {
+			out += fmt.Sprintf("  Machine %s (created %s, deleting %t, annotations %v): %s\n", m.Name, m.CreationTimestamp.Format(time.TimeOnly),
+				!m.DeletionTimestamp.IsZero(), m.Annotations, conditionsString(m.Status.Conditions))
+		}
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "wc-cp"}, kcp); err == nil {
+		out += fmt.Sprintf("  KubeadmControlPlane: replicas %d, annotations %v, %s\n", ptr.Deref(kcp.Spec.Replicas, 0), kcp.Annotations, conditionsString(kcp.Status.Conditions))
+	}
+	events := &eventsv1.EventList{}
+	if err := sb.Client.List(ctx, events, client.InNamespace(wc.Namespace)); err == nil {
+		sort.Slice(events.Items, func(i, j int) bool {
+			return events.Items[i].CreationTimestamp.Before(&events.Items[j].CreationTimestamp)
+		})
+		for _, e := range events.Items {
+			out += fmt.Sprintf("  event %s %s/%s %s: %s\n", e.CreationTimestamp.Format(time.TimeOnly), e.Regarding.Kind, e.Regarding.Name, e.Reason, e.Note)
+		}
+	}
+	return out
+}
+
+func conditionsString(cs []metav1.Condition) string {
+	out := ""
+	for _, c := range cs {
+		if c.Status != metav1.ConditionTrue || c.Reason != "" {
+			out += fmt.Sprintf("[%s=%s %s: %s] ", c.Type, c.Status, c.Reason, c.Message)
+		}
 	}
 	return out
 }

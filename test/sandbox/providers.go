@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -155,6 +156,8 @@ func (r *controlPlaneReconciler) updateStatus(ctx context.Context, cp *controlpl
 type machineReconciler struct {
 	s *Sandbox
 	c client.Client
+	// deleting records the Machines whose deletion was seen (logged once, at the first sight).
+	deleting sync.Map
 }
 
 func (r *machineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -300,6 +303,9 @@ func (s *Sandbox) powerOff(ctx context.Context, wc *WorkloadCluster, node string
 func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m *clusterv1.Machine) error {
 	if !controllerutil.ContainsFinalizer(m, machineFinalizer) {
 		return nil
+	}
+	if _, seen := r.deleting.LoadOrStore(m.UID, true); !seen {
+		r.s.Log.Add(wc.Name, "Machine %s is being deleted", m.Name)
 	}
 	// As CAPI's Machine controller: nothing is drained or deleted while a pre-drain hook remains (its
 	// removal is an update of the Machine, which reconciles it again).

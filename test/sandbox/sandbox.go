@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -497,20 +498,31 @@ func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node str
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
 }
 
+// ControlPlaneObject reads the cluster's control-plane object: a SandboxControlPlane, or a
+// KubeadmControlPlane on the full stack.
+func (s *Sandbox) ControlPlaneObject(ctx context.Context, wc *WorkloadCluster) (*unstructured.Unstructured, error) {
+	cp := &unstructured.Unstructured{}
+	cp.SetGroupVersionKind(controlplanev1.GroupVersion.WithKind("SandboxControlPlane"))
+	if s.opts.Provider == ProviderKubeadm {
+		cp.SetGroupVersionKind(kcpv1.GroupVersion.WithKind("KubeadmControlPlane"))
+	}
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
 // StripControlPlaneLock removes CAPR's lock annotation from the cluster's control-plane object, as a
 // GitOps tool replacing the object (or a person) would.
 func (s *Sandbox) StripControlPlaneLock(ctx context.Context, wc *WorkloadCluster) error {
-	var cp client.Object = &controlplanev1.SandboxControlPlane{}
-	if s.opts.Provider == ProviderKubeadm {
-		cp = &kcpv1.KubeadmControlPlane{}
-	}
-	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: wc.Name + "-cp"}, cp); err != nil {
+	cp, err := s.ControlPlaneObject(ctx, wc)
+	if err != nil {
 		return err
 	}
 	if _, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; !ok {
 		return nil
 	}
-	base := cp.DeepCopyObject().(client.Object)
+	base := cp.DeepCopy()
 	a := cp.GetAnnotations()
 	delete(a, caprv1.ControlPlaneLockAnnotation)
 	cp.SetAnnotations(a)

@@ -1,52 +1,17 @@
 package scenarios_test
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
-	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
-	"github.com/capr-io/capr/remediation/fencing"
 	"github.com/capr-io/capr/test/sandbox"
 )
-
-// gateBackend is a fencing backend that confirms only once opened, recording when it first did.
-type gateBackend struct {
-	mu     sync.Mutex
-	open   bool
-	fenced time.Time
-}
-
-func (b *gateBackend) Fence(context.Context, fencing.Request, caprv1.FencingBackend) (bool, string, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.open {
-		return false, "the test has not opened the gate", nil
-	}
-	if b.fenced.IsZero() {
-		b.fenced = time.Now()
-	}
-	return true, "fenced", nil
-}
-
-func (b *gateBackend) openGate() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.open = true
-}
-
-func (b *gateBackend) fencedAt() time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.fenced
-}
 
 // TestVictimDeletedBySomeoneElseWaitsForItsFence: while a remediation runs, someone else deletes the
 // victim Machine (a rollout of the control-plane provider, a person). CAPI's pre-drain hook that the
@@ -55,14 +20,11 @@ func (b *gateBackend) fencedAt() time.Time {
 func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
-		mhc.Spec.Remediation.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired, TimeoutSeconds: ptr.To[int32](600),
-			Backends: []caprv1.FencingBackend{{Type: caprv1.FencingBackendExternal, TemplateRef: &caprv1.TemplateReference{
-				APIVersion: "fencing.example.com/v1", Kind: "PowerFenceTemplate", Name: "gate"}}}}
+		mhc.Spec.Remediation.Fencing = sandbox.ExternalFencing("gate")
 	}))
 	check := writeData(t, wc)
-	gate := &gateBackend{}
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: &fencing.PolicyFencer{
-		Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendExternal: gate}}}})
+	gate := &sandbox.GateBackend{}
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: gate.Fencer()}})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(capr.Stop)
 	start := time.Now()
@@ -91,7 +53,7 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	// Fenced, the deletion proceeds. The remediation then either completes (its replacement had been
 	// created before the deletion: it reached its own Fence and Delete steps) or ends Failed saying
 	// who took the victim (the provider created no replacement while the victim was deleting).
-	gate.openGate()
+	gate.Open()
 	g.Eventually(func(g Gomega) {
 		mr := getRemediation(g, wc, victim.Name)
 		g.Expect(mr.Status.Phase).To(BeElementOf(caprv1.MachineRemediationPhaseFailed, caprv1.MachineRemediationPhaseSucceeded))
@@ -101,7 +63,7 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
 	deleted, ok := sb.Log.Find(wc.Name, start, "Machine "+victim.Name+" deleted")
 	g.Expect(ok).To(BeTrue())
-	g.Expect(deleted).To(BeTemporally(">=", gate.fencedAt()))
+	g.Expect(deleted).To(BeTemporally(">=", gate.FencedAt()))
 	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, 3*time.Minute)).To(Succeed())
 	check()
 }
