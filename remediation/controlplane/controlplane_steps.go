@@ -194,6 +194,20 @@ func replacement(s *scope) *clusterv1.Machine {
 	return nil
 }
 
+// surplusReplacement is, after a surge of two, the replacement that is not the recorded one: the
+// Machine that has to go again when the control plane returns to N (nil otherwise).
+func surplusReplacement(s *scope) *clusterv1.Machine {
+	reps := replacements(s)
+	if surge(s) < 2 || len(reps) < 2 {
+		return nil
+	}
+	surplus := reps[len(reps)-1]
+	if surplus.Name == s.mr.Status.ControlPlane.Replacement {
+		surplus = reps[len(reps)-2]
+	}
+	return surplus
+}
+
 // surge is the number of Machines the remediation adds (recorded at start; 1 for records without it).
 func surge(s *scope) int32 {
 	return max(s.mr.Status.ControlPlane.Surge, 1)
@@ -529,6 +543,14 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
 	}
+	// After a surge of two the provider removes one more Machine when it returns to N: it is to be
+	// the surplus replacement, not the provider's default (the oldest), which may be the Machine of
+	// another request waiting for the lock and would go unfenced.
+	if surplus := surplusReplacement(s); surplus != nil {
+		if err := r.markForDeletion(ctx, []*clusterv1.Machine{surplus}); err != nil {
+			return stepResult{}, err
+		}
+	}
 	// The victim is deleted here, not left to the provider's scale-down: a provider picks the Machine
 	// to scale down from its own caches, where the new replicas can arrive before the annotation above
 	// (two informers), and would then delete a healthy Machine, taking a voting member out of the
@@ -601,13 +623,9 @@ func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (step
 // when a healthy one goes: (h-1) - (N/2+1) = h - ((N+1)/2+1). KCP's own deletion path (its
 // pre-terminate hook) removes the Machine's etcd member. ok is false when there is nothing to do.
 func (r *Reconciler) deleteSurplusReplacement(ctx context.Context, s *scope) (res stepResult, ok bool, err error) {
-	reps := replacements(s)
-	if len(reps) < 2 {
+	surplus := surplusReplacement(s)
+	if surplus == nil {
 		return stepResult{}, false, nil
-	}
-	surplus := reps[len(reps)-1]
-	if surplus.Name == s.mr.Status.ControlPlane.Replacement {
-		surplus = reps[len(reps)-2]
 	}
 	refusal := s.adapter.ScaleDownRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: surplus})
 	if refusal == "" {

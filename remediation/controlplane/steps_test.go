@@ -538,6 +538,22 @@ func TestStepDelete(t *testing.T) {
 
 	// A second Machine failed after the point of no return: KCP will not scale down to 3 while it is
 	// unhealthy, and the next remediation starts only once KCP is back at its replicas.
+	t.Run("surge of two: the surplus replacement is marked for the provider's second scale-down, not an old Machine", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withSurgeOfTwo(), withReplicas(5),
+			withMachines(cpMachine("m-a"), cpMachine("m-b", withFinalizer()), cpMachine("m-c")),
+			withReplacement(cpMachine("m-d")), withReplacement(cpMachine("m-e")),
+			withRecordedReplacement("m-d"), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(w.machine(g, "m-b").DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is being deleted")
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+		g.Expect(w.machine(g, "m-e").Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation))
+		for _, kept := range []string{"m-a", "m-c", "m-d"} {
+			g.Expect(w.machine(g, kept).Annotations).NotTo(HaveKey(clusterv1.DeleteMachineAnnotation), kept)
+		}
+	})
+
 	// After a surge of two on KCP, the victim m-b gone; m-c healthy or not.
 	surgedKCPVictimGone := func(t *testing.T, g Gomega, mc *clusterv1.Machine) *world {
 		w := newWorld(t, withControlPlaneObject(kcpObject()), withSurgeOfTwo(), withReplicas(3),
