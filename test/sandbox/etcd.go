@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -290,7 +291,7 @@ func (c *EtcdCluster) Join(ctx context.Context, name string) error {
 		initial = append(initial, fmt.Sprintf("%s=%s", n, m.PeerURLs[0]))
 	}
 	if err := c.start(p, strings.Join(initial, ","), "existing"); err != nil {
-		return err
+		return errors.Join(err, c.abandonJoin(ctx, cli, p, added.Member.ID))
 	}
 	// Promote as soon as etcd accepts it (it refuses while the learner is behind).
 	if err := retryUntil(ctx, 60*time.Second, func() error {
@@ -299,7 +300,34 @@ func (c *EtcdCluster) Join(ctx context.Context, name string) error {
 		_, err := cli.MemberPromote(pctx, added.Member.ID)
 		return err
 	}); err != nil {
-		return fmt.Errorf("promoting learner %s: %w", name, err)
+		return errors.Join(fmt.Errorf("promoting learner %s: %w", name, err), c.abandonJoin(ctx, cli, p, added.Member.ID))
+	}
+	return nil
+}
+
+// abandonJoin undoes a join that failed half-way (a learner that never caught up, e.g. because its
+// process died on a port taken in the meantime): it stops the process, removes the learner and its
+// data, so the provider's next attempt joins from scratch instead of finding a running member that
+// stays a learner forever (what `kubeadm reset` after a failed join does).
+func (c *EtcdCluster) abandonJoin(ctx context.Context, cli *clientv3.Client, p *etcdProcess, id uint64) error {
+	c.Kill(p.name)
+	err := retryUntil(ctx, 30*time.Second, func() error {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := cli.MemberRemove(rctx, id)
+		if errors.Is(err, rpctypes.ErrMemberNotFound) {
+			return nil
+		}
+		return err
+	})
+	c.mu.Lock()
+	delete(c.members, p.name)
+	c.mu.Unlock()
+	if rmErr := os.RemoveAll(p.dir); rmErr != nil {
+		err = errors.Join(err, rmErr)
+	}
+	if err != nil {
+		return fmt.Errorf("abandoning the join of %s: %w", p.name, err)
 	}
 	return nil
 }
