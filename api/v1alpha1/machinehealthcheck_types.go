@@ -21,6 +21,19 @@ const (
 	// MachineHealthCheckControlPlaneQuorumLimitReason is used when more control-plane Machines are unhealthy than the
 	// quorum-safe limit floor((N-1)/2) allows.
 	MachineHealthCheckControlPlaneQuorumLimitReason = "ControlPlaneQuorumLimit"
+	// MachineHealthCheckStormCooldownReason is used (on RemediationAllowed and StormCooldown) while the
+	// cooldown after a storm runs (spec.remediation.stormCooldownSeconds).
+	MachineHealthCheckStormCooldownReason = "StormCooldown"
+
+	// MachineHealthCheckStormCooldownCondition is True while the cooldown after a remediation storm
+	// runs; its lastTransitionTime is when the storm ended. False with reason StormActive during a
+	// storm (more unhealthy targets than triggerIf allows), NoStorm otherwise. Only set when
+	// spec.remediation.stormCooldownSeconds is.
+	MachineHealthCheckStormCooldownCondition = "StormCooldown"
+	// MachineHealthCheckStormActiveReason is used while more targets are unhealthy than triggerIf allows.
+	MachineHealthCheckStormActiveReason = "StormActive"
+	// MachineHealthCheckNoStormReason is used when no storm runs and no cooldown either.
+	MachineHealthCheckNoStormReason = "NoStorm"
 
 	// MachineHealthCheckWorkloadClusterReachableCondition is False when the workload cluster's API server cannot be
 	// reached; no new Machine is marked while it is False.
@@ -72,6 +85,10 @@ const (
 	// EventEtcdQuorumLost is emitted (Warning) on a MachineHealthCheck when its cluster's etcd loses
 	// quorum, naming the dead members.
 	EventEtcdQuorumLost = "EtcdQuorumLost"
+	// EventStormCooldownStarted is emitted on a MachineHealthCheck when a storm ends and its cooldown starts.
+	EventStormCooldownStarted = "StormCooldownStarted"
+	// EventStormCooldownEnded is emitted on a MachineHealthCheck when the cooldown after a storm is over.
+	EventStormCooldownEnded = "StormCooldownEnded"
 	// EventWorkloadClusterUnreachable is emitted when the workload cluster cannot be reached.
 	EventWorkloadClusterUnreachable = "WorkloadClusterUnreachable"
 )
@@ -235,12 +252,24 @@ type EtcdMemberCheck struct {
 
 // MachineHealthCheckRemediation says when and how unhealthy Machines are remediated.
 // +kubebuilder:validation:XValidation:rule="!has(self.templateRef) || !has(self.escalation)",message="templateRef and escalation are mutually exclusive: put the template in escalation"
+// +kubebuilder:validation:XValidation:rule="!has(self.stormCooldownSeconds) || has(self.triggerIf)",message="stormCooldownSeconds needs triggerIf: a storm is more unhealthy targets than triggerIf allows"
 type MachineHealthCheckRemediation struct {
 	// triggerIf limits remediation to when few enough targets are unhealthy (a short-circuit against
 	// remediation storms). Unset means always. For control-plane targets the quorum-safe limit
 	// floor((N-1)/2) of the control plane's desired replicas N applies on top of it.
 	// +optional
 	TriggerIf *MachineHealthCheckRemediationTriggerIf `json:"triggerIf,omitempty"`
+
+	// stormCooldownSeconds keeps remediation off for this long after a storm ended (medik8s
+	// NodeHealthCheck's stormCooldownDuration). A storm is more unhealthy targets than triggerIf
+	// allows; when it ends, late health updates of the same incident could otherwise start a second
+	// wave at once. During the cooldown, condition StormCooldown is True (its lastTransitionTime is
+	// when the storm ended) and RemediationAllowed is False with reason StormCooldown; Machines are
+	// still marked, but no remediation is requested. Unset means no cooldown. Requires triggerIf.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	StormCooldownSeconds *int32 `json:"stormCooldownSeconds,omitempty"`
 
 	// templateRef points at the template of the remediation request created for each unhealthy
 	// Machine (named after the Machine, owned by it). A MachineRemediationTemplate gives CAPR's own
@@ -301,7 +330,7 @@ type EscalationStep struct {
 
 // MachineHealthCheckStatus mirrors CAPI's status plus the quorum-safe control-plane limit.
 type MachineHealthCheckStatus struct {
-	// conditions: RemediationAllowed, WorkloadClusterReachable, Paused.
+	// conditions: RemediationAllowed, WorkloadClusterReachable, StormCooldown, Paused.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

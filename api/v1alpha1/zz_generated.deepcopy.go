@@ -284,6 +284,11 @@ func (in *MachineHealthCheckRemediation) DeepCopyInto(out *MachineHealthCheckRem
 		*out = new(MachineHealthCheckRemediationTriggerIf)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.StormCooldownSeconds != nil {
+		in, out := &in.StormCooldownSeconds, &out.StormCooldownSeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.TemplateRef != nil {
 		in, out := &in.TemplateRef, &out.TemplateRef
 		*out = new(TemplateReference)

@@ -172,7 +172,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	etcdState := r.observeEtcd(ctx, cluster, cfg, facts, targets, now)
 
 	rd := evaluateAll(targets, cfg, facts, now)
-	lim, err := r.decideLimits(ctx, cluster, mhc, rd, etcdState)
+	lim, err := r.decideLimits(ctx, cluster, mhc, rd, etcdState, now)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -181,7 +181,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
-	return ctrl.Result{RequeueAfter: rd.requeueAfter(cfg)}, nil
+	requeue := rd.requeueAfter(cfg)
+	if lim.cooldownEnds > 0 && (requeue == 0 || lim.cooldownEnds+requeueMargin < requeue) {
+		requeue = lim.cooldownEnds + requeueMargin
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
 // adoptByCluster labels the health check with its cluster's name and makes the Cluster its owner.
@@ -326,11 +330,16 @@ func (rd *round) unhealthyNames() []string {
 
 // decideLimits applies triggerIf to all targets and, when there are control-plane targets, the
 // quorum-safe limit and the etcd quorum to them.
-func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum) (limits, error) {
+func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum, now time.Time) (limits, error) {
 	expected := len(rd.targets)
 	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-rd.healthy)
 	if err != nil {
 		return limits{}, err
+	}
+	lim := limits{}
+	if c := mhc.Spec.Remediation.StormCooldownSeconds; c != nil {
+		cond, decision, ends := stormCooldown(conditions.Get(mhc, caprv1.MachineHealthCheckStormCooldownCondition), time.Duration(*c)*time.Second, trigger, now)
+		trigger, lim.storm, lim.cooldownEnds = decision, &cond, ends
 	}
 	cp := limitDecision{allowed: true, limit: -1}
 	if rd.cpTargets > 0 {
@@ -339,7 +348,8 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 			cp = quorumLostDecision(cp, q)
 		}
 	}
-	return limits{trigger: trigger, controlPlane: cp}, nil
+	lim.trigger, lim.controlPlane = trigger, cp
+	return lim, nil
 }
 
 // maxParallelWrites bounds how many Machines the health checker writes at once, over all its
@@ -497,6 +507,26 @@ func (r *Reconciler) updateStatus(mhc *caprv1.MachineHealthCheck, rd *round, lim
 		mhc.Status.ControlPlaneUnhealthyLimit = ptr.To(int32(lim.controlPlane.limit))
 	}
 	r.setRemediationAllowed(mhc, lim, restricted)
+	r.setStormCooldown(mhc, lim.storm)
+}
+
+// setStormCooldown sets StormCooldown (removed when no cooldown is configured), with an event when
+// a cooldown starts or ends.
+func (r *Reconciler) setStormCooldown(mhc *caprv1.MachineHealthCheck, c *metav1.Condition) {
+	if c == nil {
+		conditions.Delete(mhc, caprv1.MachineHealthCheckStormCooldownCondition)
+		return
+	}
+	previous := conditions.GetReason(mhc, caprv1.MachineHealthCheckStormCooldownCondition)
+	if !r.setCondition(mhc, *c) {
+		return
+	}
+	switch {
+	case c.Reason == caprv1.MachineHealthCheckStormCooldownReason:
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeNormal, caprv1.EventStormCooldownStarted, "HealthCheck", "%s", c.Message)
+	case previous == caprv1.MachineHealthCheckStormCooldownReason:
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeNormal, caprv1.EventStormCooldownEnded, "HealthCheck", "%s", c.Message)
+	}
 }
 
 // reconcileDelete clears every mark this health check wrote and withdraws its Pending requests, then

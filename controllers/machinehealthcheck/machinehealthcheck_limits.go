@@ -7,7 +7,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -30,6 +32,9 @@ type limitDecision struct {
 	limit int
 	// reason and message explain a refusal (the RemediationAllowed condition's).
 	reason, message string
+	// storm is true when more targets are unhealthy than triggerIf allows (not when too few are, for
+	// unhealthyInRange): what starts a storm cooldown.
+	storm bool
 }
 
 // limits are the decisions that apply to one health check's targets.
@@ -39,6 +44,10 @@ type limits struct {
 	// controlPlane is the quorum-safe limit and the etcd quorum, for control-plane targets (limit -1
 	// when there are none).
 	controlPlane limitDecision
+	// storm is the next StormCooldown condition (nil: no cooldown configured) and cooldownEnds how
+	// soon a running cooldown ends.
+	storm        *metav1.Condition
+	cooldownEnds time.Duration
 }
 
 // allow reports whether an unhealthy Machine may be remediated now.
@@ -80,7 +89,7 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 			return limitDecision{}, err
 		}
 		if unhealthy < lo || unhealthy > hi {
-			return limitDecision{limit: hi, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: fmt.Sprintf(
+			return limitDecision{limit: hi, storm: unhealthy > hi, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: fmt.Sprintf(
 				"Remediation is not allowed, the number of not started or unhealthy machines does not fall within the range (total: %d, unhealthy: %d, unhealthyInRange: %s)",
 				expected, unhealthy, t.UnhealthyInRange)}, nil
 		}
@@ -96,11 +105,49 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 		return limitDecision{}, fmt.Errorf("invalid unhealthyLessThanOrEqualTo %q: %w", maxUnhealthy.String(), err)
 	}
 	if unhealthy > limit {
-		return limitDecision{limit: limit, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: fmt.Sprintf(
+		return limitDecision{limit: limit, storm: true, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: fmt.Sprintf(
 			"Remediation is not allowed, the number of not started or unhealthy machines exceeds unhealthyLessThanOrEqualTo (total: %d, unhealthy: %d, unhealthyLessThanOrEqualTo: %s)",
 			expected, unhealthy, maxUnhealthy.String())}, nil
 	}
 	return limitDecision{allowed: true, remaining: limit - unhealthy, limit: limit}, nil
+}
+
+// stormCooldown applies spec.remediation.stormCooldownSeconds (medik8s NodeHealthCheck's storm
+// recovery) to the triggerIf decision. A storm is trigger.storm; when it ends, remediation stays off
+// for the cooldown. prev is the StormCooldown condition the last round left: the cooldown's start is
+// its lastTransitionTime, so a restart neither forgets nor shortens a cooldown. It returns the next
+// StormCooldown condition, the decision to use instead of trigger, and how soon the cooldown ends (0
+// when none runs).
+func stormCooldown(prev *metav1.Condition, cooldown time.Duration, trigger limitDecision, now time.Time) (metav1.Condition, limitDecision, time.Duration) {
+	now = now.Truncate(time.Second) // as conditions store it
+	cond := metav1.Condition{Type: caprv1.MachineHealthCheckStormCooldownCondition, Status: metav1.ConditionFalse, Reason: caprv1.MachineHealthCheckNoStormReason}
+	if trigger.storm {
+		cond.Reason = caprv1.MachineHealthCheckStormActiveReason
+		cond.Message = fmt.Sprintf("More targets are unhealthy than triggerIf allows; when fewer are, no remediation starts for %s", cooldown)
+		return cond, trigger, 0
+	}
+	var start time.Time
+	switch {
+	case prev != nil && prev.Status == metav1.ConditionTrue:
+		start = prev.LastTransitionTime.Time
+	case prev != nil && prev.Reason == caprv1.MachineHealthCheckStormActiveReason:
+		start = now // the storm ended in this round
+	default:
+		return cond, trigger, 0
+	}
+	end := start.Add(cooldown)
+	if !now.Before(end) {
+		cond.Message = fmt.Sprintf("The cooldown after the storm that ended at %s is over", start.UTC().Format(time.RFC3339))
+		return cond, trigger, 0
+	}
+	msg := fmt.Sprintf("A remediation storm ended at %s: no new remediation until %s (stormCooldownSeconds: %d)",
+		start.UTC().Format(time.RFC3339), end.UTC().Format(time.RFC3339), int(cooldown/time.Second))
+	cond = metav1.Condition{Type: caprv1.MachineHealthCheckStormCooldownCondition, Status: metav1.ConditionTrue,
+		Reason: caprv1.MachineHealthCheckStormCooldownReason, Message: msg, LastTransitionTime: metav1.NewTime(start)}
+	if trigger.allowed {
+		trigger = limitDecision{limit: trigger.limit, reason: caprv1.MachineHealthCheckStormCooldownReason, message: "Remediation is not allowed: " + msg}
+	}
+	return cond, trigger, end.Sub(now)
 }
 
 // controlPlaneDecision applies the quorum-safe limit min(userLimit, floor((N-1)/2)) to the

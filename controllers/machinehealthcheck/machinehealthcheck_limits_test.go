@@ -2,8 +2,10 @@ package machinehealthcheck
 
 import (
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -82,6 +84,64 @@ func TestSurgeStarting(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			NewWithT(t).Expect(surgeStarting(tt.replicas, tt.desired, tt.starting)).To(Equal(tt.want))
+		})
+	}
+}
+
+func TestStormCooldown(t *testing.T) {
+	now := time.Date(2026, 11, 23, 6, 0, 0, 0, time.UTC)
+	cooldown := time.Minute
+	allowed := limitDecision{allowed: true, remaining: 1, limit: 1}
+	storm := limitDecision{limit: 1, storm: true, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: "too many"}
+	tooFew := limitDecision{limit: 3, reason: caprv1.MachineHealthCheckTooManyUnhealthyReason, message: "not within the range"}
+	cond := func(status metav1.ConditionStatus, reason string, since time.Time) *metav1.Condition {
+		return &metav1.Condition{Type: caprv1.MachineHealthCheckStormCooldownCondition, Status: status, Reason: reason, LastTransitionTime: metav1.NewTime(since)}
+	}
+	tests := []struct {
+		name        string
+		prev        *metav1.Condition
+		trigger     limitDecision
+		wantStatus  metav1.ConditionStatus
+		wantReason  string
+		wantSince   time.Time // checked when the condition is True
+		wantAllowed bool
+		wantEnds    time.Duration
+	}{
+		{name: "no storm ever", trigger: allowed, wantStatus: metav1.ConditionFalse, wantReason: caprv1.MachineHealthCheckNoStormReason, wantAllowed: true},
+		{name: "a storm starts", prev: cond(metav1.ConditionFalse, caprv1.MachineHealthCheckNoStormReason, now.Add(-time.Hour)), trigger: storm,
+			wantStatus: metav1.ConditionFalse, wantReason: caprv1.MachineHealthCheckStormActiveReason},
+		{name: "the storm ends: the cooldown starts now", prev: cond(metav1.ConditionFalse, caprv1.MachineHealthCheckStormActiveReason, now.Add(-time.Hour)), trigger: allowed,
+			wantStatus: metav1.ConditionTrue, wantReason: caprv1.MachineHealthCheckStormCooldownReason, wantSince: now, wantEnds: cooldown},
+		{name: "cooling down, half-way", prev: cond(metav1.ConditionTrue, caprv1.MachineHealthCheckStormCooldownReason, now.Add(-30*time.Second)), trigger: allowed,
+			wantStatus: metav1.ConditionTrue, wantReason: caprv1.MachineHealthCheckStormCooldownReason, wantSince: now.Add(-30 * time.Second), wantEnds: 30 * time.Second},
+		{name: "cooldown over", prev: cond(metav1.ConditionTrue, caprv1.MachineHealthCheckStormCooldownReason, now.Add(-cooldown)), trigger: allowed,
+			wantStatus: metav1.ConditionFalse, wantReason: caprv1.MachineHealthCheckNoStormReason, wantAllowed: true},
+		{name: "a new storm during the cooldown", prev: cond(metav1.ConditionTrue, caprv1.MachineHealthCheckStormCooldownReason, now.Add(-10*time.Second)), trigger: storm,
+			wantStatus: metav1.ConditionFalse, wantReason: caprv1.MachineHealthCheckStormActiveReason},
+		{name: "too few unhealthy for unhealthyInRange is no storm", prev: cond(metav1.ConditionFalse, caprv1.MachineHealthCheckNoStormReason, now), trigger: tooFew,
+			wantStatus: metav1.ConditionFalse, wantReason: caprv1.MachineHealthCheckNoStormReason},
+		{name: "cooling down while triggerIf refuses anyway keeps triggerIf's reason", prev: cond(metav1.ConditionTrue, caprv1.MachineHealthCheckStormCooldownReason, now.Add(-time.Second)),
+			trigger: tooFew, wantStatus: metav1.ConditionTrue, wantReason: caprv1.MachineHealthCheckStormCooldownReason, wantSince: now.Add(-time.Second), wantEnds: cooldown - time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			c, d, ends := stormCooldown(tt.prev, cooldown, tt.trigger, now.Add(300*time.Millisecond))
+			g.Expect(c.Type).To(Equal(caprv1.MachineHealthCheckStormCooldownCondition))
+			g.Expect(c.Status).To(Equal(tt.wantStatus))
+			g.Expect(c.Reason).To(Equal(tt.wantReason))
+			g.Expect(d.allowed).To(Equal(tt.wantAllowed))
+			g.Expect(ends).To(Equal(tt.wantEnds))
+			if tt.wantStatus == metav1.ConditionTrue {
+				g.Expect(c.LastTransitionTime.Time).To(BeTemporally("==", tt.wantSince))
+				g.Expect(c.Message).To(ContainSubstring("no new remediation until " + tt.wantSince.Add(cooldown).Format(time.RFC3339)))
+			}
+			switch {
+			case tt.trigger.allowed && !tt.wantAllowed:
+				g.Expect(d.reason).To(Equal(caprv1.MachineHealthCheckStormCooldownReason))
+			case !tt.trigger.allowed:
+				g.Expect(d).To(Equal(tt.trigger), "triggerIf's own refusal is kept")
+			}
 		})
 	}
 }

@@ -148,6 +148,12 @@ func TestBadHealthCheckIsRefusedNamingTheField(t *testing.T) {
 		{"External without templateRef", func(m *caprv1.MachineHealthCheck) {
 			m.Spec.Remediation.Fencing.Backends[0] = caprv1.FencingBackend{Type: caprv1.FencingBackendExternal}
 		}, "spec.remediation.fencing.backends[0]", "templateRef is required when type is External"},
+		{"stormCooldownSeconds without triggerIf", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.TriggerIf = nil
+			m.Spec.Remediation.StormCooldownSeconds = ptr.To[int32](60)
+		}, "spec.remediation", "stormCooldownSeconds needs triggerIf"},
+		{"stormCooldownSeconds zero", func(m *caprv1.MachineHealthCheck) { m.Spec.Remediation.StormCooldownSeconds = ptr.To[int32](0) },
+			"spec.remediation.stormCooldownSeconds", "greater than or equal to 1"},
 		{"control-plane maxRetry negative", func(m *caprv1.MachineHealthCheck) { m.Spec.Remediation.ControlPlane.MaxRetry = ptr.To[int32](-1) },
 			"spec.remediation.controlPlane.maxRetry", "greater than or equal to 0"},
 		{"control-plane order unknown", func(m *caprv1.MachineHealthCheck) { m.Spec.Remediation.ControlPlane.Order = "DeleteFirst" },

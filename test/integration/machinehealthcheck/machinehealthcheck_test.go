@@ -351,6 +351,60 @@ func TestShortCircuitMarksButDoesNotRequest(t *testing.T) {
 	g.Consistently(func() bool { return remediationExists(f.ns, "b") || remediationExists(f.ns, "c") }, 2*time.Second, poll).Should(BeFalse())
 }
 
+// TestStormCooldownHoldsRemediationAfterAStorm: two of three targets are unhealthy where triggerIf
+// allows one (a storm); when one recovers, the other is not requested until the cooldown is over.
+func TestStormCooldownHoldsRemediationAfterAStorm(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	f.machine(g, "a", nodeReady(corev1.ConditionTrue, long))
+	f.machine(g, "b", nodeReady(corev1.ConditionFalse, long))
+	f.machine(g, "c", nodeReady(corev1.ConditionFalse, long))
+	const cooldown = 6 * time.Second
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(1))}
+		mhc.Spec.Remediation.StormCooldownSeconds = ptr.To(int32(cooldown / time.Second))
+	})
+	g.Eventually(func(g Gomega) {
+		mhc := getHealthCheck(g, f.ns)
+		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckStormCooldownCondition)).To(Equal(caprv1.MachineHealthCheckStormActiveReason))
+		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(Equal(caprv1.MachineHealthCheckTooManyUnhealthyReason))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(remediationExists(f.ns, "b") || remediationExists(f.ns, "c")).To(BeFalse())
+
+	// The storm ends: c recovers, one unhealthy target is within triggerIf, but the cooldown runs.
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-c", corev1.ConditionTrue)).To(Succeed())
+	var ended time.Time
+	g.Eventually(func(g Gomega) {
+		mhc := getHealthCheck(g, f.ns)
+		c := conditions.Get(mhc, caprv1.MachineHealthCheckStormCooldownCondition)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(c.Reason).To(Equal(caprv1.MachineHealthCheckStormCooldownReason))
+		allowed := conditions.Get(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)
+		g.Expect(allowed.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(allowed.Reason).To(Equal(caprv1.MachineHealthCheckStormCooldownReason))
+		g.Expect(allowed.Message).To(ContainSubstring("no new remediation until"))
+		g.Expect(notesOf(g, f.ns, "hc", caprv1.EventStormCooldownStarted)).NotTo(BeEmpty())
+		ended = c.LastTransitionTime.Time
+	}, eventually, poll).Should(Succeed())
+
+	// b is requested once the cooldown is over, not before.
+	mr := &caprv1.MachineRemediation{}
+	g.Eventually(func() error {
+		return k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "b"}, mr)
+	}, eventually, poll).Should(Succeed())
+	g.Expect(mr.CreationTimestamp.Time).To(BeTemporally(">=", ended.Add(cooldown)), "requested during the cooldown")
+	g.Expect(remediationExists(f.ns, "c")).To(BeFalse())
+	g.Eventually(func(g Gomega) {
+		mhc := getHealthCheck(g, f.ns)
+		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckStormCooldownCondition)).To(Equal(caprv1.MachineHealthCheckNoStormReason))
+		g.Expect(conditions.IsTrue(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(BeTrue())
+		g.Expect(notesOf(g, f.ns, "hc", caprv1.EventStormCooldownEnded)).NotTo(BeEmpty())
+	}, eventually, poll).Should(Succeed())
+}
+
 func TestUnhealthyInRange(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
