@@ -45,6 +45,18 @@ const (
 	// MachineHealthCheckControlPlaneNotInitializedReason is used before the control plane is initialized.
 	MachineHealthCheckControlPlaneNotInitializedReason = "ControlPlaneNotInitialized"
 
+	// MachineHealthCheckRemediationTemplatesValidCondition is True when every template of
+	// spec.remediation (templateRef, escalation) exists and has spec.template.spec; False names each
+	// problem. Unset when the spec names no template. Informational: remediators report a missing
+	// template again when they need it.
+	MachineHealthCheckRemediationTemplatesValidCondition = "RemediationTemplatesValid"
+	// MachineHealthCheckRemediationTemplatesValidReason is used when every template is valid.
+	MachineHealthCheckRemediationTemplatesValidReason = "RemediationTemplatesValid"
+	// MachineHealthCheckRemediationTemplateNotFoundReason is used when a template (or its kind) does not exist.
+	MachineHealthCheckRemediationTemplateNotFoundReason = "RemediationTemplateNotFound"
+	// MachineHealthCheckRemediationTemplateInvalidReason is used when a template cannot be read or is not a template.
+	MachineHealthCheckRemediationTemplateInvalidReason = "RemediationTemplateInvalid"
+
 	// MachineHealthCheckPausedCondition mirrors CAPI's Paused condition.
 	MachineHealthCheckPausedCondition = "Paused"
 )
@@ -275,7 +287,9 @@ type MachineHealthCheckRemediation struct {
 	// Machine (named after the Machine, owned by it). A MachineRemediationTemplate gives CAPR's own
 	// remediation with its options; any other kind is created as an external remediation request, as
 	// CAPI does. Unset means a MachineRemediation with the fencing and controlPlane options below.
+	// Its kind ends in Template.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.kind.endsWith('Template')",message="kind must be a template kind, ending in Template"
 	TemplateRef *TemplateReference `json:"templateRef,omitempty"`
 
 	// fencing configures storage fencing before a Machine is deleted.
@@ -317,8 +331,10 @@ type MachineHealthCheckRemediationTriggerIf struct {
 
 // EscalationStep is one remediation tried before replacement.
 type EscalationStep struct {
-	// templateRef is the remediation template of this step.
+	// templateRef is the remediation template of this step; its kind ends in Template (the request
+	// created from it has the kind without that suffix).
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self.kind.endsWith('Template')",message="kind must be a template kind, ending in Template"
 	TemplateRef TemplateReference `json:"templateRef"`
 
 	// timeoutSeconds is how long this step may take before the next one starts. At least 60, so two
@@ -330,7 +346,7 @@ type EscalationStep struct {
 
 // MachineHealthCheckStatus mirrors CAPI's status plus the quorum-safe control-plane limit.
 type MachineHealthCheckStatus struct {
-	// conditions: RemediationAllowed, WorkloadClusterReachable, StormCooldown, Paused.
+	// conditions: RemediationAllowed, WorkloadClusterReachable, StormCooldown, RemediationTemplatesValid, Paused.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

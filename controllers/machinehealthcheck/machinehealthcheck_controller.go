@@ -79,6 +79,7 @@ type Reconciler struct {
 	// values are ready to use.
 	reported        reportedReasons
 	firstConnection firstConnections
+	templates       templateChecks
 	writes          writeSlots
 }
 
@@ -134,6 +135,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	defer func() {
 		opts := []patch.Option{patch.WithOwnedConditions{Conditions: []string{
 			caprv1.MachineHealthCheckPausedCondition, caprv1.MachineHealthCheckRemediationAllowedCondition, caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
+			caprv1.MachineHealthCheckStormCooldownCondition, caprv1.MachineHealthCheckRemediationTemplatesValidCondition,
 		}}}
 		if reterr == nil {
 			opts = append(opts, patch.WithStatusObservedGeneration{})
@@ -155,6 +157,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck) (ctrl.Result, error) {
 	now := time.Now()
 	adoptByCluster(mhc, cluster)
+	templatesRetry := r.checkTemplates(ctx, mhc, now)
 	facts, cfg := factsOf(cluster), configOf(mhc)
 
 	remote, wait := r.reachWorkloadCluster(ctx, cluster, mhc, facts, now)
@@ -181,11 +184,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
-	requeue := rd.requeueAfter(cfg)
-	if lim.cooldownEnds > 0 && (requeue == 0 || lim.cooldownEnds+requeueMargin < requeue) {
-		requeue = lim.cooldownEnds + requeueMargin
+	requeue := sooner(rd.requeueAfter(cfg), templatesRetry)
+	if lim.cooldownEnds > 0 {
+		requeue = sooner(requeue, lim.cooldownEnds+requeueMargin)
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// sooner returns the shorter of two requeue intervals, 0 meaning none.
+func sooner(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // adoptByCluster labels the health check with its cluster's name and makes the Cluster its owner.
@@ -566,6 +577,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		return kerrors.NewAggregate(errs)
 	}
 	r.reported.forget(mhc.UID)
+	r.templates.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)
 	if err := helper.Patch(ctx, mhc); err != nil {
 		return fmt.Errorf("removing finalizer: %w", err)

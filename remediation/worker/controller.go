@@ -52,6 +52,9 @@ const (
 	EventStepTimedOut         = "StepTimedOut"
 	EventNoRemediator         = "NoRemediator"
 	EventEscalationCreated    = "EscalationCreated"
+	// EventFencedDeletingMachine: someone else deleted the Machine during the remediation; the hook
+	// held the deletion until the Machine was fenced.
+	EventFencedDeletingMachine = "FencedDeletingMachine"
 )
 
 // Unfencer is implemented by a Fencer that can undo its fencing: an aborted remediation calls it
@@ -61,7 +64,7 @@ type Unfencer interface {
 }
 
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinesets;machinedeployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups=core;events.k8s.io,resources=events,verbs=create;patch
@@ -196,7 +199,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			fmt.Sprintf("Machine %s has annotation %s: nothing is done until it is removed", machine.Name, clusterv1.PausedAnnotation))
 		return ctrl.Result{}, nil
 	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning:
-		return r.runSteps(ctx, s)
+		return r.reconcileRunning(ctx, s)
 	}
 	return r.reconcilePending(ctx, s)
 }

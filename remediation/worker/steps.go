@@ -59,6 +59,44 @@ func deleteIssued(mr *caprv1.MachineRemediation) bool {
 	return mr.Status.Step(caprv1.StepDelete) != nil
 }
 
+// reconcileRunning keeps fence before delete whoever deletes: until the Fence step has finished the
+// Machine carries the fence-before-delete hook (fencing.EnsureHook), so a MachineSet scale-down, a
+// rollout or a person deleting it meanwhile is held until it is fenced here, and only then drained
+// and deleted by CAPI's Machine controller.
+func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if !fencing.StepFinished(s.mr) {
+		if fencing.HeldDeletion(s.machine) {
+			return r.fenceHeldDeletion(ctx, s)
+		}
+		if s.machine.DeletionTimestamp.IsZero() {
+			m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			s.machine = m
+		}
+	}
+	return r.runSteps(ctx, s)
+}
+
+// fenceHeldDeletion fences a Machine someone else is deleting while the hook holds it; the
+// remediation then ends when the Machine is gone (reconcileMachineGone), with nothing of its own
+// deleted.
+func (r *Reconciler) fenceHeldDeletion(ctx context.Context, s *scope) (ctrl.Result, error) {
+	res, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencingRequest(s, time.Time{}))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if released {
+		r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingMachine, fmt.Sprintf(
+			"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, res.Message))
+		return ctrl.Result{RequeueAfter: waitShort}, nil
+	}
+	r.setWaitingWithEvent(s.mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForFencingReason, fmt.Sprintf(
+		"Machine %s is being deleted by someone else; its deletion is held until it is fenced: %s", s.machine.Name, res.Message))
+	return ctrl.Result{RequeueAfter: waitShort}, nil
+}
+
 // runSteps works on the current step. A step is recorded as started (and written) before it acts.
 func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error) {
 	step := nextStep(s.mr)
@@ -91,6 +129,10 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		return ctrl.Result{}, err
 	}
 	if res.recovered {
+		// Healthy again, nothing deleted: the Machine is let go of, hook included.
+		if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
+			return ctrl.Result{}, err
+		}
 		rec.Outcome, rec.FinishTime, rec.Message = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now()), res.message
 		return r.succeed(ctx, s, res.message)
 	}
@@ -138,6 +180,12 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.mr.Status.Worker.NodeName, err)
 	}
 	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
+	if v.Done {
+		// Fenced (or let go by the policy): the hook must no longer hold a deletion.
+		if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
+			return stepResult{}, err
+		}
+	}
 	switch {
 	case v.GaveUp:
 		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
@@ -159,6 +207,11 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.Remed
 	}
 	m := s.machine
 	if m.DeletionTimestamp.IsZero() {
+		// Fenced (checked above): a hook still there can only be left by a crash between the Fence
+		// step's removal and its record, and must not hold the deletion.
+		if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(m)); err != nil {
+			return stepResult{}, err
+		}
 		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: ptr.To(m.UID)}); err != nil && !apierrors.IsNotFound(err) {
 			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
 		}
@@ -228,6 +281,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{RequeueAfter: waitShort}, nil
 	}
 	if err := r.deleteStartedEscalationObjects(ctx, mr); err != nil {
+		return ctrl.Result{}, err
+	}
+	if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 		return ctrl.Result{}, err
 	}
 	if u, ok := r.Fencer.(Unfencer); ok && mr.Status.Step(caprv1.StepFence) != nil {

@@ -29,3 +29,23 @@ func ControlPlaneHealthCheck(namespace, name, cluster string, nodeSeconds int32)
 		},
 	}
 }
+
+// WorkerHealthCheck returns a CAPR MachineHealthCheck for a cluster's workers (every Machine without
+// the control-plane label): a Node not Ready for nodeSeconds marks the Machine.
+func WorkerHealthCheck(namespace, name, cluster string, nodeSeconds int32) *caprv1.MachineHealthCheck {
+	return &caprv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: caprv1.MachineHealthCheckSpec{
+			ClusterName: cluster,
+			Selector: caprv1.MachineSelector{MatchExpressions: []caprv1.MachineSelectorRequirement{
+				{Key: clusterv1.MachineControlPlaneLabel, Operator: metav1.LabelSelectorOpDoesNotExist}}},
+			Checks: caprv1.MachineHealthCheckChecks{
+				NodeStartupTimeoutSeconds: ptr.To[int32](0),
+				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
+					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To(nodeSeconds)},
+					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To(nodeSeconds)},
+				},
+			},
+		},
+	}
+}

@@ -148,6 +148,13 @@ func TestBadHealthCheckIsRefusedNamingTheField(t *testing.T) {
 		{"External without templateRef", func(m *caprv1.MachineHealthCheck) {
 			m.Spec.Remediation.Fencing.Backends[0] = caprv1.FencingBackend{Type: caprv1.FencingBackendExternal}
 		}, "spec.remediation.fencing.backends[0]", "templateRef is required when type is External"},
+		{"templateRef not a template kind", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{APIVersion: "remediation.cluster.x-k8s.io/v1alpha1", Kind: "MachineRemediation", Name: "t"}
+		}, "spec.remediation.templateRef", "kind must be a template kind, ending in Template"},
+		{"escalation templateRef not a template kind", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.Escalation = []caprv1.EscalationStep{{TimeoutSeconds: 60,
+				TemplateRef: caprv1.TemplateReference{APIVersion: "example.com/v1", Kind: "Reboot", Name: "r"}}}
+		}, "spec.remediation.escalation[0].templateRef", "kind must be a template kind, ending in Template"},
 		{"stormCooldownSeconds without triggerIf", func(m *caprv1.MachineHealthCheck) {
 			m.Spec.Remediation.TriggerIf = nil
 			m.Spec.Remediation.StormCooldownSeconds = ptr.To[int32](60)

@@ -218,13 +218,13 @@ func emissions(g Gomega, ns, reason string) int {
 	return n
 }
 
-// notesOf returns the notes of the Events with reason about object.
-func notesOf(g Gomega, ns, object, reason string) []string {
+// notesOf returns the notes of the Events with reason about the health check "hc".
+func notesOf(g Gomega, ns, reason string) []string {
 	list := &eventsv1.EventList{}
 	g.Expect(k8sClient.List(ctx, list, client.InNamespace(ns))).To(Succeed())
 	var out []string
 	for _, e := range list.Items {
-		if e.Regarding.Name == object && e.Reason == reason {
+		if e.Regarding.Name == "hc" && e.Reason == reason {
 			out = append(out, e.Note)
 		}
 	}
@@ -386,7 +386,7 @@ func TestStormCooldownHoldsRemediationAfterAStorm(t *testing.T) {
 		g.Expect(allowed.Status).To(Equal(metav1.ConditionFalse))
 		g.Expect(allowed.Reason).To(Equal(caprv1.MachineHealthCheckStormCooldownReason))
 		g.Expect(allowed.Message).To(ContainSubstring("no new remediation until"))
-		g.Expect(notesOf(g, f.ns, "hc", caprv1.EventStormCooldownStarted)).NotTo(BeEmpty())
+		g.Expect(notesOf(g, f.ns, caprv1.EventStormCooldownStarted)).NotTo(BeEmpty())
 		ended = c.LastTransitionTime.Time
 	}, eventually, poll).Should(Succeed())
 
@@ -401,7 +401,7 @@ func TestStormCooldownHoldsRemediationAfterAStorm(t *testing.T) {
 		mhc := getHealthCheck(g, f.ns)
 		g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckStormCooldownCondition)).To(Equal(caprv1.MachineHealthCheckNoStormReason))
 		g.Expect(conditions.IsTrue(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(BeTrue())
-		g.Expect(notesOf(g, f.ns, "hc", caprv1.EventStormCooldownEnded)).NotTo(BeEmpty())
+		g.Expect(notesOf(g, f.ns, caprv1.EventStormCooldownEnded)).NotTo(BeEmpty())
 	}, eventually, poll).Should(Succeed())
 }
 
@@ -698,6 +698,40 @@ func TestTemplateRefToMachineRemediationTemplate(t *testing.T) {
 	}, eventually, poll).Should(Succeed())
 }
 
+// TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated: an escalation step names a template
+// that does not exist and one of a kind that does not exist; the health check says so at once, naming
+// the fields, with a Warning event, and turns True once both problems are gone.
+func TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m")
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.Escalation = []caprv1.EscalationStep{
+			{TemplateRef: caprv1.TemplateReference{APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "reboot"}, TimeoutSeconds: 60},
+			{TemplateRef: caprv1.TemplateReference{APIVersion: "power.example.com/v1", Kind: "PowerCycleTemplate", Name: "cycle"}, TimeoutSeconds: 60},
+		}
+	})
+	g.Eventually(func(g Gomega) {
+		c := conditions.Get(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(c.Reason).To(Equal(caprv1.MachineHealthCheckRemediationTemplateNotFoundReason))
+		g.Expect(c.Message).To(ContainSubstring("spec.remediation.escalation[0].templateRef: MachineRemediationTemplate " + f.ns + "/reboot not found"))
+		g.Expect(c.Message).To(ContainSubstring("spec.remediation.escalation[1].templateRef: PowerCycleTemplate " + f.ns + "/cycle not found"))
+		g.Expect(notesOf(g, f.ns, caprv1.MachineHealthCheckRemediationTemplateNotFoundReason)).NotTo(BeEmpty())
+	}, eventually, poll).Should(Succeed())
+
+	// The first template appears; the second step is dropped from the spec.
+	g.Expect(k8sClient.Create(ctx, &caprv1.MachineRemediationTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "reboot"}})).To(Succeed())
+	mhc := getHealthCheck(g, f.ns)
+	mhc.Spec.Remediation.Escalation = mhc.Spec.Remediation.Escalation[:1]
+	g.Expect(k8sClient.Update(ctx, mhc)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+}
+
 func TestEtcdMemberCheck(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
@@ -823,7 +857,7 @@ func TestEtcdQuorumLossIsReportedAndTheSurvivorIsNotMarked(t *testing.T) {
 			g.Expect(rec).NotTo(BeNil())
 			g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason))
 		}
-		notes := notesOf(g, f.ns, "hc", caprv1.EventEtcdQuorumLost)
+		notes := notesOf(g, f.ns, caprv1.EventEtcdQuorumLost)
 		g.Expect(notes).To(HaveLen(1))
 		g.Expect(notes[0]).To(ContainSubstring(f.ns + "-cp-1"))
 		g.Expect(notes[0]).To(ContainSubstring(f.ns + "-cp-2"))

@@ -76,6 +76,7 @@ func TestEscalationFirstStepRecovers(t *testing.T) {
 	g.Expect(reboot.GetOwnerReferences()).To(HaveLen(1))
 	g.Expect(reboot.GetOwnerReferences()[0].Kind).To(Equal("MachineRemediation"))
 	g.Expect(reboot.GetOwnerReferences()[0].UID).To(Equal(getRemediation(g, f.ns, victim).UID))
+	g.Expect(getMachine(g, f.ns, victim).Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "held until fenced, from the start")
 
 	// The Machine recovers: its mark is removed (what the health checker does).
 	patchMachine(g, f.ns, victim, func(m *clusterv1.Machine) { delete(m.Annotations, caprv1.UnhealthyAnnotation) })
@@ -88,6 +89,7 @@ func TestEscalationFirstStepRecovers(t *testing.T) {
 	g.Expect(mr.Status.Steps[0].Outcome).To(Equal(caprv1.StepOutcomeSucceeded))
 	g.Expect(mr.Status.Steps[0].Message).To(ContainSubstring("nothing deleted"))
 	g.Expect(machineExists(g, f.ns, victim)).To(BeTrue())
+	g.Expect(getMachine(g, f.ns, victim).Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "a recovered Machine is let go of")
 	g.Expect(escalationObject(g, f.ns, "Reboot")).To(BeNil())
 	g.Expect(escalationObject(g, f.ns, "PowerCycle")).To(BeNil())
 }

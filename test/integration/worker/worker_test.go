@@ -79,11 +79,14 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 		g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
 		g.Expect(mr.Finalizers).To(ContainElement(caprv1.MachineRemediationFinalizer))
 		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+		// Fence before delete, whoever deletes: CAPI's Machine controller would hold a deletion.
+		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKeyWithValue(caprv1.FenceBeforeDeleteHookAnnotation, "w1"))
 	}, quiet, poll).Should(Succeed())
 
 	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, "w1"))).To(Succeed())
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
 	g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeTrue())
+	g.Expect(getMachine(g, f.ns, "w1").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "an aborted remediation leaves no hook")
 	g.Consistently(func(g Gomega) bool { return machineExists(g, f.ns, "w1") }, quiet, poll).Should(BeTrue())
 	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("RemediationAborted"))
 }

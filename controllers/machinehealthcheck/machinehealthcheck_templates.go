@@ -1,0 +1,135 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/cluster-api/controllers/external"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// This file checks that the templates a health check refers to exist and are templates
+// (spec.template.spec), as medik8s NodeHealthCheck does before it remediates: a typo in an escalation
+// step would otherwise only show when a Machine reaches that step, possibly hours later. What it finds
+// is reported in RemediationTemplatesValid (and a Warning event when it turns False); nothing else
+// changes: a remediator still reports a missing template when it needs it.
+
+// templateRecheck is how long a successful check is trusted while the health check's spec is
+// unchanged (a template deleted later is seen within it); templateRetry is how soon a problem is
+// looked at again (templates are not watched).
+const (
+	templateRecheck = time.Minute
+	templateRetry   = 10 * time.Second
+)
+
+// templateRefs lists the remediation templates of a health check's spec, with the field that names
+// each. (The External fencing backend's template is not among them: its contract belongs to the
+// fencing backends.)
+func templateRefs(mhc *caprv1.MachineHealthCheck) (fields []string, refs []caprv1.TemplateReference) {
+	rem := mhc.Spec.Remediation
+	if rem.TemplateRef != nil {
+		fields, refs = append(fields, "spec.remediation.templateRef"), append(refs, *rem.TemplateRef)
+	}
+	for i, e := range rem.Escalation {
+		fields, refs = append(fields, fmt.Sprintf("spec.remediation.escalation[%d].templateRef", i)), append(refs, e.TemplateRef)
+	}
+	return fields, refs
+}
+
+// templateProblem says what is wrong with the object read for a template reference ("" when
+// nothing is). A template must carry what is created from it in spec.template.spec.
+func templateProblem(obj *unstructured.Unstructured) string {
+	if _, found, err := unstructured.NestedMap(obj.Object, "spec", "template", "spec"); err != nil || !found {
+		return "has no spec.template.spec"
+	}
+	return ""
+}
+
+// templateChecks remembers, per health check, the generation last checked and when, so that
+// templates are read when the spec changes, while a problem lasts, and every templateRecheck.
+type templateChecks struct {
+	mu   sync.Mutex
+	last map[types.UID]templateCheck
+}
+
+type templateCheck struct {
+	generation int64
+	at         time.Time
+}
+
+func (c *templateChecks) due(mhc *caprv1.MachineHealthCheck, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last, ok := c.last[mhc.UID]
+	return !ok || last.generation != mhc.Generation || now.Sub(last.at) >= templateRecheck
+}
+
+func (c *templateChecks) done(mhc *caprv1.MachineHealthCheck, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		c.last = map[types.UID]templateCheck{}
+	}
+	c.last[mhc.UID] = templateCheck{generation: mhc.Generation, at: now}
+}
+
+func (c *templateChecks) forget(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.last, uid)
+}
+
+// checkTemplates sets RemediationTemplatesValid (removed when the spec names no template) and
+// returns how soon to look again while a problem lasts (0: no problem).
+func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHealthCheck, now time.Time) time.Duration {
+	fields, refs := templateRefs(mhc)
+	if len(refs) == 0 {
+		meta.RemoveStatusCondition(&mhc.Status.Conditions, caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
+		return 0
+	}
+	valid := meta.IsStatusConditionTrue(mhc.Status.Conditions, caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
+	if valid && !r.templates.due(mhc, now) {
+		return 0
+	}
+	var problems []string
+	reason := caprv1.MachineHealthCheckRemediationTemplateInvalidReason
+	for i, ref := range refs {
+		obj, err := external.Get(ctx, r.Client, &corev1.ObjectReference{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, Namespace: mhc.Namespace})
+		switch {
+		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+			reason = caprv1.MachineHealthCheckRemediationTemplateNotFoundReason
+			problems = append(problems, fmt.Sprintf("%s: %s %s/%s not found (%v)", fields[i], ref.Kind, mhc.Namespace, ref.Name, err))
+		case apierrors.IsForbidden(err):
+			problems = append(problems, fmt.Sprintf("%s: %s %s/%s cannot be read, grant CAPR get on it (see README, Other control-plane providers): %v",
+				fields[i], ref.Kind, mhc.Namespace, ref.Name, err))
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("%s: reading %s %s/%s: %v", fields[i], ref.Kind, mhc.Namespace, ref.Name, err))
+		default:
+			if p := templateProblem(obj); p != "" {
+				problems = append(problems, fmt.Sprintf("%s: %s %s/%s %s", fields[i], ref.Kind, mhc.Namespace, ref.Name, p))
+			}
+		}
+	}
+	r.templates.done(mhc, now)
+	if len(problems) == 0 {
+		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineHealthCheckRemediationTemplatesValidReason})
+		return 0
+	}
+	msg := "Remediation will fail where it needs these templates: " + strings.Join(problems, "; ")
+	if r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionFalse,
+		Reason: reason, Message: msg}) {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, reason, "HealthCheck", "%s", msg)
+	}
+	return templateRetry
+}
