@@ -58,6 +58,9 @@ type Options struct {
 	// EscalationTimeout overrides how the worker remediator turns an escalation step's timeoutSeconds
 	// into its timeout (tests); nil means seconds.
 	EscalationTimeout func(timeoutSeconds int32) time.Duration
+	// WorkerDeleteTimeout overrides how long the worker remediator's Delete step waits for the Machine
+	// to go before it reports StepTimedOut (tests); 0 means worker.DefaultDeleteTimeout.
+	WorkerDeleteTimeout time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
 }
@@ -169,6 +172,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		Fencer:            opts.Fencer,
 		WatchFilterValue:  opts.WatchFilterValue,
 		EscalationTimeout: opts.EscalationTimeout,
+		DeleteTimeout:     opts.WorkerDeleteTimeout,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
 		return nil, err
 	}

@@ -126,6 +126,8 @@ func run(m *testing.M) int {
 		Fencer:                  fencer,
 		// An escalation step's timeoutSeconds (at least 60) counts as that many 100 ms here.
 		EscalationTimeout: func(seconds int32) time.Duration { return time.Duration(seconds) * 100 * time.Millisecond },
+		// The Delete step's 10 minutes are too long to wait for (TestDeleteThatNeverEndsIsReported).
+		WorkerDeleteTimeout: 5 * time.Second,
 	}); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
 		return 1

@@ -279,6 +279,30 @@ func TestPausedMachineThenAbortAfterDeleteStarted(t *testing.T) {
 	g.Expect(machineExists(g, f.ns, "w1")).To(BeFalse())
 }
 
+// TestDeleteThatNeverEndsIsReported: the Machine's deletion is held (a finalizer, as a stuck drain
+// would); past the Delete step's timeout the request says StepTimedOut (condition and Warning event)
+// and keeps waiting; when the Machine finally goes, it succeeds.
+func TestDeleteThatNeverEndsIsReported(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	const hold = "test.capr.io/hold"
+	m := f.workerOfMachineSet(g, "w1", func(m *clusterv1.Machine) { m.Finalizers = []string{hold} })
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
+
+	g.Eventually(func(g Gomega) {
+		reason, msg := progressing(g, f.ns, "w1")
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationStepTimedOutReason))
+		g.Expect(msg).To(ContainSubstring("step Delete: Machine w1 is being deleted"))
+		g.Expect(msg).To(ContainSubstring("not gone within 5s; still waiting"))
+		g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("StepTimedOut"))
+		g.Expect(getRemediation(g, f.ns, "w1").Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+	}, eventually, poll).Should(Succeed())
+
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { m.Finalizers = nil })
+	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "w1") }, eventually, poll).
+		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
+}
+
 // TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting: Required fencing not confirmed within its
 // timeout says StepTimedOut (condition and Warning event) and still never deletes the Machine.
 func TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting(t *testing.T) {
