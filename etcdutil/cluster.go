@@ -13,6 +13,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/capr-io/capr/metrics"
 )
 
 // MemberStatus is one etcd member as seen now.
@@ -285,7 +287,8 @@ func (d *dials) memberList(ctx context.Context, nodes []string, serializable boo
 // are dialled and asked in parallel, each at most once, within InspectTimeout. The list is read
 // linearizably when any member can serve it (State.QuorumProven); otherwise serializably, so that
 // the state still says which members are down, marked State.Serializable (not authoritative).
-func (c *Cluster) Inspect(ctx context.Context, nodes []string) (*State, error) {
+func (c *Cluster) Inspect(ctx context.Context, nodes []string) (_ *State, err error) {
+	defer observe("inspect", time.Now(), &err)
 	ctx, cancel := context.WithTimeoutCause(ctx, orDuration(c.InspectTimeout, 3*orDuration(c.CallTimeout, DefaultCallTimeout)),
 		errors.New("etcd inspection timeout expired"))
 	defer cancel()
@@ -425,7 +428,8 @@ func electedLeader(members []MemberStatus, leaders []uint64) uint64 {
 
 // MoveLeader transfers leadership from the member on leaderNode to the member with ID to. etcd only
 // accepts this from the current leader, so it must be reachable.
-func (c *Cluster) MoveLeader(ctx context.Context, leaderNode string, to uint64) error {
+func (c *Cluster) MoveLeader(ctx context.Context, leaderNode string, to uint64) (err error) {
+	defer observe("move_leader", time.Now(), &err)
 	cli, err := c.Connector.Connect(ctx, leaderNode)
 	if err != nil {
 		return fmt.Errorf("reaching the leader on node %s: %w", leaderNode, err)
@@ -446,7 +450,8 @@ var ErrLastMember = errors.New("refusing to remove the last etcd member")
 // RemoveMember removes the member with ID id through the first of via that answers a linearizable
 // member list. A member that is already gone is success (the call is idempotent); the last member is
 // never removed.
-func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) error {
+func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) (err error) {
+	defer observe("remove_member", time.Now(), &err)
 	d := c.newDials(ctx)
 	defer d.close()
 	node, list, err := d.memberList(ctx, via, false)
@@ -476,6 +481,11 @@ func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) err
 		return fmt.Errorf("removing etcd member %x through node %s: %w", id, node, err)
 	}
 	return nil
+}
+
+// observe records an etcd operation's duration and outcome (metrics.EtcdCall).
+func observe(operation string, start time.Time, err *error) {
+	metrics.EtcdCall(operation, time.Since(start), *err)
 }
 
 func orDefault(s, d string) string {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
 )
 
 // Finalizer lets the health check clear its marks when it is deleted; a mark left behind would read
@@ -519,6 +521,7 @@ func (r *Reconciler) updateStatus(mhc *caprv1.MachineHealthCheck, rd *round, lim
 	}
 	r.setRemediationAllowed(mhc, lim, restricted)
 	r.setStormCooldown(mhc, lim.storm)
+	metrics.HealthCheckRound(mhc.Namespace, mhc.Name, len(rd.targets), len(mhc.Status.UnhealthyMachines))
 }
 
 // setStormCooldown sets StormCooldown (removed when no cooldown is configured), with an event when
@@ -535,7 +538,7 @@ func (r *Reconciler) setStormCooldown(mhc *caprv1.MachineHealthCheck, c *metav1.
 	switch {
 	case c.Reason == caprv1.MachineHealthCheckStormCooldownReason:
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeNormal, caprv1.EventStormCooldownStarted, "HealthCheck", "%s", c.Message)
-	case previous == caprv1.MachineHealthCheckStormCooldownReason:
+	case previous == caprv1.MachineHealthCheckStormCooldownReason && c.Reason == caprv1.MachineHealthCheckNoStormReason:
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeNormal, caprv1.EventStormCooldownEnded, "HealthCheck", "%s", c.Message)
 	}
 }
@@ -577,6 +580,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		return kerrors.NewAggregate(errs)
 	}
 	r.reported.forget(mhc.UID)
+	metrics.HealthCheckDeleted(mhc.Namespace, mhc.Name)
 	r.templates.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)
 	if err := helper.Patch(ctx, mhc); err != nil {
@@ -608,6 +612,8 @@ func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev eva
 func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change markChange, ev evaluation, checker string) {
 	switch change {
 	case markSet:
+		ns, name, _ := strings.Cut(checker, "/")
+		metrics.Marked(ns, name, ev.reason)
 		ctrl.LoggerFrom(ctx).Info("Machine marked unhealthy", "Machine", klog.KObj(m), "reason", ev.reason, "message", ev.message)
 		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkedUnhealthy, "HealthCheck",
 			"Machine %s has been marked as unhealthy by %s: %s", m.Name, checker, ev.message)
@@ -710,6 +716,7 @@ func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, lim l
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventEtcdQuorumLost, "HealthCheck", "%s", refusal.message)
 	}
 	if restricted > 0 {
+		metrics.ShortCircuited(mhc.Namespace, mhc.Name, refusal.reason)
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventRemediationRestricted, "HealthCheck", "%s", refusal.message)
 	}
 }

@@ -67,11 +67,21 @@ type templateCheck struct {
 	at         time.Time
 }
 
-func (c *templateChecks) due(mhc *caprv1.MachineHealthCheck, now time.Time) bool {
+// due returns how long until the templates must be read again (0: now): at once when the spec
+// changed, else templateRecheck after a good check and templateRetry after a bad one, so that a
+// round triggered by every Node event does not read them each time.
+func (c *templateChecks) due(mhc *caprv1.MachineHealthCheck, valid bool, now time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	last, ok := c.last[mhc.UID]
-	return !ok || last.generation != mhc.Generation || now.Sub(last.at) >= templateRecheck
+	if !ok || last.generation != mhc.Generation {
+		return 0
+	}
+	every := templateRetry
+	if valid {
+		every = templateRecheck
+	}
+	return max(every-now.Sub(last.at), 0)
 }
 
 func (c *templateChecks) done(mhc *caprv1.MachineHealthCheck, now time.Time) {
@@ -90,7 +100,7 @@ func (c *templateChecks) forget(uid types.UID) {
 }
 
 // checkTemplates sets RemediationTemplatesValid (removed when the spec names no template) and
-// returns how soon to look again while a problem lasts (0: no problem).
+// returns how soon to look again (0: no template to look at).
 func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHealthCheck, now time.Time) time.Duration {
 	fields, refs := templateRefs(mhc)
 	if len(refs) == 0 {
@@ -98,8 +108,8 @@ func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHeal
 		return 0
 	}
 	valid := meta.IsStatusConditionTrue(mhc.Status.Conditions, caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
-	if valid && !r.templates.due(mhc, now) {
-		return 0
+	if wait := r.templates.due(mhc, valid, now); wait > 0 {
+		return wait
 	}
 	var problems []string
 	reason := caprv1.MachineHealthCheckRemediationTemplateInvalidReason
@@ -124,7 +134,7 @@ func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHeal
 	if len(problems) == 0 {
 		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionTrue,
 			Reason: caprv1.MachineHealthCheckRemediationTemplatesValidReason})
-		return 0
+		return templateRecheck
 	}
 	msg := "Remediation will fail where it needs these templates: " + strings.Join(problems, "; ")
 	if r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionFalse,

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,7 +31,7 @@ func (r *Reconciler) ensureFenceHook(ctx context.Context, s *scope) error {
 
 // removeFenceHook takes the hook off the victim (fenced, or the remediation undone).
 func (r *Reconciler) removeFenceHook(ctx context.Context, s *scope) error {
-	m, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name})
+	m, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name})
 	if err != nil {
 		return err
 	}
@@ -50,13 +51,13 @@ func (r *Reconciler) fenceDeletingVictim(ctx context.Context, s *scope) error {
 	if s.machineGone || fencing.StepFinished(s.mr) || !fencing.HeldDeletion(s.machine) {
 		return nil
 	}
-	res, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencing.Request{
+	v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencing.Request{
 		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing,
-	})
+	}, time.Now())
 	if err != nil || !released {
 		return err
 	}
 	r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingVictim, fmt.Sprintf(
-		"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, res.Message))
+		"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, v.Message))
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
 )
 
 // This file holds the life cycle around the step sequence: who holds the control plane, what an
@@ -89,6 +90,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	}
 	msg := "Remediation aborted (the request was deleted): " + undone
 	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+	metrics.RemediationFinished(metrics.KindControlPlane, metrics.ResultAborted)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation aborted", "undone", undone)
 	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 	return ctrl.Result{}, nil
@@ -433,6 +435,7 @@ func (r *Reconciler) fail(ctx context.Context, s *scope, reason, msg string) (ct
 	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	r.event(s.mr, corev1.EventTypeWarning, EventRemediationFailed, msg)
+	metrics.RemediationFinished(metrics.KindControlPlane, string(caprv1.MachineRemediationPhaseFailed))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation failed", "reason", reason, "message", msg)
 	return ctrl.Result{}, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/metrics"
 )
 
 // waiting says why a remediation cannot proceed now.
@@ -34,6 +35,9 @@ type waiting struct {
 
 // wait records a waiting state in the Progressing condition.
 func (r *Reconciler) wait(s *scope, w *waiting) ctrl.Result {
+	if w.reason == caprv1.MachineRemediationAnotherRemediationInProgressReason && !isWaitingFor(s.mr, w.reason) {
+		metrics.LockWait()
+	}
 	if w.warning != "" && !isWaitingFor(s.mr, w.reason) {
 		r.event(s.mr, corev1.EventTypeWarning, w.warning, w.message)
 	}
@@ -278,6 +282,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 	if cp.SurgeReason != "" {
 		how = "; " + cp.SurgeReason
 	}
+	metrics.RemediationStarted(metrics.KindControlPlane, string(plan.decision.Order))
 	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s%s",
 		s.machine.Name, plan.decision.Order, plan.decision.Reason, how, table))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", plan.decision.Order, "reason", plan.decision.Reason,

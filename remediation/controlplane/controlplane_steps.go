@@ -22,6 +22,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/metrics"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -115,6 +116,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		rec.Outcome = caprv1.StepOutcomeSkipped
 	}
 	s.mr.Status.LastError = ""
+	metrics.StepFinished(metrics.KindControlPlane, string(step), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
 	r.observe(s, step, true)
 	r.event(s.mr, corev1.EventTypeNormal, EventStepFinished, fmt.Sprintf("Step %s %s: %s", step, rec.Outcome, res.message))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation step finished", "step", step, "outcome", rec.Outcome, "message", res.message)
@@ -493,6 +495,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	if v.GaveUp {
 		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
 	}
+	metrics.Fenced(metrics.KindControlPlane, v.Outcome(), time.Since(rec.StartTime.Time))
 	return stepResult{done: true, skipped: v.Skipped, message: v.Message}, nil
 }
 
@@ -665,6 +668,7 @@ func (r *Reconciler) succeed(ctx context.Context, s *scope) (ctrl.Result, error)
 	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	r.event(s.mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	metrics.RemediationFinished(metrics.KindControlPlane, string(caprv1.MachineRemediationPhaseSucceeded))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation succeeded", "replacement", s.mr.Status.ControlPlane.Replacement)
 	return ctrl.Result{}, nil
 }

@@ -139,6 +139,19 @@ type Verdict struct {
 	Requeue time.Duration
 }
 
+// Outcome names a final verdict for metrics: Fenced, Skipped or GaveUp ("" while not done).
+func (v Verdict) Outcome() string {
+	switch {
+	case !v.Done:
+		return ""
+	case v.GaveUp:
+		return "GaveUp"
+	case v.Skipped:
+		return "Skipped"
+	}
+	return "Fenced"
+}
+
 // Judge turns a Fencer's answer for a Fence step that started at started into a Verdict.
 func Judge(res Result, spec *caprv1.FencingSpec, started, now time.Time) Verdict {
 	switch res.Outcome {

@@ -3,6 +3,7 @@ package fencing
 import (
 	"context"
 	"fmt"
+	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/annotations"
@@ -35,21 +36,28 @@ func EnsureHook(ctx context.Context, c client.Client, m *clusterv1.Machine, owne
 
 // RemoveHook takes the hook off the Machine key (fenced, or the remediation ended or undone): CAPI may
 // then drain and delete it. The Machine is read through live: a cache may not show yet a hook added a
-// moment ago (e.g. again, after a restart). It returns the Machine as it is now, nil when it is gone.
-func RemoveHook(ctx context.Context, c client.Client, live client.Reader, key client.ObjectKey) (*clusterv1.Machine, error) {
+// moment ago (e.g. again, after a restart). It returns the Machine as it is now (nil when it is gone)
+// and whether this call removed the hook.
+func RemoveHook(ctx context.Context, c client.Client, live client.Reader, key client.ObjectKey) (*clusterv1.Machine, bool, error) {
 	m := &clusterv1.Machine{}
 	if err := live.Get(ctx, key, m); err != nil {
-		return nil, client.IgnoreNotFound(err)
+		return nil, false, client.IgnoreNotFound(err)
 	}
 	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; !ok {
-		return m, nil
+		return m, false, nil
 	}
 	base := m.DeepCopy()
 	delete(m.Annotations, caprv1.FenceBeforeDeleteHookAnnotation)
 	if err := c.Patch(ctx, m, client.MergeFrom(base)); err != nil {
-		return nil, fmt.Errorf("removing the fence-before-delete hook from Machine %s: %w", m.Name, err)
+		return nil, false, fmt.Errorf("removing the fence-before-delete hook from Machine %s: %w", m.Name, err)
 	}
-	return m, nil
+	return m, true, nil
+}
+
+// HookNeeded is false when fencing can only be skipped (policy Disabled or unset, or no Node to
+// fence): then nothing is worth holding a deletion for.
+func HookNeeded(spec *caprv1.FencingSpec, node string) bool {
+	return spec != nil && spec.Policy != "" && spec.Policy != caprv1.FencingDisabled && node != ""
 }
 
 // HeldDeletion reports whether m is being deleted by someone else while the hook holds it: the
@@ -64,22 +72,21 @@ func HeldDeletion(m *clusterv1.Machine) bool {
 }
 
 // FenceHeld fences a Machine whose deletion the hook holds (HeldDeletion), counting the fencing
-// timeout from the deletion. released is true when the fence is final (fenced, skipped by policy,
-// or given up under BestEffort) and the hook was removed, so the deletion proceeds; res says what the
-// Fencer found.
-func FenceHeld(ctx context.Context, f Fencer, c client.Client, live client.Reader, req Request) (res Result, released bool, err error) {
+// timeout from the deletion. When the fence is final (fenced, skipped by policy, or given up under
+// BestEffort) the hook is removed, so the deletion proceeds; released is true when this call removed
+// it. v is the verdict on the Fencer's answer (Judge).
+func FenceHeld(ctx context.Context, f Fencer, c client.Client, live client.Reader, req Request, now time.Time) (v Verdict, released bool, err error) {
 	req.Started = req.Machine.DeletionTimestamp.Time
-	res, err = f.Fence(ctx, req)
+	res, err := f.Fence(ctx, req)
 	if err != nil {
-		return res, false, fmt.Errorf("fencing Machine %s, which is being deleted: %w", req.Machine.Name, err)
+		return Verdict{}, false, fmt.Errorf("fencing Machine %s, which is being deleted: %w", req.Machine.Name, err)
 	}
-	if res.Outcome == Waiting {
-		return res, false, nil
+	v = Judge(res, req.Spec, req.Started, now)
+	if !v.Done {
+		return v, false, nil
 	}
-	if _, err := RemoveHook(ctx, c, live, client.ObjectKeyFromObject(req.Machine)); err != nil {
-		return res, false, err
-	}
-	return res, true, nil
+	_, released, err = RemoveHook(ctx, c, live, client.ObjectKeyFromObject(req.Machine))
+	return v, released, err
 }
 
 // StepFinished is true once the remediation's Fence step succeeded or was skipped by policy: from

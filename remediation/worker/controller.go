@@ -142,7 +142,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	mr := &caprv1.MachineRemediation{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
 		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
+			return ctrl.Result{}, r.releaseOrphanedHook(ctx, req.NamespacedName)
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineRemediation: %w", err)
 	}
@@ -202,6 +202,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return r.reconcileRunning(ctx, s)
 	}
 	return r.reconcilePending(ctx, s)
+}
+
+// releaseOrphanedHook removes a fence-before-delete hook whose MachineRemediation no longer exists
+// (its finalizer removed by hand, or CAPR stopped mid-way and the request deleted): nothing would
+// ever fence the Machine, and the hook would hold its deletion forever. Requests are named after
+// their Machine, which the hook's value names; the request was just read live as not found.
+func (r *Reconciler) releaseOrphanedHook(ctx context.Context, key client.ObjectKey) error {
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, key, m); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation] != key.Name {
+		return nil
+	}
+	_, removed, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, key)
+	if removed {
+		ctrl.LoggerFrom(ctx).Info("Removed the fence-before-delete hook of a MachineRemediation that no longer exists", "Machine", klog.KObj(m))
+	}
+	return err
 }
 
 // readMachine reads the request's Machine. "Not found" in the cache is confirmed live: a Machine

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
 )
 
 // reconcilePending records the role, checks that something replaces the Machine, then starts the
@@ -160,6 +161,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Resu
 	if err := r.persist(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
+	metrics.RemediationStarted(metrics.KindWorker, "")
 	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, msg)
 	ctrl.LoggerFrom(ctx).Info("Worker remediation started", "MachineSet", mr.Status.Worker.MachineSet,
 		"MachineDeployment", mr.Status.Worker.MachineDeployment)

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -62,38 +63,50 @@ func deleteIssued(mr *caprv1.MachineRemediation) bool {
 // reconcileRunning keeps fence before delete whoever deletes: until the Fence step has finished the
 // Machine carries the fence-before-delete hook (fencing.EnsureHook), so a MachineSet scale-down, a
 // rollout or a person deleting it meanwhile is held until it is fenced here, and only then drained
-// and deleted by CAPI's Machine controller.
+// and deleted by CAPI's Machine controller. A Machine someone else is deleting gets no further step:
+// the remediation waits for it to go (reconcileMachineGone then ends it, nothing deleted by CAPR).
 func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Result, error) {
-	if !fencing.StepFinished(s.mr) {
-		if fencing.HeldDeletion(s.machine) {
-			return r.fenceHeldDeletion(ctx, s)
+	if !s.machine.DeletionTimestamp.IsZero() && !deleteIssued(s.mr) {
+		return r.waitForDeletionByOthers(ctx, s, "")
+	}
+	if !fencing.StepFinished(s.mr) && fencing.HookNeeded(s.mr.Spec.Fencing, s.mr.Status.Worker.NodeName) {
+		m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
+		if err != nil {
+			return ctrl.Result{}, err
 		}
-		if s.machine.DeletionTimestamp.IsZero() {
-			m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
-			if err != nil {
-				return ctrl.Result{}, err
-			}
-			s.machine = m
-		}
+		s.machine = m
 	}
 	return r.runSteps(ctx, s)
 }
 
-// fenceHeldDeletion fences a Machine someone else is deleting while the hook holds it; the
-// remediation then ends when the Machine is gone (reconcileMachineGone), with nothing of its own
-// deleted.
-func (r *Reconciler) fenceHeldDeletion(ctx context.Context, s *scope) (ctrl.Result, error) {
-	res, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencingRequest(s, time.Time{}))
-	if err != nil {
-		return ctrl.Result{}, err
+// waitForDeletionByOthers handles a Machine someone else is deleting before this remediation's Delete
+// step: while the hook holds the deletion, the Machine is fenced now (the remediation's own Fence step
+// may never come) and the hook removed once the fence is final; then the remediation waits for the
+// Machine to go. prefix starts the condition's message (an abort says so).
+func (r *Reconciler) waitForDeletionByOthers(ctx context.Context, s *scope, prefix string) (ctrl.Result, error) {
+	if fencing.HeldDeletion(s.machine) && !fencing.StepFinished(s.mr) {
+		v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencingRequest(s, time.Time{}), time.Now())
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if !v.Done {
+			reason := caprv1.MachineRemediationWaitingForFencingReason
+			if v.TimedOut {
+				reason = caprv1.MachineRemediationStepTimedOutReason
+			}
+			r.setWaitingWithEvent(s.mr, EventRemediationWaiting, reason, fmt.Sprintf(
+				"%sMachine %s is being deleted by someone else; its deletion is held until it is fenced: %s", prefix, s.machine.Name, v.Message))
+			return ctrl.Result{RequeueAfter: min(v.Requeue, waitShort)}, nil
+		}
+		if released {
+			metrics.Fenced(metrics.KindWorker, v.Outcome(), time.Since(s.machine.DeletionTimestamp.Time))
+			r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingMachine, fmt.Sprintf(
+				"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, v.Message))
+		}
 	}
-	if released {
-		r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingMachine, fmt.Sprintf(
-			"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, res.Message))
-		return ctrl.Result{RequeueAfter: waitShort}, nil
-	}
-	r.setWaitingWithEvent(s.mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForFencingReason, fmt.Sprintf(
-		"Machine %s is being deleted by someone else; its deletion is held until it is fenced: %s", s.machine.Name, res.Message))
+	setWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf(
+		"%sMachine %s is being deleted by someone else (since %s); the remediation ends when it is gone", prefix, s.machine.Name,
+		s.machine.DeletionTimestamp.UTC().Format(time.RFC3339)))
 	return ctrl.Result{RequeueAfter: waitShort}, nil
 }
 
@@ -130,7 +143,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	}
 	if res.recovered {
 		// Healthy again, nothing deleted: the Machine is let go of, hook included.
-		if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
+		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 			return ctrl.Result{}, err
 		}
 		rec.Outcome, rec.FinishTime, rec.Message = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now()), res.message
@@ -153,6 +166,7 @@ func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.Reme
 		case res.failed:
 			rec.Outcome = caprv1.StepOutcomeFailed
 		}
+		metrics.StepFinished(metrics.KindWorker, string(step), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
 		return ctrl.Result{RequeueAfter: time.Millisecond}
 	case res.waitReason != "":
 		eventReason := EventRemediationWaiting
@@ -181,8 +195,9 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	}
 	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
 	if v.Done {
+		metrics.Fenced(metrics.KindWorker, v.Outcome(), time.Since(rec.StartTime.Time))
 		// Fenced (or let go by the policy): the hook must no longer hold a deletion.
-		if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
+		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 			return stepResult{}, err
 		}
 	}
@@ -209,7 +224,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.Remed
 	if m.DeletionTimestamp.IsZero() {
 		// Fenced (checked above): a hook still there can only be left by a crash between the Fence
 		// step's removal and its record, and must not hold the deletion.
-		if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(m)); err != nil {
+		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(m)); err != nil {
 			return stepResult{}, err
 		}
 		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: ptr.To(m.UID)}); err != nil && !apierrors.IsNotFound(err) {
@@ -258,6 +273,7 @@ func (r *Reconciler) succeed(ctx context.Context, s *scope, msg string) (ctrl.Re
 	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	r.event(mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	metrics.RemediationFinished(metrics.KindWorker, string(caprv1.MachineRemediationPhaseSucceeded))
 	ctrl.LoggerFrom(ctx).Info("Worker remediation succeeded", "message", msg)
 	return ctrl.Result{}, nil
 }
@@ -270,6 +286,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	case mr.Status.Phase != caprv1.MachineRemediationPhaseRunning || s.machineGone:
 		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 		return ctrl.Result{}, nil
+	case !s.machine.DeletionTimestamp.IsZero() && !deleteIssued(mr):
+		// Someone else is deleting the Machine: it is not kept whatever the request says, so the hook
+		// stays until it is fenced (never unfenced now: it is about to go) and the request goes with it.
+		return r.waitForDeletionByOthers(ctx, s, "The request was deleted, but ")
 	case deleteIssued(mr):
 		rec := mr.Status.Step(caprv1.StepDelete)
 		res, err := r.stepDelete(ctx, s, rec)
@@ -283,7 +303,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	if err := r.deleteStartedEscalationObjects(ctx, mr); err != nil {
 		return ctrl.Result{}, err
 	}
-	if _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
+	if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 		return ctrl.Result{}, err
 	}
 	if u, ok := r.Fencer.(Unfencer); ok && mr.Status.Step(caprv1.StepFence) != nil {
@@ -294,6 +314,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	msg := fmt.Sprintf("Remediation aborted (the request was deleted) before Machine %s was deleted: the Machine is kept", mr.Name)
 	setWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)
 	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+	metrics.RemediationFinished(metrics.KindWorker, metrics.ResultAborted)
 	ctrl.LoggerFrom(ctx).Info("Worker remediation aborted")
 	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 	return ctrl.Result{}, nil

@@ -118,6 +118,10 @@ func TestWorkersFencedThenReplacedByTheirMachineSet(t *testing.T) {
 		}
 	}
 	g.Expect(released).To(ConsistOf(b.Name))
+	mrB := &caprv1.MachineRemediation{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.Name}, mrB)).To(Succeed())
+	g.Expect(mrB.Status.Step(caprv1.StepDelete)).To(BeNil(), "no step of CAPR's own after the person's deletion")
+	g.Expect(conditions.GetMessage(mrB, caprv1.MachineRemediationSucceededCondition)).To(ContainSubstring("deleted outside this remediation"))
 }
 
 // workerMachines returns the namespace's Machines without the control-plane label, not deleting,

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,6 +38,8 @@ type CAPROptions struct {
 	// Namespace, when set, is the only namespace the manager watches (main.go's --namespace), so
 	// that several managers can each own the clusters of one namespace on one API server.
 	Namespace string
+	// MetricsBindAddress, when set, serves the manager's metrics (plain HTTP, /metrics) there.
+	MetricsBindAddress string
 }
 
 // StartCAPR starts CAPR's manager with short etcd timeouts suited to the sandbox.
@@ -44,7 +47,7 @@ func (s *Sandbox) StartCAPR(ctx context.Context, opts CAPROptions) (*CAPR, error
 	crash := &CrashSwitch{after: opts.CrashAfterWrites}
 	mgr, err := ctrl.NewManager(s.Env.ManagerConfig, ctrl.Options{
 		Scheme:                  s.Env.Scheme,
-		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		Metrics:                 metricsserver.Options{BindAddress: cmp.Or(opts.MetricsBindAddress, "0")},
 		Cache:                   controllers.ManagerCacheOptionsNamed(s.Env.Scheme, fmt.Sprintf("capr-manager-%d", managerSeq.Add(1)), opts.Namespace, 10*time.Minute),
 		Client:                  controllers.ManagerClientOptions(),
 		GracefulShutdownTimeout: ptr.To(time.Second),

@@ -298,6 +298,9 @@ func (c *EtcdCluster) Join(ctx context.Context, name string) error {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		_, err := cli.MemberPromote(pctx, added.Member.ID)
+		if errors.Is(err, rpctypes.ErrMemberNotLearner) {
+			return nil // promoted by an earlier try whose answer was lost
+		}
 		return err
 	}); err != nil {
 		return errors.Join(fmt.Errorf("promoting learner %s: %w", name, err), c.abandonJoin(ctx, cli, p, added.Member.ID))
@@ -310,7 +313,10 @@ func (c *EtcdCluster) Join(ctx context.Context, name string) error {
 // data, so the provider's next attempt joins from scratch instead of finding a running member that
 // stays a learner forever (what `kubeadm reset` after a failed join does).
 func (c *EtcdCluster) abandonJoin(ctx context.Context, cli *clientv3.Client, p *etcdProcess, id uint64) error {
-	c.Kill(p.name)
+	// Removed first (a learner does not count for quorum, so this never needs it), then stopped; even
+	// when the caller's context ended, or a learner would stay behind and block the next join (etcd
+	// allows one learner at a time).
+	ctx = context.WithoutCancel(ctx)
 	err := retryUntil(ctx, 30*time.Second, func() error {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -320,6 +326,7 @@ func (c *EtcdCluster) abandonJoin(ctx context.Context, cli *clientv3.Client, p *
 		}
 		return err
 	})
+	c.Kill(p.name)
 	c.mu.Lock()
 	delete(c.members, p.name)
 	c.mu.Unlock()

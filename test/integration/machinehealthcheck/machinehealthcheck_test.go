@@ -724,9 +724,11 @@ func TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated(t *testing.T) {
 
 	// The first template appears; the second step is dropped from the spec.
 	g.Expect(k8sClient.Create(ctx, &caprv1.MachineRemediationTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "reboot"}})).To(Succeed())
-	mhc := getHealthCheck(g, f.ns)
-	mhc.Spec.Remediation.Escalation = mhc.Spec.Remediation.Escalation[:1]
-	g.Expect(k8sClient.Update(ctx, mhc)).To(Succeed())
+	g.Eventually(func(g Gomega) { // the health checker writes the object too: retry on conflicts
+		mhc := getHealthCheck(g, f.ns)
+		mhc.Spec.Remediation.Escalation = mhc.Spec.Remediation.Escalation[:1]
+		g.Expect(k8sClient.Update(ctx, mhc)).To(Succeed())
+	}, eventually, poll).Should(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)).To(BeTrue())
 	}, eventually, poll).Should(Succeed())

@@ -76,7 +76,7 @@ func TestEscalationFirstStepRecovers(t *testing.T) {
 	g.Expect(reboot.GetOwnerReferences()).To(HaveLen(1))
 	g.Expect(reboot.GetOwnerReferences()[0].Kind).To(Equal("MachineRemediation"))
 	g.Expect(reboot.GetOwnerReferences()[0].UID).To(Equal(getRemediation(g, f.ns, victim).UID))
-	g.Expect(getMachine(g, f.ns, victim).Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "held until fenced, from the start")
+	g.Expect(getMachine(g, f.ns, victim).Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "fencing Disabled: no deletion is worth holding")
 
 	// The Machine recovers: its mark is removed (what the health checker does).
 	patchMachine(g, f.ns, victim, func(m *clusterv1.Machine) { delete(m.Annotations, caprv1.UnhealthyAnnotation) })

@@ -10,6 +10,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -17,7 +18,8 @@ import (
 
 // waitingForFencing creates a worker Machine of a MachineSet and its request with Required fencing,
 // and waits until the remediation waits for the fencing backend (nothing is deleted before it confirms).
-func waitingForFencing(t *testing.T, g *WithT, name string) *fixture {
+func waitingForFencing(t *testing.T, g *WithT) *fixture {
+	const name = "w1"
 	t.Helper()
 	f := newFixture(t, g, nil)
 	m := f.workerOfMachineSet(g, name)
@@ -33,7 +35,7 @@ func waitingForFencing(t *testing.T, g *WithT, name string) *fixture {
 // request Succeeds with both steps recorded in order; the control-plane remediator never writes it.
 func TestWorkerFencedThenDeleted(t *testing.T) {
 	g := NewWithT(t)
-	f := waitingForFencing(t, g, "w1")
+	f := waitingForFencing(t, g)
 	g.Expect(backend.wasAsked(f.node("w1"))).To(BeTrue())
 	g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
 	backend.confirm(f.node("w1"))
@@ -66,7 +68,7 @@ func TestWorkerFencedThenDeleted(t *testing.T) {
 // request goes.
 func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 	g := NewWithT(t)
-	f := waitingForFencing(t, g, "w1")
+	f := waitingForFencing(t, g)
 	g.Eventually(func(g Gomega) []string { return eventReasons(g, f.ns, "w1") }, eventually, poll).
 		Should(ContainElement("RemediationWaiting"))
 	g.Consistently(func(g Gomega) {
@@ -89,6 +91,58 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 	g.Expect(getMachine(g, f.ns, "w1").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "an aborted remediation leaves no hook")
 	g.Consistently(func(g Gomega) bool { return machineExists(g, f.ns, "w1") }, quiet, poll).Should(BeTrue())
 	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("RemediationAborted"))
+}
+
+// TestAbortWhileSomeoneElseDeletesKeepsTheFence: while Fence waits, someone else deletes the Machine
+// (a finalizer stands in for CAPI's Machine controller, which honours the hook). Deleting the request
+// then neither removes the hook nor unfences: the Machine is going anyway, so it is fenced first, then
+// let go, and the request goes with it. No step of CAPR's own follows.
+func TestAbortWhileSomeoneElseDeletesKeepsTheFence(t *testing.T) {
+	g := NewWithT(t)
+	f := waitingForFencing(t, g)
+	const capi = "test.capr.io/machine-controller"
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { m.Finalizers = append(m.Finalizers, capi) })
+	t.Cleanup(func() { releaseMachine(f.ns, "w1", capi) })
+	g.Expect(k8sClient.Delete(ctx, getMachine(g, f.ns, "w1"))).To(Succeed())
+	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, "w1"))).To(Succeed())
+
+	g.Eventually(func(g Gomega) {
+		_, msg := progressing(g, f.ns, "w1")
+		g.Expect(msg).To(ContainSubstring("The request was deleted, but Machine w1 is being deleted by someone else; its deletion is held until it is fenced"))
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+		g.Expect(remediationExists(g, f.ns, "w1")).To(BeTrue())
+		g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeFalse())
+	}, quiet, poll).Should(Succeed())
+
+	backend.confirm(f.node("w1"))
+	g.Eventually(func(g Gomega) {
+		g.Expect(getMachine(g, f.ns, "w1").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("FencedDeletingMachine"))
+	mr := getRemediation(g, f.ns, "w1")
+	g.Expect(mr.Status.Step(caprv1.StepFence).Outcome).To(Equal(caprv1.StepOutcomeInProgress), "no step of CAPR's own after the deletion began")
+	g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
+
+	releaseMachine(f.ns, "w1", capi) // CAPI's Machine controller finishes the deletion
+	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
+	g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeFalse())
+}
+
+// TestOrphanedHookIsReleased: a hook whose MachineRemediation is gone (its finalizer removed by hand
+// mid-remediation) would hold the Machine's deletion forever; it is removed.
+func TestOrphanedHookIsReleased(t *testing.T) {
+	g := NewWithT(t)
+	f := waitingForFencing(t, g)
+	g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+	mr := getRemediation(g, f.ns, "w1")
+	mr.Finalizers = nil
+	g.Expect(k8sClient.Update(ctx, mr)).To(Succeed())
+	g.Expect(k8sClient.Delete(ctx, mr)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(getMachine(g, f.ns, "w1").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+	}, eventually, poll).Should(Succeed())
 }
 
 // TestMachineWithoutReplacingOwnerIsNeverDeleted: a Machine without a MachineSet owner, and one of a
@@ -287,6 +341,7 @@ func TestDeleteThatNeverEndsIsReported(t *testing.T) {
 	f := newFixture(t, g, nil)
 	const hold = "test.capr.io/hold"
 	m := f.workerOfMachineSet(g, "w1", func(m *clusterv1.Machine) { m.Finalizers = []string{hold} })
+	t.Cleanup(func() { releaseMachine(f.ns, "w1", hold) })
 	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
 
 	g.Eventually(func(g Gomega) {
@@ -323,4 +378,16 @@ func TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting(t *testing.T) {
 		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
 		g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).To(BeNil())
 	}, quiet, poll).Should(Succeed())
+}
+
+// releaseMachine removes a test's finalizer from a Machine (best effort: also used in cleanups).
+func releaseMachine(ns, name, finalizer string) {
+	m := &clusterv1.Machine{}
+	if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
+		return
+	}
+	base := m.DeepCopy()
+	if controllerutil.RemoveFinalizer(m, finalizer) {
+		_ = k8sClient.Patch(ctx, m, client.MergeFrom(base))
+	}
 }
