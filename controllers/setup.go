@@ -55,7 +55,7 @@ type Options struct {
 	EtcdCallTimeout time.Duration
 	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends.
 	Fencer fencing.Fencer
-	// EscalationTimeout overrides how the worker remediator turns an escalation step's timeoutSeconds
+	// EscalationTimeout overrides how both remediators turn an escalation step's timeoutSeconds
 	// into its timeout (tests); nil means seconds.
 	EscalationTimeout func(timeoutSeconds int32) time.Duration
 	// WorkerDeleteTimeout overrides how long the worker remediator's Delete step waits for the Machine
@@ -163,6 +163,8 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		Fencer:           opts.Fencer,
 		WatchFilterValue: opts.WatchFilterValue,
 		StepObserver:     opts.StepObserver,
+		// Escalation steps have one meaning of timeoutSeconds for both remediators.
+		EscalationTimeout: opts.EscalationTimeout,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
 		return nil, err
 	}

@@ -22,3 +22,6 @@ func CanAddMember(c Counts, asLearner bool) bool { return quorum.CanAddMember(c,
 
 // CanRemoveMember says whether removing the victim's member is quorum-safe (quorum.CanRemoveMember).
 func CanRemoveMember(c Counts, v Victim) bool { return quorum.CanRemoveMember(c, v) }
+
+// CanTakeDown says whether the victim's member may go down for a while without losing quorum (quorum.CanTakeDown).
+func CanTakeDown(c Counts, v Victim) bool { return quorum.CanTakeDown(c, v) }

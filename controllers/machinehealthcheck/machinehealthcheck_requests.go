@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/escalation"
 )
 
 // HealthCheckLabel is set on the remediation requests a MachineHealthCheck creates, with the health
@@ -124,16 +125,24 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 }
 
 // finishedWithMachineKept reports whether a request is a Succeeded MachineRemediation that ended by
-// recovery, its Machine kept (the worker remediator's escalation): nothing is left to do for it. A
-// remediation that deleted its Machine (a control-plane replacement, a worker's Delete step) is never
-// replaced: the health checker's cache may still show that Machine for a moment, and the request is
-// the only record of the remediation.
+// recovery during its escalation, its Machine kept (an escalation step succeeds only that way):
+// nothing is left to do for it. A remediation that deleted its Machine (a control-plane replacement,
+// a worker's Delete step) is never replaced: the health checker's cache may still show that Machine
+// for a moment, and the request is the only record of the remediation.
 func finishedWithMachineKept(obj client.Object, m *clusterv1.Machine) bool {
 	mr, ok := obj.(*caprv1.MachineRemediation)
 	if !ok || mr.Status.Phase != caprv1.MachineRemediationPhaseSucceeded || !mr.DeletionTimestamp.IsZero() || !m.DeletionTimestamp.IsZero() {
 		return false
 	}
-	return mr.Status.ControlPlane == nil && mr.Status.Step(caprv1.StepDelete) == nil
+	if mr.Status.Step(caprv1.StepDelete) != nil {
+		return false
+	}
+	for _, step := range escalation.Steps(mr) {
+		if rec := mr.Status.Step(step); rec != nil && rec.Outcome == caprv1.StepOutcomeSucceeded {
+			return true
+		}
+	}
+	return false
 }
 
 // requestSource says who asks for the remediation of m: a person, through CAPI's remediate-machine

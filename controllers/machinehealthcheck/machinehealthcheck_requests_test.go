@@ -20,6 +20,7 @@ func TestFinishedWithMachineKept(t *testing.T) {
 		mutate(mr)
 		return mr
 	}
+	oneStep := []caprv1.EscalationStep{{TemplateRef: caprv1.TemplateReference{Kind: "RebootTemplate"}, TimeoutSeconds: 60}}
 	machine := &clusterv1.Machine{}
 	deleting := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{Time: time.Now()}}}
 	tests := []struct {
@@ -30,7 +31,31 @@ func TestFinishedWithMachineKept(t *testing.T) {
 	}{
 		{"worker, recovered during escalation", succeeded(func(mr *caprv1.MachineRemediation) {
 			mr.Status.Worker = &caprv1.WorkerRemediationStatus{}
+			mr.Spec.Escalation = oneStep
+			mr.Status.Steps = []caprv1.RemediationStep{{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeSucceeded}}
 		}), machine, true},
+		{"control plane, recovered during escalation", succeeded(func(mr *caprv1.MachineRemediation) {
+			mr.Status.ControlPlane = &caprv1.ControlPlaneRemediationStatus{}
+			mr.Spec.Escalation = []caprv1.EscalationStep{oneStep[0], oneStep[0]}
+			mr.Status.Steps = []caprv1.RemediationStep{
+				{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeFailed},
+				{Name: caprv1.EscalationStepName(1), Outcome: caprv1.StepOutcomeSucceeded},
+			}
+		}), machine, true},
+		{"control plane, escalation timed out, replaced (stale cache)", succeeded(func(mr *caprv1.MachineRemediation) {
+			mr.Status.ControlPlane = &caprv1.ControlPlaneRemediationStatus{}
+			mr.Spec.Escalation = oneStep
+			mr.Status.Steps = []caprv1.RemediationStep{
+				{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeFailed},
+				{Name: caprv1.StepFence, Outcome: caprv1.StepOutcomeSkipped},
+				{Name: caprv1.StepDelete, Outcome: caprv1.StepOutcomeSucceeded},
+			}
+		}), machine, false},
+		{"escalation skipped (a manual request), Machine deleted outside", succeeded(func(mr *caprv1.MachineRemediation) {
+			mr.Status.Worker = &caprv1.WorkerRemediationStatus{}
+			mr.Spec.Escalation = oneStep
+			mr.Status.Steps = []caprv1.RemediationStep{{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeSkipped}}
+		}), machine, false},
 		{"worker, deleted by its Delete step (stale cache)", succeeded(func(mr *caprv1.MachineRemediation) {
 			mr.Status.Worker = &caprv1.WorkerRemediationStatus{}
 			mr.Status.Steps = []caprv1.RemediationStep{{Name: caprv1.StepDelete}}

@@ -112,6 +112,21 @@ func CanRemoveMember(c Counts, v Victim) bool {
 	return after.Healthy >= Of(after.Voting)
 }
 
+// CanTakeDown says whether the victim's member may go down for a while without losing quorum (a
+// reboot of its Machine, an escalation step before any membership change): V unchanged,
+// H' = H - (victim healthy ? 1 : 0), safe when quorum is present and H' ≥ q(V). A learner or an
+// unhealthy victim takes nothing away. Unlike a removal, the vote keeps counting the downed member,
+// so a healthy victim of 3 healthy voters may go down (2 of 3) but not one of 2 healthy of 3.
+func CanTakeDown(c Counts, v Victim) bool {
+	if !Present(c) {
+		return false
+	}
+	if v.Learner || !v.Healthy {
+		return true
+	}
+	return c.Healthy-1 >= Of(c.Voting)
+}
+
 // RemovalKeepsMargin says whether removing the victim's member first keeps a failure margin the
 // cluster has now: removing a healthy member of 3 healthy voters is quorum-safe (2 of 2) but leaves
 // no margin — the next failure loses quorum — where adding the replacement first would have kept

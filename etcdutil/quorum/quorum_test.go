@@ -132,6 +132,53 @@ func TestCanRemoveMemberEveryCombination(t *testing.T) {
 	}
 }
 
+func TestCanTakeDownEveryCombination(t *testing.T) {
+	for v := 1; v <= 7; v++ {
+		for h := 0; h <= v; h++ {
+			for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
+				if victim.Healthy && h == 0 {
+					continue // a healthy victim needs at least one healthy member
+				}
+				if !victim.Healthy && !victim.Learner && h == v {
+					continue // an unhealthy voting victim needs an unhealthy member
+				}
+				t.Run(fmt.Sprintf("V%d_H%d_healthy%t_learner%t", v, h, victim.Healthy, victim.Learner), func(t *testing.T) {
+					// Oracle: the members that still vote and answer while the victim is down.
+					up := h
+					if victim.Healthy {
+						up--
+					}
+					want := majority(h, v) && majority(up, v)
+					NewWithT(t).Expect(CanTakeDown(Counts{Voting: v, Healthy: h}, victim)).To(Equal(want))
+				})
+			}
+		}
+	}
+}
+
+func TestCanTakeDownKnownCases(t *testing.T) {
+	tests := []struct {
+		name   string
+		counts Counts
+		victim Victim
+		want   bool
+	}{
+		{"3 healthy, healthy victim reboots: 2 of 3 vote", Counts{Voting: 3, Healthy: 3}, Victim{Healthy: true}, true},
+		{"3 members, one other dead, healthy victim: 1 of 3 would lose quorum", Counts{Voting: 3, Healthy: 2}, Victim{Healthy: true}, false},
+		{"3 members, the victim dead: nothing changes", Counts{Voting: 3, Healthy: 2}, Victim{}, true},
+		{"5 healthy, healthy victim: 4 of 5", Counts{Voting: 5, Healthy: 5}, Victim{Healthy: true}, true},
+		{"5 members, two others dead, healthy victim: 2 of 5", Counts{Voting: 5, Healthy: 3}, Victim{Healthy: true}, false},
+		{"1 member, healthy victim: the only voter", Counts{Voting: 1, Healthy: 1}, Victim{Healthy: true}, false},
+		{"quorum lost: nothing automatic", Counts{Voting: 3, Healthy: 1}, Victim{}, false},
+		{"node-local member list: not authoritative", Counts{Voting: 3, Healthy: 3, Serializable: true}, Victim{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			NewWithT(t).Expect(CanTakeDown(tt.counts, tt.victim)).To(Equal(tt.want))
+		})
+	}
+}
+
 func TestCanRemoveMemberKnownCases(t *testing.T) {
 	tests := []struct {
 		name   string

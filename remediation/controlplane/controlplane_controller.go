@@ -57,6 +57,7 @@ const (
 	EventRemediationYielded        = "RemediationYielded"
 	EventStepTimedOut              = "StepTimedOut"
 	EventSurplusReplacementDeleted = "SurplusReplacementDeleted"
+	EventOrderReplanned            = "OrderReplanned"
 )
 
 // EtcdProvider gives access to a workload cluster's etcd (WorkloadEtcd in production).
@@ -94,6 +95,9 @@ type Reconciler struct {
 	WatchFilterValue string
 	// StepObserver, when set, sees every step being issued and finishing (benchmarks, the demo).
 	StepObserver func(StepEvent)
+	// EscalationTimeout, when set, turns an escalation step's timeoutSeconds into its timeout (tests:
+	// the API's minimum of 60 s is too long to wait for).
+	EscalationTimeout func(timeoutSeconds int32) time.Duration
 
 	recorder events.EventRecorder
 }

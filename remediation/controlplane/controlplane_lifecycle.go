@@ -294,8 +294,7 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 }
 
 func currentStepDone(mr *caprv1.MachineRemediation, step caprv1.StepName) bool {
-	rec := findStep(mr, step)
-	return rec != nil && (rec.Outcome == caprv1.StepOutcomeSucceeded || rec.Outcome == caprv1.StepOutcomeSkipped)
+	return StepFinished(findStep(mr, step))
 }
 
 func replicasString(s *scope) string {
@@ -358,6 +357,12 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 			did = append(did, "the provider's remediation annotation removed")
 		}
 		did = append(did, r.deleteLeftBehind(ctx, s, reps)...)
+	}
+	if findStep(s.mr, caprv1.EscalationStepName(0)) != nil {
+		if err := r.escalationRunner().DeleteStarted(ctx, s.mr); err != nil {
+			return "", err
+		}
+		did = append(did, "the escalation's objects deleted")
 	}
 	if err := r.removeFenceHook(ctx, s); err != nil {
 		return "", err

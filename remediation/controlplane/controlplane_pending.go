@@ -77,7 +77,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 	case w != nil:
 		return r.wait(s, w), nil
 	}
-	plan, w, err := r.planStart(ctx, s)
+	plan, w, err := r.planStart(ctx, s, false)
 	switch {
 	case err != nil:
 		return ctrl.Result{}, err
@@ -147,8 +147,10 @@ func (r *Reconciler) startPreconditions(ctx context.Context, s *scope) (RetryDec
 }
 
 // planStart reads the world (initialization, the other control-plane Machines, etcd) and chooses the
-// order, or says why the remediation must wait.
-func (r *Reconciler) planStart(ctx context.Context, s *scope) (startPlan, *waiting, error) {
+// order, or says why the remediation must wait. running is true when a running remediation chooses
+// again after its escalation: it holds the control plane, so the other requests' ranks no longer
+// decide who starts (a more broken one is given way to by yieldToMoreBroken).
+func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (startPlan, *waiting, error) {
 	desired, _ := Replicas(s.cp)
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name && l.DesiredReplicas > 0 {
 		desired = l.DesiredReplicas // a start that crashed after taking the lock: keep what it recorded
@@ -179,13 +181,15 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope) (startPlan, *waiti
 		}
 		in.Counts = state.Counts()
 		in.Victim = victimMember(state, s.victimNode())
-		first, err := r.firstCandidate(ctx, s, state)
-		if err != nil {
-			return startPlan{}, nil, err
-		}
-		if first != s.mr.Name {
-			return startPlan{}, &waiting{reason: caprv1.MachineRemediationAnotherRemediationInProgressReason, requeue: waitLong, message: fmt.Sprintf(
-				"control-plane Machine %s is more broken and is remediated first", first)}, nil
+		if !running {
+			first, err := r.firstCandidate(ctx, s, state)
+			if err != nil {
+				return startPlan{}, nil, err
+			}
+			if first != s.mr.Name {
+				return startPlan{}, &waiting{reason: caprv1.MachineRemediationAnotherRemediationInProgressReason, requeue: waitLong, message: fmt.Sprintf(
+					"control-plane Machine %s is more broken and is remediated first", first)}, nil
+			}
 		}
 		view := ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}
 		if busy := s.adapter.Busy(view); busy != "" && !holdsLock(s) {
@@ -237,25 +241,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 		}
 		return ctrl.Result{}, err
 	}
-	cp := &caprv1.ControlPlaneRemediationStatus{
-		ClusterName: s.cluster.Name, Order: plan.decision.Order, OrderReason: plan.decision.Reason,
-		DesiredReplicas: ptr.To(plan.desired), MemberName: s.victimNode(), RetryCount: plan.retryCount,
-	}
-	switch plan.decision.Order {
-	case caprv1.ControlPlaneOrderReplace:
-	case caprv1.ControlPlaneOrderDeleteFirst:
-		cp.Surge, cp.SurgeReason = 0, "no surge: the victim is deleted first and the provider replaces it"
-	default:
-		cp.Surge, cp.SurgeReason = s.adapter.Surge(s.cp)
-	}
-	for _, other := range s.machines {
-		cp.MachinesBefore = append(cp.MachinesBefore, other.Name)
-	}
-	if plan.state != nil {
-		if member := plan.state.ByName(s.victimNode()); member != nil {
-			cp.MemberID = fmt.Sprintf("%x", member.ID)
-		}
-	}
+	cp := controlPlaneRecord(s, plan)
 	mr.Status.ControlPlane = cp
 	// From here on the remediation outlives its Machine (which it deletes): it is re-owned by the
 	// Cluster, so that its record is not garbage-collected with the Machine.
@@ -288,6 +274,32 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", plan.decision.Order, "reason", plan.decision.Reason,
 		"Cluster", klog.KObj(s.cluster))
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+}
+
+// controlPlaneRecord is what a remediation records when it starts with plan (and again when it
+// chooses its order after the escalation): the order, the surge, the Machines and the victim's member
+// as they are now.
+func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediationStatus {
+	cp := &caprv1.ControlPlaneRemediationStatus{
+		ClusterName: s.cluster.Name, Order: plan.decision.Order, OrderReason: plan.decision.Reason,
+		DesiredReplicas: ptr.To(plan.desired), MemberName: s.victimNode(), RetryCount: plan.retryCount,
+	}
+	switch plan.decision.Order {
+	case caprv1.ControlPlaneOrderReplace:
+	case caprv1.ControlPlaneOrderDeleteFirst:
+		cp.Surge, cp.SurgeReason = 0, "no surge: the victim is deleted first and the provider replaces it"
+	default:
+		cp.Surge, cp.SurgeReason = s.adapter.Surge(s.cp)
+	}
+	for _, other := range s.machines {
+		cp.MachinesBefore = append(cp.MachinesBefore, other.Name)
+	}
+	if plan.state != nil {
+		if member := plan.state.ByName(s.victimNode()); member != nil {
+			cp.MemberID = fmt.Sprintf("%x", member.ID)
+		}
+	}
+	return cp
 }
 
 // holdsLock reports whether the control-plane lock names this remediation (a start that crashed

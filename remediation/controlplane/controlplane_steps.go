@@ -23,6 +23,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -31,20 +32,24 @@ type stepResult struct {
 	// done: the step's effect is visible (or the step is not needed: skipped).
 	done    bool
 	skipped bool
-	message string
+	// failed: done without effect (an escalation step that timed out); the next step follows.
+	failed bool
+	// recovered: the Machine is healthy again during the escalation; the remediation ends, nothing
+	// replaced.
+	recovered bool
+	message   string
 	// waitReason, when set, is the Progressing reason while the step cannot proceed.
 	waitReason string
 	requeue    time.Duration
 }
 
-// currentStep is the first step of the plan that has not succeeded or been skipped.
+// currentStep is the first step of the plan that is not finished (StepFinished).
 func currentStep(mr *caprv1.MachineRemediation) caprv1.StepName {
 	if mr.Status.ControlPlane == nil {
 		return ""
 	}
-	for _, step := range StepsFor(mr.Status.ControlPlane.Order) {
-		rec := findStep(mr, step)
-		if rec == nil || (rec.Outcome != caprv1.StepOutcomeSucceeded && rec.Outcome != caprv1.StepOutcomeSkipped) {
+	for _, step := range PlanSteps(mr) {
+		if !StepFinished(findStep(mr, step)) {
 			return step
 		}
 	}
@@ -69,6 +74,21 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		return r.succeed(ctx, s)
 	}
 	rec := findStep(s.mr, step)
+	replanned := ""
+	if rec == nil && mustReplan(s.mr, step) {
+		// The escalation did not help, and it took time: the order chosen at the start was chosen
+		// on an etcd state that may be gone. Choose again before the first membership step.
+		w, msg, err := r.replan(ctx, s)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if w != nil {
+			return r.waitAfterEscalation(ctx, s, w)
+		}
+		replanned = msg
+		step = currentStep(s.mr)
+		rec = findStep(s.mr, step)
+	}
 	if rec == nil {
 		s.mr.Status.Steps = append(s.mr.Status.Steps, caprv1.RemediationStep{
 			Name: step, StartTime: ptr.To(metav1.Now()), Outcome: caprv1.StepOutcomeInProgress,
@@ -78,6 +98,9 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 			Reason: caprv1.MachineRemediationStepInProgressReason, Message: "step " + string(step)})
 		if err := r.persist(ctx, s); err != nil {
 			return ctrl.Result{}, err
+		}
+		if replanned != "" {
+			r.event(s.mr, corev1.EventTypeNormal, EventOrderReplanned, replanned)
 		}
 		r.event(s.mr, corev1.EventTypeNormal, EventStepStarted, "Step "+string(step)+" started")
 		r.observe(s, step, false)
@@ -92,6 +115,9 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		return ctrl.Result{RequeueAfter: waitShort}, nil //nolint:nilerr // recorded in the status (lastError, step message); the step is retried
 	}
 	rec.Message = res.message
+	if res.recovered {
+		return r.recovered(ctx, s, rec, res.message)
+	}
 	if !res.done {
 		if res.waitReason != "" {
 			msg := fmt.Sprintf("step %s: %s", step, res.message)
@@ -112,8 +138,11 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	}
 	rec.FinishTime = ptr.To(metav1.Now())
 	rec.Outcome = caprv1.StepOutcomeSucceeded
-	if res.skipped {
+	switch {
+	case res.skipped:
 		rec.Outcome = caprv1.StepOutcomeSkipped
+	case res.failed:
+		rec.Outcome = caprv1.StepOutcomeFailed
 	}
 	s.mr.Status.LastError = ""
 	metrics.StepFinished(metrics.KindControlPlane, string(step), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
@@ -143,6 +172,9 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step caprv1.StepName
 		return r.stepFence(ctx, s, rec)
 	case caprv1.StepDelete:
 		return r.stepDelete(ctx, s)
+	}
+	if escalation.Index(s.mr, step) >= 0 {
+		return r.stepEscalate(ctx, s, rec)
 	}
 	return stepResult{}, fmt.Errorf("unknown step %q", step)
 }

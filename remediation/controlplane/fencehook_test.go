@@ -29,10 +29,20 @@ func TestFenceHook(t *testing.T) {
 	t.Run("running, not fenced yet: the hook is added once", func(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, withStep(caprv1.StepScaleUp, caprv1.StepOutcomeInProgress, ""))
+		w.s.mr.Spec.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired}
 		g.Expect(w.r.ensureFenceHook(t.Context(), w.s)).To(Succeed())
 		g.Expect(hook(g, w)).To(Equal("m-b"))
 		g.Expect(w.r.ensureFenceHook(t.Context(), w.s)).To(Succeed(), "idempotent")
 	})
+	for name, spec := range map[string]*caprv1.FencingSpec{"no fencing spec": nil, "policy Disabled": {Policy: caprv1.FencingDisabled}} {
+		t.Run(name+": no hook (nothing would be fenced)", func(t *testing.T) {
+			g := NewWithT(t)
+			w := newWorld(t, withStep(caprv1.StepScaleUp, caprv1.StepOutcomeInProgress, ""))
+			w.s.mr.Spec.Fencing = spec
+			g.Expect(w.r.ensureFenceHook(t.Context(), w.s)).To(Succeed())
+			g.Expect(hook(g, w)).To(BeEmpty())
+		})
+	}
 	t.Run("fenced: no hook is added", func(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))

@@ -8,6 +8,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil/quorum"
+	"github.com/capr-io/capr/remediation/escalation"
 )
 
 // This file holds the pure decisions of a control-plane remediation: which order to
@@ -28,6 +29,22 @@ func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 	default:
 		return nil
 	}
+}
+
+// PlanSteps returns every step of a running remediation, in execution order: its escalation steps
+// (spec.escalation, run before any membership change), then the steps of its order.
+func PlanSteps(mr *caprv1.MachineRemediation) []caprv1.StepName {
+	steps := escalation.Steps(mr)
+	if mr.Status.ControlPlane != nil {
+		steps = append(steps, StepsFor(mr.Status.ControlPlane.Order)...)
+	}
+	return steps
+}
+
+// StepFinished reports whether a step record is final: succeeded, skipped, or failed (an escalation
+// step that timed out; the next step follows).
+func StepFinished(rec *caprv1.RemediationStep) bool {
+	return rec != nil && (rec.Outcome == caprv1.StepOutcomeSucceeded || rec.Outcome == caprv1.StepOutcomeSkipped || rec.Outcome == caprv1.StepOutcomeFailed)
 }
 
 // VictimMember is the state of the victim's etcd member.

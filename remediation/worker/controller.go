@@ -29,6 +29,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -51,7 +52,7 @@ const (
 	EventFencingGaveUp        = "FencingGaveUp"
 	EventStepTimedOut         = "StepTimedOut"
 	EventNoRemediator         = "NoRemediator"
-	EventEscalationCreated    = "EscalationCreated"
+	EventEscalationCreated    = escalation.EventCreated
 	// EventFencedDeletingMachine: someone else deleted the Machine during the remediation; the hook
 	// held the deletion until the Machine was fenced.
 	EventFencedDeletingMachine = "FencedDeletingMachine"

@@ -222,6 +222,11 @@ func (s *Sandbox) startProviders(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-reboot").
+		For(Reboot("", "")).
+		Complete(&rebootReconciler{s: s, c: mgr.GetClient()}); err != nil {
+		return err
+	}
 	mctx, cancel := context.WithCancel(ctx)
 	s.stopManager = cancel
 	s.managerDone = make(chan error, 1)

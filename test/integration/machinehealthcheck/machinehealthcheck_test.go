@@ -928,16 +928,20 @@ func TestUnreachableWarningOncePerTransition(t *testing.T) {
 }
 
 // TestFinishedRequestIsReplacedWhenUnhealthyAgain: a Succeeded request of a Machine that is still
-// there (it recovered during the worker remediator's escalation) does not stop a new remediation when
+// there (it recovered during its escalation, worker or control plane) does not stop a new remediation when
 // the Machine is unhealthy again: the health checker replaces it.
 func TestFinishedRequestIsReplacedWhenUnhealthyAgain(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	m := f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
-	old := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: m.Name}}
+	// A remediation that ended by recovery during its escalation (its Machine kept).
+	old := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: m.Name},
+		Spec: caprv1.MachineRemediationSpec{Escalation: []caprv1.EscalationStep{{
+			TemplateRef: caprv1.TemplateReference{APIVersion: "example.com/v1", Kind: "RebootTemplate", Name: "r"}, TimeoutSeconds: 60}}}}
 	g.Expect(k8sClient.Create(ctx, old)).To(Succeed())
 	old.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
+	old.Status.Steps = []caprv1.RemediationStep{{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeSucceeded}}
 	g.Expect(k8sClient.Status().Update(ctx, old)).To(Succeed())
 	f.healthCheck(g, nil)
 
