@@ -83,6 +83,11 @@ unit: ## Run the tests that need no binaries (every package not under test/): no
 test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI core, CABPK, KCP, webhooks, kube-controller-manager); make test runs a subset.
 	go test ./test/kubeadm/... -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
 
+.PHONY: e2e
+e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; README "End-to-end suite"); make test runs it on the sandbox.
+	@test -n "$(E2E_KUBECONFIG)" || { echo "E2E_KUBECONFIG must name the management cluster's kubeconfig (make test runs the suite on the sandbox)"; exit 2; }
+	E2E_KUBECONFIG=$(E2E_KUBECONFIG) E2E_CLUSTER_TEMPLATE=$(E2E_CLUSTER_TEMPLATE) go test ./test/e2e -count=1 -v -timeout 90m $(GO_TEST_FLAGS)
+
 .PHONY: compare-kcp
 compare-kcp: envtest-assets ## Each control-plane fault on the full stack twice: CAPI MHC + KCP's own remediation, then CAPR; prints a table per scenario.
 	go run ./test/sandbox/cmd/compare-kcp $(if $(SCENARIO),--scenario="$(SCENARIO)")

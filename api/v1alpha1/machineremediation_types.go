@@ -302,6 +302,13 @@ type MachineRemediationTemplateSpec struct {
 
 // +kubebuilder:object:root=true
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+// clusterctl move carries an object only if an owner-reference chain links it to a Cluster, or if its
+// CRD has the clusterctl.cluster.x-k8s.io/move label (cluster-api v1.14.2
+// cmd/clusterctl/client/cluster/objectgraph.go:380-385 and getMoveNodes, :674-684). Nothing owns a
+// template (neither CAPI's MachineHealthCheck controller nor CAPR's sets an owner on the template it
+// references), so without the label a move would leave it behind and the health checks moved with
+// their Cluster would reference a template missing on the new management cluster.
+// +kubebuilder:metadata:labels="clusterctl.cluster.x-k8s.io/move="
 // +kubebuilder:resource:path=machineremediationtemplates,shortName=mrt,scope=Namespaced,categories=cluster-api;capr
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 

@@ -31,6 +31,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -358,6 +359,7 @@ func pausedBy(s *scope) string {
 // Steps call it before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	s.mr.Status.ObservedGeneration = s.mr.Generation
+	remediation.SyncBlockMove(s.mr)
 	if !equality.Semantic.DeepEqual(s.base.ObjectMeta, s.mr.ObjectMeta) {
 		// The reply carries the stored status, not the one this reconcile decided: keep ours.
 		status := s.mr.Status.DeepCopy()

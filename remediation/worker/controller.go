@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
@@ -257,6 +258,7 @@ func clusterNameOf(s *scope) string {
 // before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	s.mr.Status.ObservedGeneration = s.mr.Generation
+	remediation.SyncBlockMove(s.mr)
 	if err := s.patch.Patch(ctx, s.mr, patch.WithOwnedConditions{Conditions: []string{
 		caprv1.MachineRemediationProgressingCondition, caprv1.MachineRemediationSucceededCondition, clusterv1.PausedCondition,
 	}}); err != nil {

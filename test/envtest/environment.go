@@ -68,6 +68,9 @@ type Options struct {
 	// (ManagerConfig is nil), for tests that install CAPR themselves (e.g. from the rendered
 	// clusterctl components).
 	WithoutCAPR bool
+	// WithoutManagerIdentity installs CAPR's CRDs but no manager identity or role (ManagerConfig is
+	// nil), for tests that install CAPR's RBAC from the rendered components themselves.
+	WithoutManagerIdentity bool
 }
 
 // ModuleRoot returns the root of the CAPR module (the directory holding go.mod).
@@ -199,7 +202,7 @@ func Start(opts Options) (*Environment, error) {
 		return nil, err
 	}
 	var managerCfg *rest.Config
-	if !opts.WithoutCAPR {
+	if !opts.WithoutCAPR && !opts.WithoutManagerIdentity {
 		if managerCfg, err = managerConfig(env, c, root, opts.ManagerRoleFiles); err != nil {
 			_ = env.Stop()
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,6 +56,10 @@ type Sandbox struct {
 	Log *EventLog
 
 	opts Options
+	// installOnce guards InstallRenderedComponents for StartBuiltManager (binary.go).
+	installOnce sync.Once
+	managerArgs []string
+	installErr  error
 	// kcm is the real kube-controller-manager of the full stack (node lifecycle, garbage collector,
 	// pod GC, attach/detach).
 	kcm *capienv.KubeControllerManager
@@ -86,6 +91,9 @@ type Options struct {
 	Provider Provider
 	// CAPI selects optional CAPI reconcilers (ProviderKubeadm only).
 	CAPI CAPIOptions
+	// WithoutManagerIdentity leaves CAPR's RBAC out (Env.ManagerConfig is nil): for tests that
+	// install it from the rendered clusterctl components and run the built binary with it.
+	WithoutManagerIdentity bool
 }
 
 // WorkloadCluster is one sandbox workload cluster.
@@ -147,7 +155,7 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 	}
 	env, err := capienv.Start(capienv.Options{
 		ExtraCRDDirs: []string{crds}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme, AddCAPIToScheme},
-		CAPIWebhooks: opts.Provider == ProviderKubeadm,
+		CAPIWebhooks: opts.Provider == ProviderKubeadm, WithoutManagerIdentity: opts.WithoutManagerIdentity,
 		// CAPR's shipped RBAC grants only KubeadmControlPlane; the sandbox's control plane is granted
 		// as a user grants any other provider's.
 		ManagerRoleFiles: []string{filepath.Join(filepath.Dir(crds), "rbac", "capr_role.yaml")},
@@ -174,12 +182,26 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 		s.Stop()
 		return nil, err
 	}
+	if opts.WithoutManagerIdentity && opts.Provider != ProviderKubeadm {
+		// The rendered components' manager role is aggregated (config/rbac): only
+		// kube-controller-manager's aggregation controller gives it its rules.
+		if s.kcm, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
+			Controllers: []string{capienv.ClusterRoleAggregationController}}); err != nil {
+			s.Stop()
+			return nil, err
+		}
+	}
 	if opts.Provider == ProviderKubeadm {
 		if s.apiServerCert, err = startAPIServerCertEndpoint(); err != nil {
 			s.Stop()
 			return nil, err
 		}
-		if s.kcm, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{NodeMonitorGracePeriod: NodeMonitorGracePeriod}); err != nil {
+		controllers := capienv.DefaultKubeControllerManagerControllers
+		if opts.WithoutManagerIdentity {
+			controllers = append(slices.Clone(controllers), capienv.ClusterRoleAggregationController)
+		}
+		if s.kcm, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
+			NodeMonitorGracePeriod: NodeMonitorGracePeriod, Controllers: controllers}); err != nil {
 			s.Stop()
 			return nil, err
 		}
@@ -295,6 +317,9 @@ func (s *Sandbox) DestroyCluster(ctx context.Context, wc *WorkloadCluster) {
 		}
 	}
 }
+
+// Cluster returns the workload cluster namespace/name made by CreateCluster (nil if there is none).
+func (s *Sandbox) Cluster(namespace, name string) *WorkloadCluster { return s.cluster(namespace, name) }
 
 func (s *Sandbox) cluster(namespace, name string) *WorkloadCluster {
 	s.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -133,12 +134,15 @@ func TestControlPlaneRebootThatDoesNotHelpIsFollowedByReplacement(t *testing.T) 
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(rebootOf(g, wc, victim.Name)).NotTo(BeNil())
-		g.Expect(getRemediation(g, wc, victim.Name).Status.CurrentStep).To(Equal(caprv1.EscalationStepName(0)))
+		mr := getRemediation(g, wc, victim.Name)
+		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.EscalationStepName(0)))
+		g.Expect(mr.Annotations).To(HaveKey(clusterctlv1.BlockMoveAnnotation), "clusterctl move would drop the running remediation's status")
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
 	g.Expect(controlPlaneObject(g, wc).Annotations).To(HaveKey(caprv1.ControlPlaneLockAnnotation), "the reboot runs while the control plane is held")
 	g.Expect(*controlPlaneObject(g, wc).Spec.Replicas).To(BeEquivalentTo(3), "nothing but the reboot before its timeout")
 
 	mr := waitRemediated(t, wc, victim.Name, 3)
+	g.Expect(mr.Annotations).NotTo(HaveKey(clusterctlv1.BlockMoveAnnotation), "a finished remediation blocks no move")
 	_, lost := watch.Stop()
 	g.Expect(lost).To(BeEmpty(), "etcd lost quorum during the remediation")
 	g.Expect(stepNames(mr)).To(Equal(append([]caprv1.StepName{caprv1.EscalationStepName(0)}, controlplane.StepsFor(mr.Status.ControlPlane.Order)...)))

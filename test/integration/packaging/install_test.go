@@ -43,6 +43,13 @@ type installation struct {
 	components clusterctlclient.Components
 	// inventory reads clusterctl's provider inventory.
 	inventory cluster.InventoryClient
+	// configPath is the clusterctl configuration with the local repositories (CAPR's, the core
+	// provider's): another management cluster is set up from it (move_test.go).
+	configPath string
+	// kubeconfigPath is clusterctl's kubeconfig of testEnv.
+	kubeconfigPath string
+	// capiVersion is the core provider's version recorded in the inventory.
+	capiVersion string
 }
 
 var (
@@ -110,29 +117,48 @@ func install() (*installation, error) {
 	if err != nil {
 		return nil, err
 	}
-	kubeconfig, err := testEnv.AdminKubeconfig("clusterctl")
+	components, inventory, kubeconfigPath, err := clusterctlInit(testEnv, configPath, capiVersion)
 	if err != nil {
 		return nil, err
 	}
-	kubeconfigPath := filepath.Join(installDir, "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		return nil, err
+	return &installation{
+		rendered: rendered, components: components, inventory: inventory,
+		configPath: configPath, kubeconfigPath: kubeconfigPath, capiVersion: capiVersion,
+	}, nil
+}
+
+// clusterctlInit makes env a management cluster with CAPI's core provider recorded (see install) and
+// runs `clusterctl init --addon capr` on it from the repositories of configPath. It returns what Init
+// installed, the inventory and the path of the kubeconfig clusterctl used (in installDir).
+func clusterctlInit(env *capienv.Environment, configPath, capiVersion string) (clusterctlclient.Components, cluster.InventoryClient, string, error) {
+	kubeconfig, err := env.AdminKubeconfig("clusterctl")
+	if err != nil {
+		return nil, nil, "", err
+	}
+	f, err := os.CreateTemp(installDir, "kubeconfig-")
+	if err != nil {
+		return nil, nil, "", err
+	}
+	kubeconfigPath := f.Name()
+	_, err = f.Write(kubeconfig)
+	if err = errors.Join(err, f.Close()); err != nil {
+		return nil, nil, "", err
 	}
 
 	c, err := clusterctlclient.New(ctx, configPath)
 	if err != nil {
-		return nil, fmt.Errorf("creating the clusterctl client from %s: %w", configPath, err)
+		return nil, nil, "", fmt.Errorf("creating the clusterctl client from %s: %w", configPath, err)
 	}
 	configClient, err := config.New(ctx, configPath)
 	if err != nil {
-		return nil, err
+		return nil, nil, "", err
 	}
 	inventory := cluster.New(cluster.Kubeconfig{Path: kubeconfigPath}, configClient).ProviderInventory()
-	if err := recordCoreProvider(inventory, capiVersion); err != nil {
-		return nil, err
+	if err := recordCoreProvider(env.Client, inventory, capiVersion); err != nil {
+		return nil, nil, "", err
 	}
-	if err := stubCertManagerAPI(); err != nil {
-		return nil, err
+	if err := stubCertManagerAPI(env.Client); err != nil {
+		return nil, nil, "", err
 	}
 
 	installed, err := c.Init(ctx, clusterctlclient.InitOptions{
@@ -140,12 +166,12 @@ func install() (*installation, error) {
 		AddonProviders: []string{manifests.ProviderName + ":" + releaseVersion},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("clusterctl init --addon %s:%s: %w", manifests.ProviderName, releaseVersion, err)
+		return nil, nil, "", fmt.Errorf("clusterctl init --addon %s:%s: %w", manifests.ProviderName, releaseVersion, err)
 	}
 	if len(installed) != 1 {
-		return nil, fmt.Errorf("clusterctl init installed %d providers, want only CAPR", len(installed))
+		return nil, nil, "", fmt.Errorf("clusterctl init installed %d providers, want only CAPR", len(installed))
 	}
-	return &installation{rendered: rendered, components: installed[0], inventory: inventory}, nil
+	return installed[0], inventory, kubeconfigPath, nil
 }
 
 // writeClusterctlConfig writes a clusterctl configuration with the provider entries of
@@ -188,11 +214,11 @@ func writeClusterctlConfig(coreComponents string) (string, error) {
 
 // recordCoreProvider adds CAPI's core provider to clusterctl's inventory, as `clusterctl init`
 // would have after installing it.
-func recordCoreProvider(inventory cluster.InventoryClient, version string) error {
+func recordCoreProvider(c client.Client, inventory cluster.InventoryClient, version string) error {
 	if err := inventory.EnsureCustomResourceDefinitions(ctx); err != nil {
 		return fmt.Errorf("installing clusterctl's inventory CRD: %w", err)
 	}
-	if err := testEnv.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "capi-system"}}); err != nil {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "capi-system"}}); err != nil {
 		return err
 	}
 	return inventory.Create(ctx, clusterctlv1.Provider{
@@ -211,7 +237,7 @@ func recordCoreProvider(inventory cluster.InventoryClient, version string) error
 }
 
 // stubCertManagerAPI installs schemaless CRDs for cert-manager's Issuer and Certificate.
-func stubCertManagerAPI() error {
+func stubCertManagerAPI(c client.Client) error {
 	for _, kind := range []string{"Issuer", "Certificate"} {
 		plural := strings.ToLower(kind) + "s"
 		crd := &apiextensionsv1.CustomResourceDefinition{
@@ -228,20 +254,20 @@ func stubCertManagerAPI() error {
 				}},
 			},
 		}
-		if err := testEnv.Client.Create(ctx, crd); err != nil {
+		if err := c.Create(ctx, crd); err != nil {
 			return err
 		}
-		if err := waitEstablished(crd.Name); err != nil {
+		if err := waitEstablished(c, crd.Name); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func waitEstablished(name string) error {
+func waitEstablished(c client.Client, name string) error {
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := testEnv.Client.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, crd); err != nil {
 			return false, err
 		}
 		for _, c := range crd.Status.Conditions {

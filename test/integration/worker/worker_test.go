@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -80,6 +81,7 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.StepFence))
 		g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
 		g.Expect(mr.Finalizers).To(ContainElement(caprv1.MachineRemediationFinalizer))
+		g.Expect(mr.Annotations).To(HaveKey(clusterctlv1.BlockMoveAnnotation), "clusterctl move would drop the running remediation's status")
 		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
 		// Fence before delete, whoever deletes: CAPI's Machine controller would hold a deletion.
 		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKeyWithValue(caprv1.FenceBeforeDeleteHookAnnotation, "w1"))
