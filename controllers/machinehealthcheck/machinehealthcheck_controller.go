@@ -562,16 +562,18 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	var errs []error
 	for i := range machines.Items {
 		m := &machines.Items[i]
-		if _, ok := ownMark(m, checker); !ok {
-			continue
+		if _, ok := ownMark(m, checker); ok {
+			after := m.DeepCopy()
+			delete(after.Annotations, caprv1.UnhealthyAnnotation)
+			conditions.Delete(after, caprv1.MachineCAPRHealthCheckSucceededCondition)
+			if err := patchMark(ctx, r.Client, m, after); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 		}
-		after := m.DeepCopy()
-		delete(after.Annotations, caprv1.UnhealthyAnnotation)
-		conditions.Delete(after, caprv1.MachineCAPRHealthCheckSucceededCondition)
-		if err := patchMark(ctx, r.Client, m, after); err != nil {
-			errs = append(errs, err)
-			continue
-		}
+		// Every Pending request of this health check is withdrawn, whether or not the Machine still
+		// carries the mark: a withdrawal refused by a conflict (a remediator wrote the request) is
+		// retried on the next reconcile, when the mark cleared above is already gone.
 		if err := r.withdrawRequest(ctx, mhc, m, requests, "its health check is being deleted"); err != nil {
 			errs = append(errs, err)
 		}
