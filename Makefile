@@ -112,6 +112,7 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs and RBAC from the AP
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=. paths=./controllers/... paths=./remediation/... output:rbac:dir=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=secret-reader paths=./etcdutil/... output:rbac:dir=config/rbac/secret_reader
 	$(CONTROLLER_GEN) object paths=./test/sandbox/api/...
 	$(CONTROLLER_GEN) crd paths=./test/sandbox/api/... output:crd:artifacts:config=test/sandbox/config/crd
 

@@ -94,7 +94,8 @@ func (o *Options) Defaults() {
 }
 
 // ManagerCacheOptions and ManagerClientOptions are CAPI core's, so CAPR caches what CAPI caches
-// (only cluster-labelled Secrets; unstructured reads through the cache).
+// (unstructured reads through the cache). Their Secret settings go unused: CAPR reads Secrets by
+// name, uncached (SetupWithManager).
 func ManagerCacheOptions(scheme *runtime.Scheme, namespace string, syncPeriod time.Duration) cache.Options {
 	return setup.ManagerCacheOptions(scheme, ControllerName, namespace, syncPeriod)
 }
@@ -122,12 +123,11 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 	if err := index.ByMachineNode(ctx, mgr); err != nil {
 		return nil, fmt.Errorf("adding the Machine node-name index: %w", err)
 	}
-	secretClient, err := setup.CreateSecretCachingClient(mgr)
-	if err != nil {
-		return nil, fmt.Errorf("creating the secret caching client: %w", err)
-	}
 	cc, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
-		SecretClient:     secretClient,
+		// Uncached, unlike CAPI's managers: a kubeconfig Secret is read by name when a connection is
+		// made, so the manager needs neither list nor watch on Secrets, and the Secret role can be
+		// bound per namespace (etcdutil.Workload).
+		SecretClient:     mgr.GetAPIReader(),
 		WatchFilterValue: opts.WatchFilterValue,
 		Cache:            setup.ClusterCacheCacheOptions(),
 		Client:           setup.ClusterCacheClientOptions(ControllerName, opts.ClusterCacheQPS, opts.ClusterCacheBurst),

@@ -32,6 +32,13 @@ const (
 	idleAfter            = 10 * time.Minute
 )
 
+// The Secrets of a workload cluster (<cluster>-kubeconfig, read by CAPI's ClusterCache, and
+// <cluster>-etcd or <cluster>-apiserver-etcd-client, read here) are only ever read by name, never
+// listed or watched (controllers.SetupWithManager gives the ClusterCache an uncached reader). Their
+// one rule is therefore a role of its own, config/rbac/secret_reader, which an installation binds
+// cluster-wide (the default) or only in the namespaces of its Clusters.
+// +kubebuilder:rbac:groups=core,resources=secrets,verbs=get
+
 // Workload builds etcd access for a workload cluster: port-forward through its API server (REST
 // config from CAPI's ClusterCache), or the direct endpoints of EndpointsAnnotation; client
 // certificates are signed with the CA in secret <cluster>-etcd (or, without a CA key, taken from

@@ -3,13 +3,20 @@ package binary_test
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -19,11 +26,14 @@ import (
 // TestBuiltBinaryRemediatesAControlPlaneMachineWithTheShippedRBAC: the built binary, as the rendered
 // ServiceAccount with only the rendered RBAC, marks a control-plane Machine whose Node stopped
 // reporting and replaces it end to end on the sandbox (real etcd membership through the API server's
-// port-forward). No request of the manager is refused for lack of permission along the way.
+// port-forward). No request of the manager is refused for lack of permission along the way. It runs
+// with the stricter of the two installations README "Least privilege" describes: Secrets readable
+// only in the Cluster's namespace (test/e2e runs the built binary with the default one).
 func TestBuiltBinaryRemediatesAControlPlaneMachineWithTheShippedRBAC(t *testing.T) {
 	g := NewWithT(t)
 	ns, err := capienv.CreateNamespace(ctx, sb.Client, "bin")
 	g.Expect(err).NotTo(HaveOccurred())
+	bindSecretsOnlyIn(t, ns)
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: 3})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2))).To(Succeed())
@@ -54,6 +64,71 @@ func TestBuiltBinaryRemediatesAControlPlaneMachineWithTheShippedRBAC(t *testing.
 	for _, line := range strings.Split(string(out), "\n") {
 		g.Expect(line).NotTo(ContainSubstring("forbidden"), "a request of the manager was refused by RBAC")
 	}
+
+	// A Cluster in a namespace where Secrets are not bound: its health check says the workload cluster
+	// cannot be reached, and the manager's log says why.
+	unbound, err := capienv.CreateNamespace(ctx, sb.Client, "unbound")
+	g.Expect(err).NotTo(HaveOccurred())
+	copyCluster(g, wc.Key(), unbound)
+	g.Expect(sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(unbound, "cp", wc.Name, 2))).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		mhc := &caprv1.MachineHealthCheck{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: unbound, Name: "cp"}, mhc)).To(Succeed())
+		c := meta.FindStatusCondition(mhc.Status.Conditions, caprv1.MachineHealthCheckWorkloadClusterReachableCondition)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	}, 2*time.Minute, 250*time.Millisecond).Should(Succeed())
+	out, err = os.ReadFile(logFile)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(out)).To(MatchRegexp(`secrets \\?"wc-kubeconfig\\?" is forbidden`))
+}
+
+// copyCluster creates in namespace ns a copy of the Cluster at key (spec and status) and of its
+// kubeconfig Secret: another Cluster whose workload cluster answers like the original.
+func copyCluster(g Gomega, key client.ObjectKey, ns string) {
+	orig := &clusterv1.Cluster{}
+	g.Expect(sb.Client.Get(ctx, key, orig)).To(Succeed())
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: orig.Name, Labels: orig.Labels}, Spec: orig.Spec}
+	g.Expect(sb.Client.Create(ctx, cluster)).To(Succeed())
+	cluster.Status = orig.Status
+	g.Expect(sb.Client.Status().Update(ctx, cluster)).To(Succeed())
+
+	secret := &corev1.Secret{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: key.Name + "-kubeconfig"}, secret)).To(Succeed())
+	g.Expect(sb.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secret.Name, Labels: secret.Labels},
+		Type:       secret.Type, Data: secret.Data,
+	})).To(Succeed())
+}
+
+// bindSecretsOnlyIn replaces the components' cluster-wide Secret binding with the sample RoleBinding
+// in ns (README "Least privilege"), checks with SubjectAccessReviews that the manager may then read
+// Secrets there and nowhere else, and puts the components' binding back when the test ends.
+func bindSecretsOnlyIn(t *testing.T, ns string) {
+	g := NewWithT(t)
+	g.Expect(sb.InstallRenderedComponentsOnce(ctx)).To(Succeed())
+	t.Cleanup(func() {
+		_, err := sb.InstallRenderedComponents(ctx)
+		NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	})
+	g.Expect(sb.Client.Delete(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "capr-manager-secrets"}})).To(Succeed())
+
+	root, err := capienv.ModuleRoot()
+	g.Expect(err).NotTo(HaveOccurred())
+	raw, err := os.ReadFile(filepath.Join(root, "config", "samples", "rbac_v1_rolebinding_secret_reader.yaml"))
+	g.Expect(err).NotTo(HaveOccurred())
+	binding := &rbacv1.RoleBinding{}
+	g.Expect(yaml.UnmarshalStrict(raw, binding)).To(Succeed())
+	binding.Namespace = ns
+	g.Expect(sb.Client.Create(ctx, binding)).To(Succeed())
+
+	g.Eventually(func(g Gomega) {
+		g.Expect(allowed(g, access{"get", "", "secrets", "", ns})).To(BeTrue(), "reading Secrets in the Cluster's namespace")
+		for _, elsewhere := range []string{"kube-system", sandbox.ManagerNamespace, "default"} {
+			g.Expect(allowed(g, access{"get", "", "secrets", "", elsewhere})).To(BeFalse(), "reading Secrets in %s", elsewhere)
+		}
+	}, time.Minute, 250*time.Millisecond).Should(Succeed())
+	g.Expect(allowed(g, access{"list", "", "secrets", "", ns})).To(BeFalse(), "listing Secrets")
 }
 
 // access is one question to the API server's authorizer about the manager's ServiceAccount.
@@ -91,11 +166,12 @@ func allowed(g Gomega, a access) bool {
 
 // TestShippedRBACAllowsWhatTheControllersNeedAndNoMore asks the API server's authorizer, with
 // SubjectAccessReviews, about the rendered ServiceAccount holding only the rendered RBAC (aggregated
-// by kube-controller-manager): everything the controllers do is allowed; writing Secrets, touching
-// workloads, RBAC or other providers' objects, and leases outside its namespace are not. Reading
-// Secrets is allowed in every namespace (a workload cluster's <cluster>-kubeconfig and <cluster>-etcd
-// live in the Cluster's namespace, which is not known in advance; RBAC cannot select by name pattern
-// or label): README "What is verified, and what is not".
+// by kube-controller-manager): everything the controllers do is allowed; writing, listing or watching
+// Secrets, touching workloads, RBAC or other providers' objects, and leases outside its namespace
+// are not. By default a Secret may be read by name in every namespace (a workload cluster's
+// <cluster>-kubeconfig and <cluster>-etcd live in the Cluster's namespace, which is not known in
+// advance, and RBAC cannot select by name pattern or label); bindSecretsOnlyIn checks the stricter
+// installation.
 func TestShippedRBACAllowsWhatTheControllersNeedAndNoMore(t *testing.T) {
 	_, err := sb.InstallRenderedComponents(ctx)
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
@@ -110,7 +186,7 @@ func TestShippedRBACAllowsWhatTheControllersNeedAndNoMore(t *testing.T) {
 		{"create", capr, "machineremediations", "", ns}, {"delete", capr, "machineremediations", "", ns},
 		{"patch", capr, "machineremediations", "status", ns}, {"update", capr, "machineremediations", "finalizers", ns},
 		{"patch", capr, "machinehealthchecks", "status", ns}, {"get", capr, "machineremediationtemplates", "", ns},
-		{"get", "", "secrets", "", ns}, {"watch", "", "secrets", "", ns},
+		{"get", "", "secrets", "", ns},
 		{"create", "events.k8s.io", "events", "", ns},
 		{"create", "coordination.k8s.io", "leases", "", sandbox.ManagerNamespace},
 		{"update", "coordination.k8s.io", "leases", "", sandbox.ManagerNamespace},
@@ -120,6 +196,7 @@ func TestShippedRBACAllowsWhatTheControllersNeedAndNoMore(t *testing.T) {
 	}
 	never := []access{
 		{"create", "", "secrets", "", ns}, {"update", "", "secrets", "", ns}, {"patch", "", "secrets", "", ns}, {"delete", "", "secrets", "", ns},
+		{"list", "", "secrets", "", ns}, {"watch", "", "secrets", "", ns}, {"list", "", "secrets", "", ""}, {"watch", "", "secrets", "", ""},
 		{"get", "", "configmaps", "", ns}, {"create", "", "pods", "", ns}, {"create", "", "pods", "portforward", ns},
 		{"get", "", "nodes", "", ""}, {"create", "apps", "deployments", "", ns},
 		{"delete", capi, "clusters", "", ns}, {"patch", capi, "clusters", "", ns}, {"patch", capi, "machinedeployments", "", ns},

@@ -37,8 +37,9 @@ type Environment struct {
 	env *envtest.Environment
 	// Config is cluster-admin: for tests setting up the world (the sandbox's providers, fixtures).
 	Config *rest.Config
-	// ManagerConfig authenticates as CAPR's manager ServiceAccount, bound to the ClusterRole that
-	// `make generate` writes from the RBAC markers (config/rbac/role.yaml). CAPR's controllers run
+	// ManagerConfig authenticates as CAPR's manager ServiceAccount, bound to the ClusterRoles that
+	// `make generate` writes from the RBAC markers (config/rbac/role.yaml and
+	// config/rbac/secret_reader/role.yaml). CAPR's controllers run
 	// with it in every test, so a permission missing from the markers fails a test instead of a
 	// production cluster.
 	ManagerConfig *rest.Config
@@ -260,11 +261,14 @@ func labelContractVersions(c client.Client, crds []*apiextensionsv1.CustomResour
 	return nil
 }
 
-// managerConfig installs the generated manager ClusterRole and the extra roles, binds them to
+// managerConfig installs the generated manager and Secret-reader ClusterRoles and the extra roles, binds them to
 // ManagerUser and returns a config that authenticates as that user (no other permission: not in
 // system:masters).
 func managerConfig(env *envtest.Environment, c client.Client, root string, extraRoles []string) (*rest.Config, error) {
 	if err := bindManagerRole(c, filepath.Join(root, "config", "rbac", "role.yaml"), "capr-manager-role"); err != nil {
+		return nil, err
+	}
+	if err := bindManagerRole(c, filepath.Join(root, "config", "rbac", "secret_reader", "role.yaml"), "capr-secret-reader"); err != nil {
 		return nil, err
 	}
 	for _, file := range extraRoles {

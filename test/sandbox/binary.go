@@ -97,6 +97,14 @@ func (s *Sandbox) InstallRenderedComponents(ctx context.Context) ([]string, erro
 	return args, nil
 }
 
+// InstallRenderedComponentsOnce is InstallRenderedComponents the first time it is called on this
+// sandbox (StartBuiltManager calls it), and nothing afterwards: a test may change the installed RBAC
+// before it starts the manager.
+func (s *Sandbox) InstallRenderedComponentsOnce(ctx context.Context) error {
+	s.installOnce.Do(func() { s.managerArgs, s.installErr = s.InstallRenderedComponents(ctx) })
+	return s.installErr
+}
+
 // managerArgs returns the arguments of the Deployment's manager container.
 func managerArgs(d *unstructured.Unstructured) ([]string, error) {
 	containers, _, err := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
@@ -210,9 +218,8 @@ func (p *ManagerProcess) Stop() {
 // sandbox's short etcd timeouts. Outside a Pod the lease namespace is not the Pod's and no fixed port
 // may be taken; nothing else is changed. It returns the process and the path of its log.
 func (s *Sandbox) StartBuiltManager(ctx context.Context, dir string) (*ManagerProcess, string, error) {
-	s.installOnce.Do(func() { s.managerArgs, s.installErr = s.InstallRenderedComponents(ctx) })
-	if s.installErr != nil {
-		return nil, "", s.installErr
+	if err := s.InstallRenderedComponentsOnce(ctx); err != nil {
+		return nil, "", err
 	}
 	bin, err := BuildManager(ctx, dir)
 	if err != nil {

@@ -48,7 +48,11 @@ func TestManagerRoleIsAggregatedAndExtensibleWithoutWildcards(t *testing.T) {
 
 	generated := &rbacv1.ClusterRole{}
 	g.Expect(testEnv.Client.Get(ctx, client.ObjectKey{Name: "capr-manager-role"}, generated)).To(Succeed())
-	for _, r := range generated.Rules {
+	secretReader := &rbacv1.ClusterRole{}
+	g.Expect(testEnv.Client.Get(ctx, client.ObjectKey{Name: "capr-secret-reader"}, secretReader)).To(Succeed())
+	g.Expect(secretReader.Labels).NotTo(HaveKey("remediation.cluster.x-k8s.io/aggregate-to-manager"),
+		"the Secret role is bound on its own, so that an installation can bind it per namespace")
+	for _, r := range append(append([]rbacv1.PolicyRule{}, generated.Rules...), secretReader.Rules...) {
 		g.Expect(r.Resources).NotTo(ContainElement("*"), "rule %v", r)
 		g.Expect(r.APIGroups).NotTo(ContainElement("*"), "rule %v", r)
 		g.Expect(r.Verbs).NotTo(ContainElement("*"), "rule %v", r)
