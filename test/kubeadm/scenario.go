@@ -34,6 +34,10 @@ type Scenario struct {
 	// Fencing, if set, is the health check's fencing spec; CAPR then fences with Fencer.
 	Fencing *caprv1.FencingSpec
 	Fencer  fencing.Fencer
+	// HealthCheck, if set, changes the health check before it is created (e.g. an escalation).
+	HealthCheck func(*caprv1.MachineHealthCheck)
+	// EscalationTimeout, if set, is CAPR's controllers.Options.EscalationTimeout.
+	EscalationTimeout func(timeoutSeconds int32) time.Duration
 }
 
 // Result is what a scenario left behind.
@@ -64,12 +68,15 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	})
 	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
 	mhc.Spec.Remediation.Fencing = sc.Fencing
+	if sc.HealthCheck != nil {
+		sc.HealthCheck(mhc)
+	}
 	g.Expect(sb.Client.Create(ctx, mhc)).To(Succeed())
 	check, err := sandbox.WriteData(ctx, wc, 50)
 	g.Expect(err).NotTo(HaveOccurred())
 	machines, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: sc.Fencer}})
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: sc.Fencer, EscalationTimeout: sc.EscalationTimeout}})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(capr.Stop)
 	quorum := sb.WatchQuorum(ctx, wc)
