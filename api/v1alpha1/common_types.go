@@ -187,6 +187,23 @@ const (
 	ControlPlaneOrderDeleteFirst ControlPlaneOrder = "DeleteFirst"
 )
 
+// EtcdPlacement is where a control plane's etcd runs (etcdutil.PlacementOf reads it from the
+// control-plane object).
+// +kubebuilder:validation:Enum=Stacked;External
+type EtcdPlacement string
+
+const (
+	// EtcdPlacementStacked means every control-plane Machine runs an etcd member (kubeadm's default). A
+	// control-plane remediation moves leadership and removes the victim's member, and the
+	// max-unhealthy limit keeps etcd quorum.
+	EtcdPlacementStacked EtcdPlacement = "Stacked"
+	// EtcdPlacementExternal means etcd runs outside the control-plane Machines (KubeadmControlPlane
+	// spec.kubeadmConfigSpec.clusterConfiguration.etcd.external). A control-plane remediation has no
+	// membership steps and reads no etcd; what must be kept is one control-plane Machine serving the
+	// API while another is replaced.
+	EtcdPlacementExternal EtcdPlacement = "External"
+)
+
 // ControlPlaneRemediationSpec holds the control-plane remediation options. Retry fields have KCP's
 // meaning (KubeadmControlPlane spec.remediation), so the same numbers behave the same way.
 type ControlPlaneRemediationSpec struct {

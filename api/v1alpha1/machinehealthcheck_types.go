@@ -206,7 +206,8 @@ type MachineHealthCheckChecks struct {
 	UnhealthyMachineConditions []UnhealthyMachineCondition `json:"unhealthyMachineConditions,omitempty"`
 
 	// etcdMember makes a control-plane Machine unhealthy when its etcd member is missing, unreachable,
-	// alarmed (NOSPACE/CORRUPT) or stuck as a learner for longer than timeoutSeconds.
+	// alarmed (NOSPACE/CORRUPT) or stuck as a learner for longer than timeoutSeconds. It does nothing
+	// when the cluster's etcd is external (the Machines have no members).
 	// +optional
 	EtcdMember *EtcdMemberCheck `json:"etcdMember,omitempty"`
 }

@@ -179,6 +179,10 @@ type ControlPlaneRemediationStatus struct {
 	// retryCount is the retry count of this remediation (KCP's meaning).
 	// +optional
 	RetryCount int32 `json:"retryCount,omitempty"`
+	// etcd is where the cluster's etcd ran when the remediation chose its order: Stacked (also when
+	// unset) or External, in which case the order has no MoveLeader and RemoveMember steps.
+	// +optional
+	Etcd EtcdPlacement `json:"etcd,omitempty"`
 }
 
 // WorkerRemediationStatus is what a worker remediation must remember across restarts. It is written
@@ -356,6 +360,9 @@ const (
 	MachineRemediationRetryLimitReachedReason = "RetryLimitReached"
 	// MachineRemediationWaitingForRetryPeriodReason: waiting for retryPeriodSeconds.
 	MachineRemediationWaitingForRetryPeriodReason = "WaitingForRetryPeriod"
+	// MachineRemediationNoServingControlPlaneReason: etcd is external and no control-plane Machine
+	// other than the victim serves the API, so a replacement could not join; nothing is done.
+	MachineRemediationNoServingControlPlaneReason = "NoServingControlPlane"
 	// MachineRemediationEtcdUnreachableReason: etcd state could not be read; CAPR never guesses.
 	MachineRemediationEtcdUnreachableReason = "EtcdUnreachable"
 	// MachineRemediationStepInProgressReason: a step was issued and its effect is awaited.

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
@@ -30,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
 )
 
@@ -173,10 +175,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		}
 		return ctrl.Result{}, err
 	}
-	etcdState := r.observeEtcd(ctx, cluster, cfg, facts, targets, now)
+	var cp *unstructured.Unstructured
+	var cpErr error
+	if hasControlPlaneTarget(targets) {
+		cp, cpErr = r.controlPlaneObject(ctx, cluster)
+	}
+	etcdState := r.observeEtcd(ctx, cluster, cfg, facts, targets, etcdutil.PlacementOf(cp), now)
 
 	rd := evaluateAll(targets, cfg, facts, now)
-	lim, err := r.decideLimits(ctx, cluster, mhc, rd, etcdState, now)
+	lim, err := r.decideLimits(mhc, rd, etcdState, cp, cpErr, now)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -246,9 +253,11 @@ func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv
 // (observeEtcdMembers) and whether etcd has quorum. Without etcd state the check neither marks nor
 // clears, and the quorum is unknown (the zero etcdQuorum). A round without control-plane targets
 // does not read etcd at all: only control-plane targets carry etcd facts and only the control-plane
-// limit uses the quorum, so reading it would only delay the marks of the workers.
-func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cfg checkConfig, facts clusterFacts, targets []target, now time.Time) etcdQuorum {
-	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized || !hasControlPlaneTarget(targets) {
+// limit uses the quorum, so reading it would only delay the marks of the workers. Nor does a round
+// of a cluster whose etcd is external: its control-plane Machines have no members.
+func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cfg checkConfig, facts clusterFacts, targets []target, placement caprv1.EtcdPlacement, now time.Time) etcdQuorum {
+	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized || !hasControlPlaneTarget(targets) ||
+		placement == caprv1.EtcdPlacementExternal {
 		return etcdQuorum{}
 	}
 	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
@@ -341,8 +350,8 @@ func (rd *round) unhealthyNames() []string {
 }
 
 // decideLimits applies triggerIf to all targets and, when there are control-plane targets, the
-// quorum-safe limit and the etcd quorum to them.
-func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum, now time.Time) (limits, error) {
+// control-plane limit (of cp, or cpErr why it could not be read) and the etcd quorum to them.
+func (r *Reconciler) decideLimits(mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum, cp *unstructured.Unstructured, cpErr error, now time.Time) (limits, error) {
 	expected := len(rd.targets)
 	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-rd.healthy)
 	if err != nil {
@@ -353,14 +362,14 @@ func (r *Reconciler) decideLimits(ctx context.Context, cluster *clusterv1.Cluste
 		cond, decision, ends := stormCooldown(conditions.Get(mhc, caprv1.MachineHealthCheckStormCooldownCondition), time.Duration(*c)*time.Second, trigger, now)
 		trigger, lim.storm, lim.cooldownEnds = decision, &cond, ends
 	}
-	cp := limitDecision{allowed: true, limit: -1}
+	cpLimit := limitDecision{allowed: true, limit: -1}
 	if rd.cpTargets > 0 {
-		cp = r.controlPlaneLimit(ctx, cluster, trigger.limit, rd.cpNotHealthy, rd.cpStarting)
+		cpLimit = controlPlaneLimit(cp, cpErr, trigger.limit, rd.cpNotHealthy, rd.cpStarting)
 		if q.lost() {
-			cp = quorumLostDecision(cp, q)
+			cpLimit = quorumLostDecision(cpLimit, q)
 		}
 	}
-	lim.trigger, lim.controlPlane = trigger, cp
+	lim.trigger, lim.controlPlane = trigger, cpLimit
 	return lim, nil
 }
 

@@ -2,12 +2,16 @@ package machinehealthcheck
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 type fixedEtcdMembers map[string]EtcdMemberHealth
@@ -46,4 +50,55 @@ func TestEtcdUnhealthySinceIsPerReconcilerAndPruned(t *testing.T) {
 	g.Expect(first.etcdUnhealthy.since).To(HaveLen(1))
 	g.Expect(first.etcdUnhealthy.since).To(HaveKey(types.UID("b")))
 	first.etcdUnhealthy.mu.Unlock()
+}
+
+// countingEtcdMembers counts the reads of etcd member health.
+type countingEtcdMembers struct{ reads int }
+
+func (c *countingEtcdMembers) MemberHealth(context.Context, *clusterv1.Cluster) (map[string]EtcdMemberHealth, error) {
+	c.reads++
+	return map[string]EtcdMemberHealth{}, nil
+}
+
+// With external etcd the control-plane Machines have no members: etcd is not read (it could only
+// fail, after its timeouts, and delay the round's marks).
+func TestObserveEtcdSkipsExternalEtcd(t *testing.T) {
+	g := NewWithT(t)
+	source := &countingEtcdMembers{}
+	r := &Reconciler{EtcdMembers: source}
+	cfg := checkConfig{etcdMemberTimeout: time.Minute}
+	facts := clusterFacts{controlPlaneInitialized: true}
+	targets := []target{{machine: machine(asControlPlane)}}
+	r.observeEtcd(context.Background(), &clusterv1.Cluster{}, cfg, facts, targets, caprv1.EtcdPlacementStacked, now)
+	g.Expect(source.reads).To(Equal(1))
+	q := r.observeEtcd(context.Background(), &clusterv1.Cluster{}, cfg, facts, targets, caprv1.EtcdPlacementExternal, now)
+	g.Expect(source.reads).To(Equal(1), "external etcd is not read")
+	g.Expect(q.lost()).To(BeFalse())
+}
+
+// The control-plane limit follows the control-plane object's etcd placement: with KCP's
+// etcd.external, two of three Machines may be remediated; stacked, one.
+func TestControlPlaneLimitFollowsTheEtcdPlacement(t *testing.T) {
+	g := NewWithT(t)
+	kcp := func(external bool) *unstructured.Unstructured {
+		cp := &unstructured.Unstructured{Object: map[string]interface{}{
+			"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlane",
+			"metadata": map[string]interface{}{"name": "kcp"}, "spec": map[string]interface{}{"replicas": int64(3)},
+		}}
+		if external {
+			g.Expect(unstructured.SetNestedMap(cp.Object, map[string]interface{}{"endpoints": []interface{}{"https://etcd:2379"}},
+				"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "external")).To(Succeed())
+		}
+		return cp
+	}
+	stacked := controlPlaneLimit(kcp(false), nil, -1, 2, 0)
+	g.Expect(stacked.allowed).To(BeFalse())
+	g.Expect(stacked.message).To(ContainSubstring("quorum-safe limit is 1"))
+	external := controlPlaneLimit(kcp(true), nil, -1, 2, 0)
+	g.Expect(external.allowed).To(BeTrue())
+	g.Expect(external.limit).To(Equal(2))
+	g.Expect(controlPlaneLimit(kcp(true), nil, -1, 3, 0).allowed).To(BeFalse(), "one Machine must keep serving")
+	unreadable := controlPlaneLimit(nil, errors.New("cannot read the control plane's desired replicas: boom"), -1, 0, 0)
+	g.Expect(unreadable.allowed).To(BeFalse())
+	g.Expect(unreadable.message).To(ContainSubstring("boom"))
 }

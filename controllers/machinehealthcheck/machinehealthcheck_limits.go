@@ -2,6 +2,7 @@ package machinehealthcheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
@@ -150,29 +152,45 @@ func stormCooldown(prev *metav1.Condition, cooldown time.Duration, trigger limit
 	return cond, trigger, end.Sub(now)
 }
 
-// controlPlaneDecision applies the quorum-safe limit min(userLimit, floor((N-1)/2)) to the
-// control-plane targets, of which unhealthy are not healthy. userLimit < 0 means none.
-func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int) limitDecision {
-	limit := quorum.EffectiveControlPlaneLimit(userLimit, desiredReplicas)
+// controlPlaneDecision applies the control-plane limit to the control-plane targets, of which
+// unhealthy are not healthy: min(userLimit, floor((N-1)/2)) with stacked etcd (quorum), min(userLimit,
+// N-1) with external etcd (one Machine serving). userLimit < 0 means none.
+func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int, placement caprv1.EtcdPlacement) limitDecision {
+	external := placement == caprv1.EtcdPlacementExternal
+	limit := quorum.EffectiveControlPlaneLimit(userLimit, desiredReplicas, external)
 	if unhealthy > limit {
+		what := "the quorum-safe limit"
+		if external {
+			what = "with external etcd the limit (one Machine must keep serving)"
+		}
 		return limitDecision{limit: limit, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf(
-			"Remediation of control-plane Machines is not allowed, %d of %d desired control-plane Machines are not started or unhealthy and the quorum-safe limit is %d",
-			unhealthy, desiredReplicas, limit)}
+			"Remediation of control-plane Machines is not allowed, %d of %d desired control-plane Machines are not started or unhealthy and %s is %d",
+			unhealthy, desiredReplicas, what, limit)}
 	}
 	return limitDecision{allowed: true, remaining: limit - unhealthy, limit: limit}
 }
 
-// controlPlaneLimit reads the control plane's desired replicas and applies the quorum-safe limit.
-// While a CAPR remediation holds the control plane, its replicas are temporarily N+surge: the N
-// recorded in the lock is used instead, and the surge Machines still starting are not counted (see
-// surgeStarting). When N cannot be read, control-plane remediation is not allowed.
-func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.Cluster, userLimit, notHealthy, starting int) limitDecision {
+// controlPlaneObject reads the Cluster's control-plane object, which the control-plane limit (its
+// replicas) and the etcd member check (its etcd placement) depend on.
+func (r *Reconciler) controlPlaneObject(ctx context.Context, cluster *clusterv1.Cluster) (*unstructured.Unstructured, error) {
 	if !cluster.Spec.ControlPlaneRef.IsDefined() {
-		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: "Remediation of control-plane Machines is not allowed: Cluster has no spec.controlPlaneRef"}
+		return nil, errors.New("the Cluster has no spec.controlPlaneRef")
 	}
 	cp, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, cluster.Spec.ControlPlaneRef, cluster.Namespace)
 	if err != nil {
-		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf("Remediation of control-plane Machines is not allowed: cannot read the control plane's desired replicas: %v", err)}
+		return nil, fmt.Errorf("cannot read the control plane's desired replicas: %w", err)
+	}
+	return cp, nil
+}
+
+// controlPlaneLimit applies the control-plane limit for the control plane's desired replicas (cp,
+// or cpErr why it could not be read). While a CAPR remediation holds the control plane, its replicas
+// are temporarily N+surge: the N recorded in the lock is used instead, and the surge Machines still
+// starting are not counted (see surgeStarting). When N cannot be read, control-plane remediation is
+// not allowed.
+func controlPlaneLimit(cp *unstructured.Unstructured, cpErr error, userLimit, notHealthy, starting int) limitDecision {
+	if cpErr != nil {
+		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: "Remediation of control-plane Machines is not allowed: " + cpErr.Error()}
 	}
 	replicas, found, err := unstructured.NestedInt64(cp.Object, "spec", "replicas")
 	if err != nil || !found {
@@ -184,7 +202,7 @@ func (r *Reconciler) controlPlaneLimit(ctx context.Context, cluster *clusterv1.C
 			replicas = int64(rec.DesiredReplicas)
 		}
 	}
-	return controlPlaneDecision(userLimit, int(replicas), notHealthy)
+	return controlPlaneDecision(userLimit, int(replicas), notHealthy, etcdutil.PlacementOf(cp))
 }
 
 // surgeStarting is how many of the starting control-plane Machines (no Node yet) are the surge of

@@ -61,9 +61,9 @@ func TestLimitsRemaining(t *testing.T) {
 	g.Expect(limits{trigger: limitDecision{allowed: true, remaining: 2, limit: 3}, controlPlane: noControlPlane}.remaining()).To(Equal(2))
 	// 1 of 3 control-plane Machines unhealthy: triggerIf leaves 2, the quorum-safe limit 0.
 	g.Expect(limits{trigger: limitDecision{allowed: true, remaining: 2, limit: 3},
-		controlPlane: controlPlaneDecision(3, 3, 1)}.remaining()).To(Equal(0))
+		controlPlane: controlPlaneDecision(3, 3, 1, caprv1.EtcdPlacementStacked)}.remaining()).To(Equal(0))
 	// Refused by the control-plane limit: nothing more may be remediated, whatever triggerIf leaves.
-	refused := limits{trigger: limitDecision{allowed: true, remaining: 3, limit: 3}, controlPlane: controlPlaneDecision(3, 3, 2)}
+	refused := limits{trigger: limitDecision{allowed: true, remaining: 3, limit: 3}, controlPlane: controlPlaneDecision(3, 3, 2, caprv1.EtcdPlacementStacked)}
 	g.Expect(refused.remaining()).To(Equal(0))
 	g.Expect(refused.refusal().reason).To(Equal(caprv1.MachineHealthCheckControlPlaneQuorumLimitReason))
 }

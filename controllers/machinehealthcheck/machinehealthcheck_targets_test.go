@@ -245,19 +245,25 @@ func TestTriggerIfDecision(t *testing.T) {
 }
 
 func TestControlPlaneDecision(t *testing.T) {
+	stacked, external := caprv1.EtcdPlacementStacked, caprv1.EtcdPlacementExternal
 	tests := []struct {
 		replicas, userLimit, unhealthy int
+		placement                      caprv1.EtcdPlacement
 		allowed                        bool
 		limit                          int
 	}{
-		{1, -1, 0, true, 0}, {1, -1, 1, false, 0},
-		{3, -1, 1, true, 1}, {3, -1, 2, false, 1},
-		{5, -1, 2, true, 2}, {5, -1, 3, false, 2}, {5, 1, 2, false, 1},
-		{7, -1, 3, true, 3}, {7, -1, 4, false, 3}, {7, 10, 3, true, 3},
+		{1, -1, 0, stacked, true, 0}, {1, -1, 1, stacked, false, 0},
+		{3, -1, 1, stacked, true, 1}, {3, -1, 2, stacked, false, 1},
+		{5, -1, 2, stacked, true, 2}, {5, -1, 3, stacked, false, 2}, {5, 1, 2, stacked, false, 1},
+		{7, -1, 3, stacked, true, 3}, {7, -1, 4, stacked, false, 3}, {7, 10, 3, stacked, true, 3},
+		// External etcd: all but one Machine may be unhealthy.
+		{1, -1, 1, external, false, 0},
+		{3, -1, 2, external, true, 2}, {3, -1, 3, external, false, 2}, {3, 1, 2, external, false, 1},
+		{2, -1, 1, external, true, 1},
 	}
 	for _, tt := range tests {
 		g := NewWithT(t)
-		d := controlPlaneDecision(tt.userLimit, tt.replicas, tt.unhealthy)
+		d := controlPlaneDecision(tt.userLimit, tt.replicas, tt.unhealthy, tt.placement)
 		g.Expect(d.allowed).To(Equal(tt.allowed), "%+v", tt)
 		g.Expect(d.limit).To(Equal(tt.limit), "%+v", tt)
 	}

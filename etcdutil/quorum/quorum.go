@@ -149,10 +149,20 @@ func MaxUnhealthyControlPlane(n int) int {
 	return (n - 1) / 2
 }
 
-// EffectiveControlPlaneLimit is min(userLimit, floor((n-1)/2)). A negative userLimit means "no user
-// limit".
-func EffectiveControlPlaneLimit(userLimit, n int) int {
+// MaxUnhealthyControlPlaneExternalEtcd is the number of control-plane Machines that may be unhealthy
+// at once when etcd runs outside them: n-1, so that one Machine still serves the API a replacement
+// joins through (0 of 1).
+func MaxUnhealthyControlPlaneExternalEtcd(n int) int {
+	return max(n-1, 0)
+}
+
+// EffectiveControlPlaneLimit is min(userLimit, floor((n-1)/2)), or min(userLimit, n-1) when etcd is
+// external. A negative userLimit means "no user limit".
+func EffectiveControlPlaneLimit(userLimit, n int, externalEtcd bool) int {
 	limit := MaxUnhealthyControlPlane(n)
+	if externalEtcd {
+		limit = MaxUnhealthyControlPlaneExternalEtcd(n)
+	}
 	if userLimit >= 0 && userLimit < limit {
 		return userLimit
 	}

@@ -208,10 +208,22 @@ func TestMaxUnhealthyControlPlane(t *testing.T) {
 	for n, want := range map[int]int{0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3} {
 		g.Expect(MaxUnhealthyControlPlane(n)).To(Equal(want), "n=%d", n)
 	}
-	g.Expect(EffectiveControlPlaneLimit(-1, 5)).To(Equal(2))
-	g.Expect(EffectiveControlPlaneLimit(1, 5)).To(Equal(1))
-	g.Expect(EffectiveControlPlaneLimit(10, 7)).To(Equal(3))
-	g.Expect(EffectiveControlPlaneLimit(0, 3)).To(Equal(0))
+	g.Expect(EffectiveControlPlaneLimit(-1, 5, false)).To(Equal(2))
+	g.Expect(EffectiveControlPlaneLimit(1, 5, false)).To(Equal(1))
+	g.Expect(EffectiveControlPlaneLimit(10, 7, false)).To(Equal(3))
+	g.Expect(EffectiveControlPlaneLimit(0, 3, false)).To(Equal(0))
+}
+
+// With external etcd no quorum is at stake on the control-plane Machines: all but one may be
+// unhealthy, the one a replacement joins through.
+func TestMaxUnhealthyControlPlaneExternalEtcd(t *testing.T) {
+	g := NewWithT(t)
+	for n, want := range map[int]int{0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 4} {
+		g.Expect(MaxUnhealthyControlPlaneExternalEtcd(n)).To(Equal(want), "n=%d", n)
+	}
+	g.Expect(EffectiveControlPlaneLimit(-1, 3, true)).To(Equal(2))
+	g.Expect(EffectiveControlPlaneLimit(1, 3, true)).To(Equal(1))
+	g.Expect(EffectiveControlPlaneLimit(-1, 1, true)).To(Equal(0))
 }
 
 // A linearizable read proves quorum whatever H says; a node-local (serializable) view never shows it.

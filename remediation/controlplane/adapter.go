@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/capr-io/capr/etcdutil"
 )
@@ -46,6 +47,10 @@ type Adapter interface {
 	// failure). It never removes what the provider or another remediation set for another Machine.
 	// It reports whether it changed cp.
 	ClearScaleUp(cp *unstructured.Unstructured, victim string) bool
+	// ServesAPI says what a control-plane Machine lacks to serve the API ("" when it serves). With
+	// external etcd this is what a replacement must reach before the victim goes, and what must
+	// remain while the victim is gone or rebooting.
+	ServesAPI(m *clusterv1.Machine) string
 }
 
 // ProviderView is what a provider's preflight checks look at.
@@ -97,6 +102,18 @@ func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int3
 
 // ClearScaleUp implements Adapter.
 func (Generic) ClearScaleUp(*unstructured.Unstructured, string) bool { return false }
+
+// ServesAPI implements Adapter with what CAPI's contract offers: a Node that is healthy (the
+// Machine's NodeHealthy condition).
+func (Generic) ServesAPI(m *clusterv1.Machine) string {
+	if !m.Status.NodeRef.IsDefined() {
+		return fmt.Sprintf("Machine %s has no Node yet", m.Name)
+	}
+	if !conditions.IsTrue(m, clusterv1.MachineNodeHealthyCondition) {
+		return fmt.Sprintf("the Node of Machine %s is not healthy (condition %s)", m.Name, clusterv1.MachineNodeHealthyCondition)
+	}
+	return ""
+}
 
 // Replicas returns spec.replicas of a control-plane object.
 func Replicas(cp *unstructured.Unstructured) (int32, error) {

@@ -423,12 +423,17 @@ func (r *Reconciler) waitingCandidates(ctx context.Context, s *scope, state *etc
 	return cands, nil
 }
 
-// candidate describes a remediation for FirstCandidate and YieldTo.
+// candidate describes a remediation for FirstCandidate and YieldTo. Without etcd state (external
+// etcd: no member to judge) every victim counts as equally broken.
 func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine, state *etcdutil.State) Candidate {
+	member := VictimUnhealthy
+	if state != nil {
+		member = victimMember(state, m.Status.NodeRef.Name)
+	}
 	return Candidate{
 		Name:      mr.Name,
 		Requested: annotations.HasRemediateMachine(m) || mr.Spec.Source == caprv1.MachineRemediationSourceManual,
-		Member:    victimMember(state, m.Status.NodeRef.Name),
+		Member:    member,
 		Created:   mr.CreationTimestamp.Time,
 	}
 }

@@ -43,10 +43,18 @@ func (r *Reconciler) stepEscalate(ctx context.Context, s *scope, rec *caprv1.Rem
 
 // takeDownGate refuses an escalation step's object while the victim's member going down (the
 // step's reboot) would lose quorum, or while etcd cannot be read. A control plane that is not
-// initialized has no quorum to keep.
+// initialized has no quorum to keep; with external etcd, another Machine must serve the API.
 func (r *Reconciler) takeDownGate(s *scope) escalation.Gate {
 	return func(ctx context.Context) (string, string, error) {
 		if initialized, known := controlPlaneInitialized(s.cluster); known && !initialized {
+			return "", "", nil
+		}
+		if s.externalEtcd() {
+			// No member goes down with the victim; the API must stay served while it reboots.
+			if len(s.servingOthers()) == 0 {
+				return caprv1.MachineRemediationNoServingControlPlaneReason, fmt.Sprintf(
+					"the step may take %s down for a while, and no other control-plane Machine serves the API", s.mr.Name), nil
+			}
 			return "", "", nil
 		}
 		state, wait := r.etcdOrWait(ctx, s)

@@ -77,7 +77,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	if r.pastPointOfNoReturn(ctx, s) {
 		if !isWaitingFor(mr, caprv1.MachineRemediationAbortedReason) {
 			r.event(mr, corev1.EventTypeWarning, EventRemediationAborted,
-				"Deletion requested, but the victim's etcd member was already removed: the remediation is finished first, then the request goes")
+				"Deletion requested, but "+noReturn(s)+": the remediation is finished first, then the request goes")
 		}
 		if s.machineGone {
 			return r.reconcileMachineGone(ctx, s)
@@ -168,8 +168,8 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, err
 			othersWait = true
 		}
 	}
-	if !othersWait || r.pastPointOfNoReturn(ctx, s) {
-		return false, nil
+	if !othersWait || s.externalEtcd() || r.pastPointOfNoReturn(ctx, s) {
+		return false, nil // with external etcd no victim is more broken than another: first come, first served
 	}
 	state, err := r.inspectEtcd(ctx, s)
 	if err != nil {
@@ -277,8 +277,8 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 		return ctrl.Result{}, false, nil
 	}
 	if r.pastPointOfNoReturn(ctx, s) {
-		msg := fmt.Sprintf("step %s did not finish within %s; the victim's etcd member was already removed, so the remediation cannot be undone: it keeps trying, holding the control plane at %s (desired %d). Last: %s",
-			step, limit, replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
+		msg := fmt.Sprintf("step %s did not finish within %s; %s, so the remediation cannot be undone: it keeps trying, holding the control plane at %s (desired %d). Last: %s",
+			step, limit, noReturn(s), replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
 		if !isWaitingFor(s.mr, caprv1.MachineRemediationStepTimedOutReason) {
 			r.event(s.mr, corev1.EventTypeWarning, EventStepTimedOut, msg)
 		}
@@ -302,6 +302,14 @@ func replicasString(s *scope) string {
 		return fmt.Sprintf("%d replicas", n)
 	}
 	return "unknown replicas"
+}
+
+// noReturn says why a remediation past its point of no return cannot be undone.
+func noReturn(s *scope) string {
+	if findStep(s.mr, caprv1.StepDelete) != nil {
+		return "the victim's deletion has started"
+	}
+	return "the victim's etcd member was already removed"
 }
 
 // pastPointOfNoReturn is true once the victim's etcd member may have been removed or the Delete step

@@ -173,14 +173,21 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 					"control-plane Machine %s is still provisioning or being deleted", other.Name)}, nil
 			}
 		}
-		var err error
-		state, err = r.inspectEtcd(ctx, s)
-		if err != nil {
-			return startPlan{}, &waiting{reason: caprv1.MachineRemediationEtcdUnreachableReason, requeue: waitLong,
-				message: fmt.Sprintf("cannot read etcd state, nothing is done without it: %v", err)}, nil
+		if s.externalEtcd() {
+			// No member on the Machines: etcd is not read, and the Machines serving the API decide.
+			in.ExternalEtcd = true
+			in.ServingOthers = len(s.servingOthers())
+			in.VictimServes = !s.machineGone && s.adapter.ServesAPI(s.machine) == ""
+		} else {
+			var err error
+			state, err = r.inspectEtcd(ctx, s)
+			if err != nil {
+				return startPlan{}, &waiting{reason: caprv1.MachineRemediationEtcdUnreachableReason, requeue: waitLong,
+					message: fmt.Sprintf("cannot read etcd state, nothing is done without it: %v", err)}, nil
+			}
+			in.Counts = state.Counts()
+			in.Victim = victimMember(state, s.victimNode())
 		}
-		in.Counts = state.Counts()
-		in.Victim = victimMember(state, s.victimNode())
 		if !running {
 			first, err := r.firstCandidate(ctx, s, state)
 			if err != nil {
@@ -283,6 +290,7 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 	cp := &caprv1.ControlPlaneRemediationStatus{
 		ClusterName: s.cluster.Name, Order: plan.decision.Order, OrderReason: plan.decision.Reason,
 		DesiredReplicas: ptr.To(plan.desired), MemberName: s.victimNode(), RetryCount: plan.retryCount,
+		Etcd: s.etcdPlacement(),
 	}
 	switch plan.decision.Order {
 	case caprv1.ControlPlaneOrderReplace:

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -79,6 +80,32 @@ func (s *scope) victimNode() string {
 	return s.machine.Status.NodeRef.Name
 }
 
+// etcdPlacement is where the cluster's etcd runs: as recorded when the remediation chose its order,
+// otherwise as the control-plane object says now (etcdutil.PlacementOf).
+func (s *scope) etcdPlacement() caprv1.EtcdPlacement {
+	if cps := s.mr.Status.ControlPlane; cps != nil && cps.Etcd != "" {
+		return cps.Etcd
+	}
+	return etcdutil.PlacementOf(s.cp)
+}
+
+// externalEtcd is true when etcd runs outside the control-plane Machines: nothing reads etcd then.
+func (s *scope) externalEtcd() bool {
+	return s.etcdPlacement() == caprv1.EtcdPlacementExternal
+}
+
+// servingOthers returns the control-plane Machines other than the victim that serve the API
+// (Adapter.ServesAPI) and are not being deleted.
+func (s *scope) servingOthers() []string {
+	var out []string
+	for _, m := range s.machines {
+		if m.Name != s.mr.Name && m.DeletionTimestamp.IsZero() && s.adapter.ServesAPI(m) == "" {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
 // nodes returns the Nodes to reach etcd through, the victim's last (it is the most likely to fail).
 func (s *scope) nodes() []string {
 	var out []string
@@ -137,6 +164,12 @@ func (r *Reconciler) gather(ctx context.Context, s *scope) error {
 func (r *Reconciler) inspectEtcd(ctx context.Context, s *scope) (*etcdutil.State, error) {
 	if s.etcdState != nil || s.etcdErr != nil {
 		return s.etcdState, s.etcdErr
+	}
+	if s.externalEtcd() {
+		// Every step has an external-etcd path that reads nothing; reaching here is a bug, said
+		// in the condition instead of dialling etcd pods that do not exist.
+		s.etcdErr = errors.New("etcd is external: CAPR does not read it")
+		return nil, s.etcdErr
 	}
 	if s.etcd == nil {
 		s.etcd, s.etcdErr = r.Etcd.ForCluster(ctx, s.cluster)

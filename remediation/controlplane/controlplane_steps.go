@@ -164,9 +164,14 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step caprv1.StepName
 		return r.stepScaleUp(ctx, s)
 	case caprv1.StepWaitForReplacement:
 		return r.stepWaitForReplacement(ctx, s)
-	case caprv1.StepMoveLeader:
-		return r.stepMoveLeader(ctx, s, rec)
-	case caprv1.StepRemoveMember:
+	case caprv1.StepMoveLeader, caprv1.StepRemoveMember:
+		if s.externalEtcd() {
+			// Only a record written before the placement was recorded can list these steps.
+			return stepResult{done: true, skipped: true, message: "etcd is external: the victim has no etcd member"}, nil
+		}
+		if step == caprv1.StepMoveLeader {
+			return r.stepMoveLeader(ctx, s, rec)
+		}
 		return r.stepRemoveMember(ctx, s)
 	case caprv1.StepFence:
 		return r.stepFence(ctx, s, rec)
@@ -262,17 +267,21 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		}
 		return stepResult{done: true, message: msg}, nil
 	}
-	state, wait := r.etcdOrWait(ctx, s)
-	if wait != nil {
-		return *wait, nil
+	var state *etcdutil.State // stays nil with external etcd: no member is added
+	afterRemoval := false
+	if !s.externalEtcd() {
+		var wait *stepResult
+		if state, wait = r.etcdOrWait(ctx, s); wait != nil {
+			return *wait, nil
+		}
+		// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
+		if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
+			c := state.Counts()
+			return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
+				message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
+		}
+		afterRemoval = state.ByName(s.victimNode()) == nil
 	}
-	// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
-	if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
-		c := state.Counts()
-		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
-			message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
-	}
-	afterRemoval := state.ByName(s.victimNode()) == nil
 	if refusal := s.adapter.ScaleUpRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}, afterRemoval); refusal != "" {
 		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
 	}
@@ -291,9 +300,12 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 		if s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderDeleteFirst {
 			// The victim is gone and replicas unchanged: the provider replaces it on its own, with
 			// what BeforeScaleUp sets (e.g. KCP's relaxed preflight while another Machine is unhealthy).
-			state, wait := r.etcdOrWait(ctx, s)
-			if wait != nil {
-				return *wait, nil
+			var state *etcdutil.State
+			if !s.externalEtcd() {
+				var wait *stepResult
+				if state, wait = r.etcdOrWait(ctx, s); wait != nil {
+					return *wait, nil
+				}
 			}
 			return r.armNextReplacement(ctx, s, state, nil)
 		}
@@ -309,6 +321,9 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 		if !rep.Status.NodeRef.IsDefined() { // etcd is not read before there is a member to look for
 			return stepResult{message: fmt.Sprintf("replacement %d of %d: waiting for Machine %s to get a Node", i+1, surge(s), rep.Name), requeue: waitShort}, nil
 		}
+	}
+	if s.externalEtcd() {
+		return r.waitForServingReplacements(ctx, s, reps)
 	}
 	state, wait := r.etcdOrWait(ctx, s)
 	if wait != nil {
@@ -329,6 +344,20 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	return stepResult{done: true, message: fmt.Sprintf("replacement %s up with a healthy voting etcd member", strings.Join(names, " and "))}, nil
 }
 
+// waitForServingReplacements is WaitForReplacement with external etcd: a replacement is up when it
+// serves the API (Adapter.ServesAPI); there is no member to wait for.
+func (r *Reconciler) waitForServingReplacements(ctx context.Context, s *scope, reps []*clusterv1.Machine) (stepResult, error) {
+	for i, rep := range reps {
+		if missing := s.adapter.ServesAPI(rep); missing != "" {
+			return stepResult{message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), missing), requeue: waitShort}, nil
+		}
+	}
+	if n := int32(len(reps)); n < surge(s) {
+		return r.armNextReplacement(ctx, s, nil, reps)
+	}
+	return stepResult{done: true, message: fmt.Sprintf("replacement %s up and serving the API (etcd is external)", strings.Join(machineNames(reps), " and "))}, nil
+}
+
 // replacementUp says what a replacement still lacks ("" when it has a Node and a healthy voting member).
 func replacementUp(state *etcdutil.State, rep *clusterv1.Machine) string {
 	if !rep.Status.NodeRef.IsDefined() {
@@ -347,11 +376,12 @@ func replacementUp(state *etcdutil.State, rep *clusterv1.Machine) string {
 }
 
 // armNextReplacement prepares the provider to create the next Machine of a surge once the previous
-// ones vote: it re-checks that adding a member is quorum-safe now and calls BeforeScaleUp again,
-// stamped after the newest replacement (KCP removed its annotation when it created the previous one).
+// ones vote: it re-checks that adding a member is quorum-safe now (state; nil with external etcd,
+// where no member is added) and calls BeforeScaleUp again, stamped after the newest replacement (KCP
+// removed its annotation when it created the previous one).
 func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *etcdutil.State, reps []*clusterv1.Machine) (stepResult, error) {
 	next := len(reps) + 1
-	if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
+	if !s.externalEtcd() && !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 		c := state.Counts()
 		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
 			message: fmt.Sprintf("replacement %d of %d: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", next, surge(s), c.Healthy, c.Voting, c.Learners)}, nil

@@ -13,6 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
 )
 
 // KCP knows KubeadmControlPlane's preflight rules (sigs.k8s.io/cluster-api
@@ -269,8 +272,22 @@ func kcpEtcdProjection(view ProviderView, removed string) string {
 }
 
 func kcpEtcdManaged(cp *unstructured.Unstructured) bool {
-	_, found, _ := unstructured.NestedMap(cp.Object, "spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "external")
-	return !found
+	return etcdutil.PlacementOf(cp) == caprv1.EtcdPlacementStacked
+}
+
+// ServesAPI implements Adapter with the conditions KCP sets from the static pods of a control-plane
+// Machine (APIServerPodHealthy, ControllerManagerPodHealthy, SchedulerPodHealthy): what its relaxed
+// scale-up preflight requires of at least one Machine.
+func (KCP) ServesAPI(m *clusterv1.Machine) string {
+	if !m.Status.NodeRef.IsDefined() {
+		return fmt.Sprintf("Machine %s has no Node yet", m.Name)
+	}
+	for _, t := range kcpComponentConditions(false) {
+		if !conditions.IsTrue(m, t) {
+			return fmt.Sprintf("Machine %s is not %s yet", m.Name, t)
+		}
+	}
+	return ""
 }
 
 func kcpComponentConditions(managed bool) []string {

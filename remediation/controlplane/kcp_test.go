@@ -23,6 +23,12 @@ type kcpOption func(*kcpOptions)
 
 type kcpOptions struct {
 	certificatesAvailable bool
+	externalEtcd          bool
+}
+
+// withExternalEtcd sets spec.kubeadmConfigSpec.clusterConfiguration.etcd.external.
+func withExternalEtcd() kcpOption {
+	return func(o *kcpOptions) { o.externalEtcd = true }
 }
 
 // withoutCertificates makes KCP's CertificatesAvailable condition False.
@@ -40,10 +46,17 @@ func kcpObject(opts ...kcpOption) *unstructured.Unstructured {
 	if o.certificatesAvailable {
 		status = "True"
 	}
+	spec := map[string]interface{}{"replicas": int64(3)}
+	if o.externalEtcd {
+		spec["kubeadmConfigSpec"] = map[string]interface{}{"clusterConfiguration": map[string]interface{}{"etcd": map[string]interface{}{"external": map[string]interface{}{
+			"endpoints": []interface{}{"https://etcd:2379"}, "caFile": "/etc/kubernetes/pki/etcd/ca.crt",
+			"certFile": "/etc/kubernetes/pki/apiserver-etcd-client.crt", "keyFile": "/etc/kubernetes/pki/apiserver-etcd-client.key",
+		}}}}
+	}
 	return &unstructured.Unstructured{Object: map[string]interface{}{
 		"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlane",
 		"metadata": map[string]interface{}{"name": "kcp", "namespace": "ns"},
-		"spec":     map[string]interface{}{"replicas": int64(3)},
+		"spec":     spec,
 		"status": map[string]interface{}{"conditions": []interface{}{
 			map[string]interface{}{"type": "CertificatesAvailable", "status": status},
 		}},

@@ -31,12 +31,28 @@ func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 	}
 }
 
+// StepsWithEtcd returns the steps of an order for an etcd placement: with external etcd the
+// control-plane Machines have no members, so MoveLeader and RemoveMember are left out.
+func StepsWithEtcd(order caprv1.ControlPlaneOrder, placement caprv1.EtcdPlacement) []caprv1.StepName {
+	steps := StepsFor(order)
+	if placement != caprv1.EtcdPlacementExternal {
+		return steps
+	}
+	out := make([]caprv1.StepName, 0, len(steps))
+	for _, step := range steps {
+		if step != caprv1.StepMoveLeader && step != caprv1.StepRemoveMember {
+			out = append(out, step)
+		}
+	}
+	return out
+}
+
 // PlanSteps returns every step of a running remediation, in execution order: its escalation steps
 // (spec.escalation, run before any membership change), then the steps of its order.
 func PlanSteps(mr *caprv1.MachineRemediation) []caprv1.StepName {
 	steps := escalation.Steps(mr)
-	if mr.Status.ControlPlane != nil {
-		steps = append(steps, StepsFor(mr.Status.ControlPlane.Order)...)
+	if cp := mr.Status.ControlPlane; cp != nil {
+		steps = append(steps, StepsWithEtcd(cp.Order, cp.Etcd)...)
 	}
 	return steps
 }
@@ -85,6 +101,13 @@ type OrderInput struct {
 	// victim (e.g. KCP's scale-down preflight while another control-plane Machine is unhealthy): the
 	// surge orders end with a scale-down, so DeleteFirst is taken instead.
 	ProviderRefusesScaleDown string
+	// ExternalEtcd is true when etcd runs outside the control-plane Machines: Counts, Unreachable,
+	// Victim and AddsLearners are then unused, and ServingOthers and VictimServes decide.
+	ExternalEtcd bool
+	// ServingOthers is how many control-plane Machines other than the victim serve the API
+	// (Adapter.ServesAPI), and VictimServes whether the victim does.
+	ServingOthers int
+	VictimServes  bool
 }
 
 // OrderDecision is the chosen order, or why none can be taken now.
@@ -100,8 +123,12 @@ type OrderDecision struct {
 // ChooseOrder picks the order of a control-plane remediation from real etcd state. Scale up first
 // when that is quorum-safe (the replacement votes before anything is removed); otherwise remove the
 // victim's member first when that is quorum-safe and the replacement can still be added afterwards;
-// otherwise wait. Before the control plane is initialized there is nothing to keep: replace.
+// otherwise wait. Before the control plane is initialized there is nothing to keep: replace. With
+// external etcd there is no member to keep either (chooseExternalEtcdOrder).
 func ChooseOrder(in OrderInput) OrderDecision {
+	if in.ExternalEtcd && in.Initialized {
+		return chooseExternalEtcdOrder(in)
+	}
 	d := chooseSurgeOrder(in)
 	if in.ProviderRefusesScaleDown == "" || d.WaitReason != "" || d.Order == caprv1.ControlPlaneOrderReplace {
 		return d
@@ -132,6 +159,41 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
 		"the control-plane provider would not scale down (%s): the victim's %s member is removed (%d/%d healthy after), the victim deleted, and the provider creates the replacement without a surge",
 		in.ProviderRefusesScaleDown, in.Victim, after.Healthy, after.Voting)}
+}
+
+// chooseExternalEtcdOrder chooses the order when etcd runs outside the control-plane Machines. No
+// etcd member is at stake, so there is no quorum to keep and nothing to remove from etcd; what must
+// be kept is a control-plane Machine serving the API, which the replacement joins through (kubeadm
+// join reads the cluster's configuration from it). Scale up first (the surge is whatever the provider
+// accepts: one, KCP admits any replica count with external etcd); where the provider would not scale
+// back down, delete first, which needs another Machine serving while the victim is gone.
+func chooseExternalEtcdOrder(in OrderInput) OrderDecision {
+	policy := ""
+	if in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst {
+		policy = "; the RemoveMemberFirst policy has no member to remove"
+	}
+	if in.ProviderRefusesScaleDown == "" {
+		switch {
+		case in.ServingOthers == 0 && !in.VictimServes:
+			return OrderDecision{WaitReason: caprv1.MachineRemediationNoServingControlPlaneReason, WaitMessage: "etcd is external and no control-plane Machine serves the API: a replacement could not join; nothing is done until one does"}
+		case in.ProviderRefusesScaleUpNow != "":
+			return OrderDecision{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, WaitMessage: "etcd is external; the control-plane provider would not create a replacement now: " + in.ProviderRefusesScaleUpNow}
+		}
+		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
+			"etcd is external, so no etcd member is at stake: the replacement joins (%d other control-plane Machines serve the API) before the victim is fenced and deleted%s",
+			in.ServingOthers, policy)}
+	}
+	switch {
+	case in.ServingOthers == 0:
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNoServingControlPlaneReason, WaitMessage: fmt.Sprintf(
+			"etcd is external, the control-plane provider would not scale down (%s), and no other control-plane Machine serves the API: deleting the victim first would leave none", in.ProviderRefusesScaleDown)}
+	case in.ProviderRefusesScaleUpAfterRemoval != "":
+		return OrderDecision{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, WaitMessage: fmt.Sprintf(
+			"etcd is external; the control-plane provider would not scale down (%s), and after the victim is deleted it would not create a replacement: %s", in.ProviderRefusesScaleDown, in.ProviderRefusesScaleUpAfterRemoval)}
+	}
+	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
+		"etcd is external and the control-plane provider would not scale down (%s): the victim is fenced and deleted (%d other control-plane Machines serve the API) and the provider creates the replacement without a surge%s",
+		in.ProviderRefusesScaleDown, in.ServingOthers, policy)}
 }
 
 // chooseSurgeOrder chooses between the orders that add the replacement while the victim exists.

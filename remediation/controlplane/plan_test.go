@@ -87,6 +87,26 @@ func TestChooseOrder(t *testing.T) {
 		{"provider would not scale down, removal unsafe: wait", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"not initialized, provider would not scale down: still replace", OrderInput{Policy: auto, ProviderRefusesScaleDown: "x"}, caprv1.ControlPlaneOrderReplace, ""},
+		// External etcd (chooseExternalEtcdOrder): no member, no quorum; a Machine serving the API is kept.
+		{"external etcd: two others serve: scale up first", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true, ServingOthers: 2},
+			caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"external etcd: etcd counts are not looked at: a zero member list does not mean quorum lost", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true,
+			ServingOthers: 1, Counts: quorum.Counts{}}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"external etcd: RemoveMemberFirst has no member to remove: scale up first", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true, ExternalEtcd: true, ServingOthers: 2},
+			caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"external etcd: a single Machine whose API still serves: scale up first", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true, VictimServes: true},
+			caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"external etcd: nothing serves: wait", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true},
+			"", caprv1.MachineRemediationNoServingControlPlaneReason},
+		{"external etcd: provider refuses to scale up: wait with its reason", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true, ServingOthers: 2,
+			ProviderRefusesScaleUpNow: "no certificates", ProviderRefusesScaleUpAfterRemoval: "no certificates"}, "", caprv1.MachineRemediationWaitingForPreconditionsReason},
+		{"external etcd: provider would not scale down (another unhealthy): delete first", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true, ServingOthers: 1,
+			ProviderRefusesScaleDown: "b is not healthy"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"external etcd: would not scale down and no other serves: deleting first would leave none, wait", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true,
+			VictimServes: true, ProviderRefusesScaleDown: "b is not healthy"}, "", caprv1.MachineRemediationNoServingControlPlaneReason},
+		{"external etcd: would not scale down, nor create after the delete: wait", OrderInput{Policy: auto, Initialized: true, ExternalEtcd: true, ServingOthers: 1,
+			ProviderRefusesScaleDown: "b", ProviderRefusesScaleUpAfterRemoval: "c"}, "", caprv1.MachineRemediationWaitingForPreconditionsReason},
+		{"external etcd: not initialized: replace, as with stacked etcd", OrderInput{Policy: auto, ExternalEtcd: true}, caprv1.ControlPlaneOrderReplace, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

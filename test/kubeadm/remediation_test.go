@@ -33,6 +33,31 @@ func TestKCPNodeNotReadyMemberHealthySurgesByTwo(t *testing.T) {
 	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
 }
 
+// TestKCPExternalEtcdSurgesByOne: the cluster's etcd runs outside the control-plane Machines (KCP's
+// etcd.external), and a control-plane Node stops renewing its Lease. KCP's admission accepts an even
+// replica count with external etcd, so CAPR surges 3 → 4 → 3; it reads no etcd and has no membership
+// steps, and waits for the replacement to serve the API (KCP's pod conditions) before the victim
+// goes. The external etcd is never touched: all its members vote throughout.
+func TestKCPExternalEtcdSurgesByOne(t *testing.T) {
+	var victim string
+	res := kubeadm.RunScenario(ctx, t, sb, "kcp-ext", kubeadm.Scenario{ControlPlane: 3, ExternalEtcd: true,
+		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
+			victim = machines[1].Name
+			return []string{victim}, sb.StopHeartbeat(ctx, wc, machines[1].Status.NodeRef.Name)
+		}})
+	g := NewWithT(t)
+	g.Expect(res.MinMargin).To(Equal(1), "the external etcd (3 members) lost a member at %s", res.MinMarginAt)
+	mr := res.Remediations[victim]
+	cps := mr.Status.ControlPlane
+	g.Expect(cps.Etcd).To(Equal(caprv1.EtcdPlacementExternal))
+	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), cps.OrderReason)
+	g.Expect(cps.OrderReason).To(ContainSubstring("etcd is external"))
+	g.Expect(cps.Surge).To(Equal(int32(1)), cps.SurgeReason)
+	g.Expect(kubeadm.StepNames(mr)).To(Equal([]caprv1.StepName{caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepFence, caprv1.StepDelete}))
+	g.Expect(mr.Status.Steps[0].Message).To(ContainSubstring("replicas 3 → 4"), "KCP's admission accepted an even count")
+	g.Expect(mr.Status.Steps[1].Message).To(ContainSubstring("serving the API"))
+}
+
 // TestKCPTwoOfFiveDeadNeverDeadlocks: two of five etcd members crash. KCP scales down only when
 // every other control-plane Machine is healthy, so a surge would never be undone while the second
 // victim is broken (the deadlock of a surge with KCP). CAPR removes the first victim's member,

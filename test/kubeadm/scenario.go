@@ -29,6 +29,8 @@ const remediationTimeout = 10 * time.Minute
 // Scenario is a fault on a KCP cluster and what CAPR must do about it.
 type Scenario struct {
 	ControlPlane int32
+	// ExternalEtcd runs the cluster with external etcd (sandbox.ClusterSpec.ExternalEtcd).
+	ExternalEtcd bool
 	// Inject breaks the cluster and returns the Machines that must be remediated.
 	Inject func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error)
 	// Fencing, if set, is the health check's fencing spec; CAPR then fences with Fencer.
@@ -58,7 +60,7 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	g := NewWithT(t)
 	ns, err := capienv.CreateNamespace(ctx, sb.Client, name)
 	g.Expect(err).NotTo(HaveOccurred())
-	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.ControlPlane})
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.ControlPlane, ExternalEtcd: sc.ExternalEtcd})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
 	t.Cleanup(func() { // runs before the cluster is destroyed

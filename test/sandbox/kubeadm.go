@@ -3,6 +3,8 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/url"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	"github.com/capr-io/capr/etcdutil"
 	capienv "github.com/capr-io/capr/test/envtest"
 	infrav1 "github.com/capr-io/capr/test/sandbox/api/infrastructure/v1alpha1"
 )
@@ -35,8 +38,20 @@ const KubernetesVersion = "v1.36.3"
 // for its Machine conditions.
 var controlPlaneComponents = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"}
 
+// ExternalEtcdMembers are the members of a full-stack cluster's external etcd (ClusterSpec.ExternalEtcd).
+var ExternalEtcdMembers = []string{"external-etcd-0", "external-etcd-1", "external-etcd-2"}
+
+// Where kubeadm finds the external etcd's CA and client certificate on a control-plane node: the
+// paths CABPK writes the <cluster>-etcd and <cluster>-apiserver-etcd-client Secrets to.
+const (
+	externalEtcdCAFile   = "/etc/kubernetes/pki/etcd/ca.crt"
+	externalEtcdCertFile = "/etc/kubernetes/pki/apiserver-etcd-client.crt"
+	externalEtcdKeyFile  = "/etc/kubernetes/pki/apiserver-etcd-client.key"
+)
+
 // createKubeadmCluster creates a Cluster whose control plane is a real KubeadmControlPlane, with
-// stacked etcd (KCP's default) played by the workload cluster's real etcd processes.
+// stacked etcd (KCP's default) played by the workload cluster's real etcd processes, or with
+// external etcd (spec.ExternalEtcd): real etcd processes that are not the Machines'.
 //
 // Every workload cluster of the sandbox is the sandbox's own API server, so they share kube-system:
 // kubeadm-config there says "initialized" to KCP, which would make CABPK write join data for a new
@@ -77,15 +92,13 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 	if err := c.Status().Patch(ctx, infraCluster, client.MergeFrom(base)); err != nil {
 		return fmt.Errorf("marking SandboxCluster provisioned: %w", err)
 	}
-	objs := []client.Object{
+	etcdSecrets, clusterConfiguration, err := s.kubeadmEtcd(ctx, spec, wc, labels)
+	if err != nil {
+		return err
+	}
+	objs := append([]client.Object{}, etcdSecrets...)
+	objs = append(objs,
 		&infrav1.SandboxMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-cp", Labels: labels}},
-		// The etcd CA: KCP generates the cluster's other certificates, but its etcd client must trust
-		// the sandbox's real etcd members.
-		&corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-etcd", Labels: labels},
-			Type:       clusterv1.ClusterSecretType,
-			Data:       map[string][]byte{corev1.TLSCertKey: wc.Etcd.caCertPEM, corev1.TLSPrivateKeyKey: wc.Etcd.caKeyPEM},
-		},
 		&controlplanev1.KubeadmControlPlane{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-cp", Labels: labels},
 			Spec: controlplanev1.KubeadmControlPlaneSpec{
@@ -94,10 +107,10 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 				MachineTemplate: controlplanev1.KubeadmControlPlaneMachineTemplate{Spec: controlplanev1.KubeadmControlPlaneMachineTemplateSpec{
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "SandboxMachineTemplate", Name: name + "-cp"},
 				}},
-				KubeadmConfigSpec: bootstrapv1.KubeadmConfigSpec{},
+				KubeadmConfigSpec: bootstrapv1.KubeadmConfigSpec{ClusterConfiguration: clusterConfiguration},
 			},
 		},
-	}
+	)
 	for _, o := range objs {
 		if err := c.Create(ctx, o); err != nil {
 			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
@@ -125,6 +138,70 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 		return fmt.Errorf("creating the kubeconfig Secret of %s: %w", name, err)
 	}
 	return nil
+}
+
+// kubeadmEtcd returns the etcd Secrets of a full-stack cluster and the ClusterConfiguration that
+// points kubeadm at its etcd. Stacked: <cluster>-etcd holds the CA and its key (KCP generates the
+// other certificates, and its etcd client must trust the sandbox's real members). External: the
+// external members are started now; <cluster>-etcd holds the CA certificate only and
+// <cluster>-apiserver-etcd-client a client certificate, the two Secrets a user provides for external
+// etcd (KCP never generates them: util/secret certificates.go, External certificates).
+func (s *Sandbox) kubeadmEtcd(ctx context.Context, spec ClusterSpec, wc *WorkloadCluster, labels map[string]string) ([]client.Object, bootstrapv1.ClusterConfiguration, error) {
+	ns, name := spec.Namespace, spec.Name
+	if !spec.ExternalEtcd {
+		return []client.Object{&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-etcd", Labels: labels},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{corev1.TLSCertKey: wc.Etcd.caCertPEM, corev1.TLSPrivateKeyKey: wc.Etcd.caKeyPEM},
+		}}, bootstrapv1.ClusterConfiguration{}, nil
+	}
+	for i, member := range ExternalEtcdMembers {
+		start := wc.Etcd.Join
+		if i == 0 {
+			start = wc.Etcd.StartFirst
+		}
+		if err := start(ctx, member); err != nil {
+			return nil, bootstrapv1.ClusterConfiguration{}, fmt.Errorf("starting external etcd member %s: %w", member, err)
+		}
+	}
+	s.Log.Add(name, "external etcd up: %d members (%v)", len(ExternalEtcdMembers), ExternalEtcdMembers)
+	certPEM, keyPEM, err := clientCertificatePEM(wc.Etcd)
+	if err != nil {
+		return nil, bootstrapv1.ClusterConfiguration{}, err
+	}
+	var endpoints []string
+	for _, member := range ExternalEtcdMembers {
+		endpoints = append(endpoints, "https://"+wc.Etcd.Endpoint(member))
+	}
+	secrets := []client.Object{
+		&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-etcd", Labels: labels},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{corev1.TLSCertKey: wc.Etcd.caCertPEM},
+		},
+		&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-apiserver-etcd-client", Labels: labels},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
+		},
+	}
+	return secrets, bootstrapv1.ClusterConfiguration{Etcd: bootstrapv1.Etcd{External: bootstrapv1.ExternalEtcd{
+		Endpoints: endpoints, CAFile: externalEtcdCAFile, CertFile: externalEtcdCertFile, KeyFile: externalEtcdKeyFile,
+	}}}, nil
+}
+
+// clientCertificatePEM issues a client certificate of the etcd cluster's CA, PEM-encoded.
+func clientCertificatePEM(ec *EtcdCluster) (certPEM, keyPEM []byte, err error) {
+	cert, err := etcdutil.NewClientCertificate(ec.caCertPEM, ec.caKeyPEM, 24*time.Hour)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issuing the apiserver-etcd-client certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding the apiserver-etcd-client key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
 }
 
 // createWorkers creates a MachineDeployment of kubeadm-bootstrapped sandbox workers: CAPI's
@@ -250,7 +327,7 @@ func roleOf(m *clusterv1.Machine, value []byte) bootstrapRole {
 func (r *infraMachineReconciler) provision(ctx context.Context, wc *WorkloadCluster, m *clusterv1.Machine, im *infrav1.SandboxMachine, bootstrapData []byte) error {
 	node := m.Name
 	role := roleOf(m, bootstrapData)
-	if role != roleWorker && wc.Etcd.Endpoint(node) == "" {
+	if role != roleWorker && !wc.ExternalEtcd && wc.Etcd.Endpoint(node) == "" {
 		if role == roleInit {
 			if err := wc.Etcd.StartFirst(ctx, node); err != nil {
 				return err
@@ -275,7 +352,7 @@ func (r *infraMachineReconciler) provision(ctx context.Context, wc *WorkloadClus
 		return err
 	}
 	if role != roleWorker {
-		for _, component := range controlPlaneComponents {
+		for _, component := range wc.controlPlaneComponents() {
 			if err := setMirrorPod(ctx, r.s.Client, node, component, true); err != nil {
 				return err
 			}
@@ -293,6 +370,21 @@ func (r *infraMachineReconciler) provision(ctx context.Context, wc *WorkloadClus
 	}
 	r.s.Log.Add(wc.Name, "machine %s up: Node %s registered", m.Name, node)
 	return nil
+}
+
+// controlPlaneComponents are the static pods of the cluster's control-plane nodes: no etcd with
+// external etcd (kubeadm runs none).
+func (wc *WorkloadCluster) controlPlaneComponents() []string {
+	if !wc.ExternalEtcd {
+		return controlPlaneComponents
+	}
+	var out []string
+	for _, c := range controlPlaneComponents {
+		if c != "etcd" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // ensureKubeadmConfigMap creates kube-system/kubeadm-config as `kubeadm init` does; KCP reads its

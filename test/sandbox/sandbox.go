@@ -101,6 +101,8 @@ type WorkloadCluster struct {
 	Namespace string
 	Name      string
 	Etcd      *EtcdCluster
+	// ExternalEtcd is ClusterSpec.ExternalEtcd: Etcd's members are not the control-plane Machines'.
+	ExternalEtcd bool
 
 	// holdProvisioning, when set, leaves new Machines without a Node (a replacement that never
 	// comes up).
@@ -333,6 +335,11 @@ type ClusterSpec struct {
 	Name         string
 	ControlPlane int32
 	Workers      int
+	// ExternalEtcd (full stack only) runs etcd outside the control-plane Machines: a cluster of
+	// ExternalEtcdMembers started with the Cluster, which KCP's
+	// spec.kubeadmConfigSpec.clusterConfiguration.etcd.external points to. The Machines then join
+	// no member and run no etcd static pod.
+	ExternalEtcd bool
 }
 
 // CreateCluster creates a Cluster with a SandboxControlPlane of spec.ControlPlane replicas and
@@ -347,7 +354,10 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	if err != nil {
 		return nil, err
 	}
-	wc := &WorkloadCluster{Namespace: spec.Namespace, Name: spec.Name, Etcd: ec}
+	if spec.ExternalEtcd && s.opts.Provider != ProviderKubeadm {
+		return nil, errors.New("ExternalEtcd needs the full stack (ProviderKubeadm): the sandbox control-plane provider runs stacked etcd only")
+	}
+	wc := &WorkloadCluster{Namespace: spec.Namespace, Name: spec.Name, Etcd: ec, ExternalEtcd: spec.ExternalEtcd}
 	s.mu.Lock()
 	s.clusters[types.NamespacedName{Namespace: spec.Namespace, Name: spec.Name}] = wc
 	s.mu.Unlock()
@@ -429,7 +439,8 @@ func (s *Sandbox) ControlPlaneMachines(ctx context.Context, wc *WorkloadCluster)
 }
 
 // WaitForControlPlane waits until the cluster has exactly n control-plane Machines, none deleting,
-// all with Nodes, and n healthy voting etcd members named after those Nodes.
+// all with Nodes, and n healthy voting etcd members named after those Nodes (with external etcd:
+// every external member healthy and voting).
 func (s *Sandbox) WaitForControlPlane(ctx context.Context, wc *WorkloadCluster, n int, timeout time.Duration) error {
 	return poll(ctx, timeout, func() (bool, string) {
 		machines, err := s.ControlPlaneMachines(ctx, wc)
@@ -449,6 +460,12 @@ func (s *Sandbox) WaitForControlPlane(ctx context.Context, wc *WorkloadCluster, 
 			return false, err.Error()
 		}
 		c := state.Counts()
+		if wc.ExternalEtcd {
+			if want := len(ExternalEtcdMembers); c.Voting != want || c.Healthy != want {
+				return false, fmt.Sprintf("external etcd has %d voting members (%d healthy), want %d", c.Voting, c.Healthy, want)
+			}
+			return true, ""
+		}
 		if c.Voting != n || c.Healthy != n || c.Learners != 0 {
 			return false, fmt.Sprintf("etcd has %d voting (%d healthy), %d learners", c.Voting, c.Healthy, c.Learners)
 		}

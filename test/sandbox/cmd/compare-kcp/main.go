@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
@@ -35,6 +37,9 @@ import (
 type scenario struct {
 	name         string
 	controlPlane int32
+	// externalEtcd runs the cluster with external etcd (sandbox.ClusterSpec.ExternalEtcd): "full
+	// strength" is then every control-plane Machine serving (KCP's pod conditions), the victims gone.
+	externalEtcd bool
 	inject       func(ctx context.Context, r *run) ([]string, error)
 }
 
@@ -63,6 +68,10 @@ var scenarios = []scenario{
 			}
 		}
 		return nil, errors.New("no Machine for the leader")
+	}},
+	{name: "external etcd, node not Ready", controlPlane: 3, externalEtcd: true, inject: func(ctx context.Context, r *run) ([]string, error) {
+		m := r.initial[1]
+		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
 	}},
 	{name: "two of five unhealthy", controlPlane: 5, inject: func(_ context.Context, r *run) ([]string, error) {
 		a, b := r.initial[0], r.initial[3]
@@ -158,7 +167,7 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, 
 	if err := sb.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return nil, err
 	}
-	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane})
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, ExternalEtcd: sc.externalEtcd})
 	if err != nil {
 		return nil, err
 	}
@@ -226,13 +235,22 @@ func (r *run) requests(ctx context.Context) []*caprv1.MachineRemediation {
 	return out
 }
 
-// waitingReasons is the Progressing reason of each of CAPR's requests that has not succeeded ("" for
-// KCP, which has no request).
+// waitingReasons is the Progressing reason of each of CAPR's requests that has not succeeded, or for
+// KCP the OwnerRemediated condition (reason: message) of each victim that still exists.
 func (r *run) waitingReasons(ctx context.Context) string {
-	if r.system == systemKCP {
-		return ""
-	}
 	var out []string
+	if r.system == systemKCP {
+		for _, v := range r.victims {
+			m := &clusterv1.Machine{}
+			if err := r.sb.Client.Get(ctx, client.ObjectKey{Namespace: r.wc.Namespace, Name: v}, m); err != nil {
+				continue
+			}
+			if c := conditions.Get(m, clusterv1.MachineOwnerRemediatedCondition); c != nil {
+				out = append(out, fmt.Sprintf("%s %s: %s", clusterv1.MachineOwnerRemediatedCondition, c.Reason, c.Message))
+			}
+		}
+		return strings.Join(out, ", ")
+	}
 	for _, mr := range r.requests(ctx) {
 		if mr.Status.Phase != caprv1.MachineRemediationPhaseSucceeded {
 			out = append(out, fmt.Sprintf("%s (%s)", mr.Status.Phase, conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)))
@@ -285,6 +303,10 @@ func (r *run) sample(ctx context.Context) {
 			r.marked[m.Name] = now
 		}
 	}
+	if r.wc.ExternalEtcd {
+		r.sampleServing(now, machines)
+		return
+	}
 	state, err := r.sb.EtcdState(ctx, r.wc)
 	if err != nil {
 		return
@@ -309,6 +331,26 @@ func (r *run) sample(ctx context.Context) {
 	}
 	for _, m := range machines {
 		if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() || !r.sb.EtcdRunning(r.wc, m.Status.NodeRef.Name) {
+			whole = false
+		}
+	}
+	if whole {
+		r.fullStrength = now
+	}
+}
+
+// sampleServing is sample's second half with external etcd, where no Machine has a member: a
+// replacement is healthy when it serves the API (KCP's APIServerPodHealthy, ControllerManagerPodHealthy
+// and SchedulerPodHealthy), and the control plane is whole with N serving Machines, no victim among them.
+func (r *run) sampleServing(now time.Time, machines []clusterv1.Machine) {
+	whole := len(machines) == r.n
+	for i := range machines {
+		m := &machines[i]
+		serving := m.DeletionTimestamp.IsZero() && controlplane.KCP{}.ServesAPI(m) == ""
+		if serving && !r.isInitial(m.Name) && r.replacement.IsZero() {
+			r.replacement = now
+		}
+		if !serving || slices.Contains(r.victims, m.Name) {
 			whole = false
 		}
 	}
