@@ -138,9 +138,14 @@ func TestOrphanedHookIsReleased(t *testing.T) {
 	g := NewWithT(t)
 	f := waitingForFencing(t, g)
 	g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
-	mr := getRemediation(g, f.ns, "w1")
-	mr.Finalizers = nil
-	g.Expect(k8sClient.Update(ctx, mr)).To(Succeed())
+	// The remediator may still be writing the request (CAPI's patch helper writes conditions before
+	// the rest of the status, util/patch Helper.Patch): retry on conflicts, as kubectl edit does.
+	mr := &caprv1.MachineRemediation{}
+	g.Eventually(func(g Gomega) {
+		mr = getRemediation(g, f.ns, "w1")
+		mr.Finalizers = nil
+		g.Expect(k8sClient.Update(ctx, mr)).To(Succeed())
+	}, eventually, poll).Should(Succeed())
 	g.Expect(k8sClient.Delete(ctx, mr)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(getMachine(g, f.ns, "w1").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
