@@ -559,9 +559,7 @@ func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	base := f.cluster.DeepCopy()
-	f.cluster.Spec.Paused = ptr.To(true)
-	g.Expect(k8sClient.Patch(ctx, f.cluster, client.MergeFrom(base))).To(Succeed())
+	setClusterPaused(g, f.cluster, true)
 	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
 	f.healthCheck(g, nil)
 	g.Eventually(func(g Gomega) {
@@ -571,6 +569,13 @@ func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
 		rec, _ := markOf(g, f.ns, "sick")
 		g.Expect(rec).To(BeNil())
 	}, 2*time.Second, poll).Should(Succeed())
+}
+
+// setClusterPaused sets the Cluster's spec.paused (a merge patch: CAPR does not write Clusters).
+func setClusterPaused(g *WithT, cluster *clusterv1.Cluster, paused bool) {
+	base := cluster.DeepCopy()
+	cluster.Spec.Paused = ptr.To(paused)
+	g.Expect(k8sClient.Patch(ctx, cluster, client.MergeFrom(base))).To(Succeed())
 }
 
 // unreachableCluster creates a ready Cluster "far" in a new namespace (returned) whose kubeconfig
@@ -752,7 +757,9 @@ func TestEtcdMemberCheck(t *testing.T) {
 		rec, _ := markOf(g, f.ns, "cp-1")
 		g.Expect(rec).To(BeNil())
 	}, 3*time.Second, poll).Should(Succeed())
-	g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(2)))
+	g.Eventually(func(g Gomega) *int32 { // the first round may wait for the workload cluster's connection
+		return getHealthCheck(g, f.ns).Status.CurrentHealthy
+	}, eventually, poll).Should(HaveValue(BeEquivalentTo(2)))
 	g.Eventually(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "cp-1")
 		g.Expect(rec).NotTo(BeNil())
@@ -939,10 +946,18 @@ func TestFinishedRequestIsReplacedWhenUnhealthyAgain(t *testing.T) {
 	old := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: m.Name},
 		Spec: caprv1.MachineRemediationSpec{Escalation: []caprv1.EscalationStep{{
 			TemplateRef: caprv1.TemplateReference{APIVersion: "example.com/v1", Kind: "RebootTemplate", Name: "r"}, TimeoutSeconds: 60}}}}
+	// The worker remediator in this manager records a new request as Pending; with the Cluster paused
+	// it only writes its Paused condition, so the finished status written here is not overwritten.
+	setClusterPaused(g, f.cluster, true)
 	g.Expect(k8sClient.Create(ctx, old)).To(Succeed())
-	old.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
-	old.Status.Steps = []caprv1.RemediationStep{{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeSucceeded}}
-	g.Expect(k8sClient.Status().Update(ctx, old)).To(Succeed())
+	g.Eventually(func(g Gomega) { // the remediator writes the request's conditions: retry on conflicts
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(old), mr)).To(Succeed())
+		mr.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
+		mr.Status.Steps = []caprv1.RemediationStep{{Name: caprv1.EscalationStepName(0), Outcome: caprv1.StepOutcomeSucceeded}}
+		g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
+	}, eventually, poll).Should(Succeed())
+	setClusterPaused(g, f.cluster, false)
 	f.healthCheck(g, nil)
 
 	g.Eventually(func(g Gomega) {

@@ -122,7 +122,9 @@ func TestAbortWhileSomeoneElseDeletesKeepsTheFence(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		g.Expect(getMachine(g, f.ns, "w1").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
 	}, eventually, poll).Should(Succeed())
-	g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("FencedDeletingMachine"))
+	// The event is recorded after the hook is removed, and sent in the background.
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, f.ns, "w1") }, eventually, poll).
+		Should(ContainElement("FencedDeletingMachine"))
 	mr := getRemediation(g, f.ns, "w1")
 	g.Expect(mr.Status.Step(caprv1.StepFence).Outcome).To(Equal(caprv1.StepOutcomeInProgress), "no step of CAPR's own after the deletion began")
 	g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
@@ -171,6 +173,10 @@ func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {
 			g.Expect(msg).To(ContainSubstring(why))
 			g.Expect(msg).To(ContainSubstring("never deleted"))
 			g.Expect(eventReasons(g, f.ns, name)).To(ContainElement("NoRemediator"))
+			// Written in the same patch as the condition, after it (util/patch writes conditions first).
+			mr := getRemediation(g, f.ns, name)
+			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+			g.Expect(mr.Status.Worker).NotTo(BeNil())
 		}, eventually, poll).Should(Succeed())
 	}
 	g.Consistently(func(g Gomega) {
