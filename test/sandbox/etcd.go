@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -175,6 +176,44 @@ func (c *EtcdCluster) Running(name string) bool {
 	default:
 		return true
 	}
+}
+
+// Diagnose describes every member process the sandbox started (ports, running or how it exited,
+// the end of its log), for the error of a cluster that did not come up: the data directory of a
+// destroyed cluster is deleted with it.
+func (c *EtcdCluster) Diagnose() string {
+	c.mu.Lock()
+	procs := make([]*etcdProcess, 0, len(c.members))
+	for _, p := range c.members {
+		procs = append(procs, p)
+	}
+	c.mu.Unlock()
+	sort.Slice(procs, func(i, j int) bool { return procs[i].name < procs[j].name })
+	var b strings.Builder
+	for _, p := range procs {
+		state := "running"
+		select {
+		case <-p.exited: // closed after Wait returned: ProcessState is set
+			state = "exited (" + p.cmd.ProcessState.String() + ")"
+		default:
+		}
+		fmt.Fprintf(&b, "\n  %s: client port %d, peer port %d, %s; log: %s", p.name, p.clientPort, p.peerPort, state,
+			logTail(filepath.Join(p.dir, "etcd.log"), 5))
+	}
+	return b.String()
+}
+
+// logTail returns the last n lines of a file, joined with " | ".
+func logTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 // Client returns a client to every running member.

@@ -442,7 +442,7 @@ func (s *Sandbox) ControlPlaneMachines(ctx context.Context, wc *WorkloadCluster)
 // all with Nodes, and n healthy voting etcd members named after those Nodes (with external etcd:
 // every external member healthy and voting).
 func (s *Sandbox) WaitForControlPlane(ctx context.Context, wc *WorkloadCluster, n int, timeout time.Duration) error {
-	return poll(ctx, timeout, func() (bool, string) {
+	err := poll(ctx, timeout, func() (bool, string) {
 		machines, err := s.ControlPlaneMachines(ctx, wc)
 		if err != nil {
 			return false, err.Error()
@@ -467,7 +467,7 @@ func (s *Sandbox) WaitForControlPlane(ctx context.Context, wc *WorkloadCluster, 
 			return true, ""
 		}
 		if c.Voting != n || c.Healthy != n || c.Learners != 0 {
-			return false, fmt.Sprintf("etcd has %d voting (%d healthy), %d learners", c.Voting, c.Healthy, c.Learners)
+			return false, fmt.Sprintf("etcd has %d voting (%d healthy), %d learners%s", c.Voting, c.Healthy, c.Learners, unhealthyMembers(state))
 		}
 		for _, m := range machines {
 			if state.ByName(m.Status.NodeRef.Name) == nil {
@@ -476,6 +476,24 @@ func (s *Sandbox) WaitForControlPlane(ctx context.Context, wc *WorkloadCluster, 
 		}
 		return true, ""
 	})
+	if err != nil {
+		return fmt.Errorf("%w\netcd member processes:%s", err, wc.Etcd.Diagnose())
+	}
+	return nil
+}
+
+// unhealthyMembers names the members that are not healthy, with etcdutil's reason.
+func unhealthyMembers(state *etcdutil.State) string {
+	var out []string
+	for _, m := range state.Members {
+		if !m.Healthy {
+			out = append(out, fmt.Sprintf("%s %x (%s)", m.Name, m.ID, m.Problem))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "; not healthy: " + strings.Join(out, ", ")
 }
 
 func (s *Sandbox) waitForWorkers(ctx context.Context, wc *WorkloadCluster, n int) error {

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"os"
+	"regexp"
 	"testing"
 	"time"
 
@@ -94,4 +95,17 @@ func TestQuorumWatcherSeesQuorumLoss(t *testing.T) {
 
 	sb.KillEtcdMember(wc, machines[1].Status.NodeRef.Name)
 	g.Eventually(w.Lost, 30*time.Second, 100*time.Millisecond).ShouldNot(BeEmpty())
+
+	// A cluster that does not come up says which member processes died (their data is deleted with
+	// the cluster, so the error is all that is left of them).
+	err = sb.WaitForControlPlane(ctx, wc, 3, time.Second)
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(err.Error()).To(ContainSubstring("etcd member processes:"))
+	for i, m := range machines {
+		state := "running"
+		if i < 2 {
+			state = "exited (signal: killed)"
+		}
+		g.Expect(err.Error()).To(MatchRegexp(`%s: client port \d+, peer port \d+, %s`, m.Status.NodeRef.Name, regexp.QuoteMeta(state)))
+	}
 }
