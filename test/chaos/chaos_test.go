@@ -370,9 +370,13 @@ func runScenario(t *testing.T, seed int64) {
 		err := sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, mr)
 		switch {
 		case !present[victim]:
-			// Replaced: exactly once (one request, Succeeded), and fenced before it was deleted.
-			g.Expect(err).NotTo(HaveOccurred(), "seed %d: %s is gone without a remediation record", seed, victim)
-			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "seed %d: %s gone, remediation %s", seed, victim, mr.Status.Phase)
+			// Replaced: exactly once (one request, Succeeded), and fenced before it was deleted. A
+			// request the fault deleted while Running past its point of no return is finished first
+			// and then goes (remediation/controlplane reconcileDelete): then there is no record.
+			if _, deleted := deletedRequests.Load(ns + "/" + victim); !deleted || !apierrors.IsNotFound(err) {
+				g.Expect(err).NotTo(HaveOccurred(), "seed %d: %s is gone without a remediation record", seed, victim)
+				g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "seed %d: %s gone, remediation %s", seed, victim, mr.Status.Phase)
+			}
 			fenced, ok := backend.fencedAt(victim)
 			g.Expect(ok).To(BeTrue(), "seed %d: %s deleted but never fenced", seed, victim)
 			deleted, ok := deletionSeen(wc, start, victim)
@@ -558,6 +562,9 @@ func forDuration(stop <-chan struct{}, d time.Duration, f func()) {
 	}
 }
 
+// deletedRequests holds "namespace/name" of every request a deleteRequest fault deleted.
+var deletedRequests sync.Map
+
 // deleteWhenRunning deletes the first request seen Running (once).
 func deleteWhenRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error {
 	deadline := time.After(2 * time.Minute)
@@ -574,8 +581,9 @@ func deleteWhenRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error 
 			continue
 		}
 		for i := range list.Items {
-			if list.Items[i].Status.Phase == caprv1.MachineRemediationPhaseRunning {
-				return client.IgnoreNotFound(sb.Client.Delete(ctx, &list.Items[i]))
+			if mr := &list.Items[i]; mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
+				deletedRequests.Store(mr.Namespace+"/"+mr.Name, true)
+				return client.IgnoreNotFound(sb.Client.Delete(ctx, mr))
 			}
 		}
 	}
