@@ -200,6 +200,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		setWaiting(mr, caprv1.MachineRemediationPausedReason,
 			fmt.Sprintf("Machine %s has annotation %s: nothing is done until it is removed", machine.Name, clusterv1.PausedAnnotation))
 		return ctrl.Result{}, nil
+	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && mr.Status.Worker == nil:
+		// start records the worker status before Running, so only a status written by someone else
+		// gets here: nothing this remediator did can be resumed from it, and nothing is done.
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
+			"status.phase is Running but status.worker is missing (the status was not written by CAPR's worker remediator): nothing is done; delete the request to start again")
+		return ctrl.Result{}, nil
 	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning:
 		return r.reconcileRunning(ctx, s)
 	}

@@ -404,3 +404,30 @@ func releaseMachine(ns, name, finalizer string) {
 		_ = k8sClient.Patch(ctx, m, client.MergeFrom(base))
 	}
 }
+
+// TestRunningWithoutWorkerStatusIsReportedNotRemediated: a request whose status says Running without
+// the worker record the remediator writes when it starts (a status written by hand or by another
+// tool) is left alone, saying why; it used to panic on the missing record.
+func TestRunningWithoutWorkerStatusIsReportedNotRemediated(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.workerOfMachineSet(g, "w1")
+	setClusterPaused(g, f.cluster, true) // the remediator records nothing meanwhile
+	f.request(g, m, required(), caprv1.MachineRemediationSourceManual)
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, f.ns, "w1")
+		mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
+		mr.Status.Worker = nil
+		g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
+	}, eventually, poll).Should(Succeed())
+	setClusterPaused(g, f.cluster, false)
+	g.Eventually(func(g Gomega) string {
+		_, msg := progressing(g, f.ns, "w1")
+		return msg
+	}, eventually, poll).Should(ContainSubstring("status.worker is missing"))
+	g.Consistently(func(g Gomega) {
+		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+		g.Expect(backend.wasAsked(f.node("w1"))).To(BeFalse())
+		g.Expect(phase(g, f.ns, "w1")).To(Equal(caprv1.MachineRemediationPhaseRunning))
+	}, quiet, poll).Should(Succeed())
+}
