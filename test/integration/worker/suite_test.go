@@ -107,11 +107,14 @@ func run(m *testing.M) int {
 	mgrCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	mgr, err := ctrl.NewManager(testEnv.ManagerConfig, ctrl.Options{
-		Scheme:                  testEnv.Scheme,
-		Metrics:                 metricsserver.Options{BindAddress: "0"},
-		Cache:                   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),
-		Client:                  controllers.ManagerClientOptions(),
-		GracefulShutdownTimeout: ptr.To(2 * time.Second),
+		Scheme:  testEnv.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache:   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),
+		Client:  controllers.ManagerClientOptions(),
+		// Tests end by stopping the manager. Under load an in-flight reconcile (e.g. a workload-cluster
+		// dial) can outlast 2 s, which failed the suite after every test had passed; shutdown time is
+		// not what these suites test, so they wait as long as the manager's default.
+		GracefulShutdownTimeout: ptr.To(30 * time.Second),
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: creating manager: %v\n", err)
