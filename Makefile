@@ -59,15 +59,17 @@ SEED ?=
 PARALLEL ?= 1
 TEST_CHAOS_RUNS ?= 20
 TEST_CHAOS_SEED ?= 1
+# `make test` also runs the seeds that once found a defect (TestChaosKnownSeeds in test/chaos).
+CHAOS_TESTS ?= ^TestChaos$$
 
 .PHONY: test
 test: envtest-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
 	go test $$(go list ./... | grep -v -e '/test/chaos' -e '/test/kubeadm/more') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
-	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED)
+	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
 
 .PHONY: chaos
 chaos: envtest-assets ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
-	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '^TestChaos$$' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
+	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
 
 # Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) live under test/:
 # test/scenarios (sandbox control-plane scenarios) and test/integration/<area> (envtest). Every other

@@ -107,7 +107,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 		// Two requests recorded Running for one cluster (the lock was lost while both started). The
 		// one that has done nothing yet goes back to Pending; one that has acted waits.
 		if len(s.mr.Status.Steps) == 0 {
-			backToPending(s, fmt.Sprintf(
+			backToPending(s, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
 				"the remediation of control-plane Machine %s runs; this one went back to Pending before doing anything", other))
 			return ctrl.Result{RequeueAfter: waitLong}, nil
 		}
@@ -189,10 +189,44 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, err
 	}
 	msg := fmt.Sprintf("the etcd member of control-plane Machine %s is %s and this one's is healthy: removing a healthy member now would not be quorum-safe, so this remediation gave way before its point of no return (%s) and waits for that one",
 		other, victimMember(state, machineNode(s.machines, other)), undone)
-	backToPending(s, msg)
+	backToPending(s, caprv1.MachineRemediationAnotherRemediationInProgressReason, msg)
 	r.event(s.mr, corev1.EventTypeNormal, EventRemediationYielded, msg)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way to a more broken Machine", "other", other, "undone", undone)
 	return true, nil
+}
+
+// giveWayAfter is how long a step waits for a quorum-safe add before the remediation gives way: long
+// enough that a member's brief unhealthiness does not undo a surge, short enough that the control
+// plane is not held for the step timeout by a remediation that cannot go on.
+const giveWayAfter = 30 * time.Second
+
+// mayGiveWay reports whether a remediation whose step asks to give way (stepResult.giveWay) does so
+// now: the step has been waiting for the same reason for giveWayAfter (the Progressing condition's
+// reason and last transition, so a restart does not reset it), and nothing irreversible was done.
+func (r *Reconciler) mayGiveWay(ctx context.Context, s *scope, reason string) bool {
+	c := conditions.Get(s.mr, caprv1.MachineRemediationProgressingCondition)
+	if s.machineGone || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason || now().Sub(c.LastTransitionTime.Time) < giveWayAfter {
+		return false
+	}
+	return !r.pastPointOfNoReturn(ctx, s)
+}
+
+// giveWay undoes a scale-up-first remediation that cannot add the replacement's etcd member (a second
+// member went down after the start) and returns it to Pending, where the order is chosen again on the
+// etcd state of now. Holding the control plane would only wait for the step timeout: the lock would
+// keep every other remediation of the cluster out, and the surge (a replacement that cannot join)
+// would stay. Before its point of no return and before any member joined, everything can be undone.
+func (r *Reconciler) giveWay(ctx context.Context, s *scope, step caprv1.StepName, why string) (ctrl.Result, error) {
+	undone, err := r.undo(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	msg := fmt.Sprintf("step %s: %s for %s; nothing irreversible was done, so this remediation gave way (%s) and chooses its order again",
+		step, why, giveWayAfter, undone)
+	backToPending(s, caprv1.MachineRemediationNotQuorumSafeReason, msg)
+	r.event(s.mr, corev1.EventTypeWarning, EventRemediationYielded, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way: the replacement's etcd member cannot be added safely", "step", step, "undone", undone)
+	return ctrl.Result{RequeueAfter: waitLong}, nil
 }
 
 // machineNode returns the Node name of the named Machine among machines ("" if unknown).
@@ -208,7 +242,7 @@ func machineNode(machines []*clusterv1.Machine, name string) string {
 // backToPending returns a remediation that did nothing irreversible to Pending: its run is forgotten
 // (steps, start, control-plane record) and it is owned by its Machine again, like a request that never
 // started, so that it goes with the Machine.
-func backToPending(s *scope, msg string) {
+func backToPending(s *scope, reason, msg string) {
 	s.mr.Status.Phase = caprv1.MachineRemediationPhasePending
 	s.mr.Status.ControlPlane = nil
 	s.mr.Status.StartTime = nil
@@ -219,7 +253,7 @@ func backToPending(s *scope, msg string) {
 			APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: s.machine.Name, UID: s.machine.UID,
 		}}
 	}
-	setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, msg)
+	setWaiting(s.mr, reason, msg)
 }
 
 // runningRemediation returns another Running request of the same cluster, read live: the durable

@@ -40,7 +40,12 @@ type stepResult struct {
 	message   string
 	// waitReason, when set, is the Progressing reason while the step cannot proceed.
 	waitReason string
-	requeue    time.Duration
+	// giveWay: the step waits because adding the replacement's etcd member is not quorum-safe now,
+	// and nothing irreversible and no membership change has happened yet. After giveWayAfter of
+	// such waiting the remediation is undone and goes back to Pending (giveWay in
+	// controlplane_lifecycle.go) instead of holding the control plane until its step timeout.
+	giveWay bool
+	requeue time.Duration
 }
 
 // currentStep is the first step of the plan that is not finished (StepFinished).
@@ -119,6 +124,9 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		return r.recovered(ctx, s, rec, res.message)
 	}
 	if !res.done {
+		if res.giveWay && r.mayGiveWay(ctx, s, res.waitReason) {
+			return r.giveWay(ctx, s, step, res.message)
+		}
 		if res.waitReason != "" {
 			msg := fmt.Sprintf("step %s: %s", step, res.message)
 			if !isWaitingFor(s.mr, res.waitReason) {
@@ -278,6 +286,7 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 			c := state.Counts()
 			return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
+				giveWay: s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderScaleUpFirst,
 				message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
 		}
 		afterRemoval = state.ByName(s.victimNode()) == nil
@@ -309,6 +318,9 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 			}
 			return r.armNextReplacement(ctx, s, state, nil)
 		}
+		if blocked := r.joinBlocked(ctx, s); blocked != nil {
+			return *blocked, nil
+		}
 		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine" + s.adapter.Explain(s.cp), requeue: waitShort}, nil
 	}
 	s.mr.Status.ControlPlane.Replacement = reps[0].Name
@@ -316,6 +328,9 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 		if err := r.annotateReplacement(ctx, s, rep); err != nil {
 			return stepResult{}, err
 		}
+	}
+	if blocked := r.joinBlocked(ctx, s); blocked != nil {
+		return *blocked, nil
 	}
 	for i, rep := range reps {
 		if !rep.Status.NodeRef.IsDefined() { // etcd is not read before there is a member to look for
@@ -342,6 +357,41 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 		names = append(names, fmt.Sprintf("%s (Node %s)", rep.Name, rep.Status.NodeRef.Name))
 	}
 	return stepResult{done: true, message: fmt.Sprintf("replacement %s up with a healthy voting etcd member", strings.Join(names, " and "))}, nil
+}
+
+// joinBlocked returns the wait of a scale-up-first remediation whose replacement cannot join: no
+// member has joined since the start (membersJoined) and adding one is not quorum-safe now (etcd's own
+// add rule, which the replacement's join would meet). Nil when the replacement may still join, when
+// a member already joined (undoing would then remove a member: the step waits as before), when etcd
+// cannot be read (the later checks of the step say so), or with external etcd.
+func (r *Reconciler) joinBlocked(ctx context.Context, s *scope) *stepResult {
+	if s.externalEtcd() || s.mr.Status.ControlPlane.Order != caprv1.ControlPlaneOrderScaleUpFirst {
+		return nil
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil || etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) || membersJoined(s, state) {
+		return nil
+	}
+	c := state.Counts()
+	return &stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort, giveWay: true, message: fmt.Sprintf(
+		"the replacement cannot join: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}
+}
+
+// membersJoined reports whether etcd lists a member that is not one of the control-plane Machines
+// of the start (a replacement's, or one added and not started yet, which has no name).
+func membersJoined(s *scope, state *etcdutil.State) bool {
+	before := map[string]bool{s.victimNode(): true}
+	for _, name := range s.mr.Status.ControlPlane.MachinesBefore {
+		if node := machineNode(s.machines, name); node != "" {
+			before[node] = true
+		}
+	}
+	for _, m := range state.Members {
+		if !before[m.Name] {
+			return true
+		}
+	}
+	return false
 }
 
 // waitForServingReplacements is WaitForReplacement with external etcd: a replacement is up when it

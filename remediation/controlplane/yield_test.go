@@ -27,7 +27,7 @@ func yieldWorld(t *testing.T, g Gomega, mcMember fakeMember, mcPhase caprv1.Reme
 	}, extra...)
 	w := newWorld(t, opts...)
 	w.s.mr.Status.CurrentStep = caprv1.StepWaitForReplacement
-	setLockFor(g, w, "m-b")
+	setLock(g, w)
 	other := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "m-c",
 		CreationTimestamp: metav1.NewTime(time.Now())}}
 	g.Expect(w.client.Create(t.Context(), other)).To(Succeed())
@@ -36,9 +36,9 @@ func yieldWorld(t *testing.T, g Gomega, mcMember fakeMember, mcPhase caprv1.Reme
 	return w
 }
 
-// setLockFor writes the control-plane lock for holder, in the fake API and in the scope.
-func setLockFor(g Gomega, w *world, holder string) {
-	value, err := (&caprv1.ControlPlaneLock{MachineRemediation: holder, DesiredReplicas: 3}).Marshal()
+// setLock writes the control-plane lock for the world's remediation, in the fake API and in the scope.
+func setLock(g Gomega, w *world) {
+	value, err := (&caprv1.ControlPlaneLock{MachineRemediation: w.s.mr.Name, DesiredReplicas: 3}).Marshal()
 	g.Expect(err).NotTo(HaveOccurred())
 	a := w.s.cp.GetAnnotations()
 	if a == nil {

@@ -1,0 +1,163 @@
+package controlplane
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// A scale-up-first remediation whose replacement cannot join any more (a second member went down
+// after the start) gives way instead of holding the control plane until its step timeout: the two
+// stuck runs of the fault suite (seeds 100148 and 100282) were this.
+
+// surgedWorld is a scale-up-first remediation of m-b after its scale-up: replicas 4, replacement m-d
+// without a Node, waiting in WaitForReplacement, with etcd as given.
+func surgedWorld(t *testing.T, etcd *fakeEtcd, extra ...worldOption) *world {
+	t.Helper()
+	opts := append([]worldOption{
+		withReplicas(4), withReplacement(cpMachine("m-d", withoutNode())),
+		withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""),
+		withStep(caprv1.StepWaitForReplacement, caprv1.StepOutcomeInProgress, ""),
+		withEtcd(etcd),
+	}, extra...)
+	return newWorld(t, opts...)
+}
+
+func TestStepsAskToGiveWayOnlyBeforeAnyMemberJoined(t *testing.T) {
+	cDown := func() *fakeEtcd {
+		return newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()))
+	}
+	cases := []struct {
+		name    string
+		world   func(t *testing.T) *world
+		step    caprv1.StepName
+		giveWay bool
+		reason  string
+	}{
+		{name: "ScaleUp, another member down before the surge", step: caprv1.StepScaleUp, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+			world: func(t *testing.T) *world { return newWorld(t, withEtcd(cDown())) }},
+		{name: "ScaleUp after RemoveMember (remove first): past the point of no return, waits", step: caprv1.StepScaleUp, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+			world: func(t *testing.T) *world {
+				return newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst),
+					withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC, asDown()))))
+			}},
+		{name: "WaitForReplacement, replacement without a Node, another member down", step: caprv1.StepWaitForReplacement, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+			world: func(t *testing.T) *world { return surgedWorld(t, cDown()) }},
+		{name: "WaitForReplacement, no replacement Machine yet, another member down", step: caprv1.StepWaitForReplacement, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+			world: func(t *testing.T) *world {
+				return newWorld(t, withReplicas(4), withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""), withEtcd(cDown()))
+			}},
+		{name: "WaitForReplacement, every member healthy: waits for the Node as before", step: caprv1.StepWaitForReplacement,
+			world: func(t *testing.T) *world {
+				return surgedWorld(t, newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC)))
+			}},
+		{name: "WaitForReplacement, the replacement's learner joined: undoing would remove a member, waits", step: caprv1.StepWaitForReplacement,
+			world: func(t *testing.T) *world {
+				return surgedWorld(t, newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()), member(nodeD, asLearner())),
+					withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c")), withReplacement(cpMachine("m-d")))
+			}},
+		{name: "WaitForReplacement, a member added and not started yet (no name): waits", step: caprv1.StepWaitForReplacement,
+			world: func(t *testing.T) *world {
+				return surgedWorld(t, newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()), member("", withMemberID(42), asLearner(), asUnreachable())))
+			}},
+		{name: "WaitForReplacement, etcd cannot be read: no guess", step: caprv1.StepWaitForReplacement,
+			world: func(t *testing.T) *world { return surgedWorld(t, &fakeEtcd{inspectErr: errInjected}) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			w := tc.world(t)
+			res, err := w.run(tc.step)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(res.done).To(BeFalse(), "message: %s", res.message)
+			g.Expect(res.giveWay).To(Equal(tc.giveWay), "message: %s", res.message)
+			if tc.reason != "" {
+				g.Expect(res.waitReason).To(Equal(tc.reason), "message: %s", res.message)
+			}
+			if tc.giveWay {
+				g.Expect(res.message).To(ContainSubstring("not quorum-safe"))
+			}
+			expectNoEtcdChange(g, w)
+		})
+	}
+}
+
+// waitingFor sets the Progressing condition as a step that has waited for reason since ago.
+func waitingFor(w *world, reason string, ago time.Duration) {
+	conditions.Set(w.s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse,
+		Reason: reason, Message: "waiting", LastTransitionTime: metav1.NewTime(time.Now().Add(-ago))})
+}
+
+func TestGiveWayAfterWaitingForAQuorumSafeAdd(t *testing.T) {
+	cDown := func() *fakeEtcd {
+		return newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()))
+	}
+
+	t.Run("a replacement that cannot join: undone and Pending again after giveWayAfter", func(t *testing.T) {
+		g := NewWithT(t)
+		w := surgedWorld(t, cDown())
+		setLock(g, w)
+		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, giveWayAfter+time.Second)
+
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		mr := w.s.mr
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+		g.Expect(mr.Status.Steps).To(BeEmpty())
+		g.Expect(mr.Status.ControlPlane).To(BeNil())
+		g.Expect(mr.OwnerReferences).To(ConsistOf(HaveField("Kind", "Machine")))
+		g.Expect(conditions.Get(mr, caprv1.MachineRemediationProgressingCondition)).To(And(
+			HaveField("Reason", caprv1.MachineRemediationNotQuorumSafeReason),
+			HaveField("Message", ContainSubstring("gave way")),
+			HaveField("Message", ContainSubstring("replicas back from 4 to 3"))))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+		g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+		g.Expect(w.machine(g, "m-d")).To(BeNil(), "the replacement that could not join goes")
+		expectNoEtcdChange(g, w)
+	})
+
+	t.Run("a scale-up that cannot be issued: lock released, Pending again", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withEtcd(cDown()), withStep(caprv1.StepScaleUp, caprv1.StepOutcomeInProgress, ""))
+		setLock(g, w)
+		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, giveWayAfter+time.Second)
+
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+		g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+	})
+
+	keepsWaiting := []struct {
+		name   string
+		reason string
+		ago    time.Duration
+	}{
+		{name: "waiting for less than giveWayAfter", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: giveWayAfter - 5*time.Second},
+		{name: "the step waited for something else until now", reason: caprv1.MachineRemediationEtcdUnreachableReason, ago: time.Hour},
+	}
+	for _, tc := range keepsWaiting {
+		t.Run(tc.name+": keeps the control plane and says why", func(t *testing.T) {
+			g := NewWithT(t)
+			w := surgedWorld(t, cDown())
+			setLock(g, w)
+			waitingFor(w, tc.reason, tc.ago)
+
+			_, err := w.r.runSteps(t.Context(), w.s)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+			g.Expect(conditions.Get(w.s.mr, caprv1.MachineRemediationProgressingCondition)).To(And(
+				HaveField("Reason", caprv1.MachineRemediationNotQuorumSafeReason),
+				HaveField("Message", ContainSubstring("the replacement cannot join"))))
+			g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
+			g.Expect(w.machine(g, "m-d")).NotTo(BeNil())
+			g.Expect(w.controlPlaneAnnotations(g)).To(HaveKey(caprv1.ControlPlaneLockAnnotation))
+		})
+	}
+}
