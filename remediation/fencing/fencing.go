@@ -1,12 +1,13 @@
 // Package fencing is the storage-fencing step of a remediation: before a Machine is
 // deleted, its node must no longer be able to write to shared storage. This package holds the
-// interface the remediators call and the policy logic; the NetworkFence, External and
-// OutOfServiceTaint backends are a separate issue, and until they exist they are reported as not
-// available, never silently skipped.
+// interface the remediators call, the policy logic, and the backends built so far: NetworkFence
+// (csi-addons, networkfence.go). A backend the manager does not serve is reported as not available,
+// never silently skipped.
 package fencing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -62,6 +63,16 @@ type Backend interface {
 	Fence(ctx context.Context, req Request, spec caprv1.FencingBackend) (done bool, message string, err error)
 }
 
+// BackendUnfencer is a Backend that can undo its fence. Unfence is idempotent and done once nothing of
+// the fence is left (a node never fenced is done at once).
+type BackendUnfencer interface {
+	Unfence(ctx context.Context, req Request, spec caprv1.FencingBackend) (done bool, message string, err error)
+}
+
+// ErrUnfencePending is wrapped by PolicyFencer.Unfence's error while a backend has not finished
+// unfencing: call again later.
+var ErrUnfencePending = errors.New("unfencing not finished")
+
 // PolicyFencer applies the policy (Disabled, BestEffort, Required) over the configured backends.
 type PolicyFencer struct {
 	// Backends by type; a configured type that is missing here is reported as not available.
@@ -111,6 +122,36 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 		msg = "fencing is Required and not confirmed, the Machine is not deleted: " + msg
 	}
 	return Result{Outcome: Waiting, Message: msg}, nil
+}
+
+// Unfence undoes the fences of the configured backends that can (BackendUnfencer), last backend first
+// (an out-of-service taint, which follows a fence, goes before the fence it relied on). It returns
+// nil once every one is undone and an error wrapping ErrUnfencePending, saying what is left, until
+// then. With the policy Disabled or without a Node nothing was fenced.
+func (p *PolicyFencer) Unfence(ctx context.Context, req Request) error {
+	spec := req.Spec
+	if spec == nil || spec.Policy == "" || spec.Policy == caprv1.FencingDisabled || req.Node == "" {
+		return nil
+	}
+	var pending []string
+	for i := len(spec.Backends) - 1; i >= 0; i-- {
+		b := spec.Backends[i]
+		impl, ok := p.Backends[b.Type].(BackendUnfencer)
+		if !ok {
+			continue
+		}
+		done, msg, err := impl.Unfence(ctx, req, b)
+		if err != nil {
+			return fmt.Errorf("backend %d (%s): unfencing node %s: %w", i, b.Type, req.Node, err)
+		}
+		if !done {
+			pending = append(pending, fmt.Sprintf("backend %d (%s): %s", i, b.Type, msg))
+		}
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("%w: %s", ErrUnfencePending, strings.Join(pending, "; "))
+	}
+	return nil
 }
 
 // Timeout is how long fencing may take before the policy decides (spec.fencing.timeoutSeconds).

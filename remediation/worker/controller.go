@@ -60,7 +60,7 @@ const (
 )
 
 // Unfencer is implemented by a Fencer that can undo its fencing: an aborted remediation calls it
-// before the request goes. (The built-in PolicyFencer does not: no backend fences anything yet.)
+// before the request goes (fencing.PolicyFencer does, through its backends that can unfence).
 type Unfencer interface {
 	Unfence(ctx context.Context, req fencing.Request) error
 }
