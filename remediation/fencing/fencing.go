@@ -92,6 +92,12 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 	}
 	var waiting []string
 	for i, b := range spec.Backends {
+		if b.Type == caprv1.FencingBackendOutOfServiceTaint && len(waiting) > 0 {
+			// Fence before taint: the taint lets Kubernetes detach the node's volumes and start its
+			// pods elsewhere, which is only safe once the node provably cannot write.
+			waiting = append(waiting, fmt.Sprintf("backend %d (%s): waits until the backends before it confirm the fence", i, b.Type))
+			continue
+		}
 		impl, ok := p.Backends[b.Type]
 		if !ok {
 			waiting = append(waiting, fmt.Sprintf("backend %d (%s) is not available in this CAPR version", i, b.Type))

@@ -2,6 +2,7 @@ package fencing
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,6 +82,54 @@ func TestJudge(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
 			g.Expect(Judge(tt.res, tt.spec, start, start.Add(tt.elapsed))).To(Equal(tt.want))
+		})
+	}
+}
+
+// recordingBackend confirms when done and counts the calls (Fence and Unfence).
+type recordingBackend struct {
+	done             bool
+	fenced, unfenced *[]caprv1.FencingBackendType
+	kind             caprv1.FencingBackendType
+}
+
+func (b recordingBackend) Fence(context.Context, Request, caprv1.FencingBackend) (bool, string, error) {
+	*b.fenced = append(*b.fenced, b.kind)
+	return b.done, "pending", nil
+}
+
+func (b recordingBackend) Unfence(context.Context, Request, caprv1.FencingBackend) (bool, string, error) {
+	*b.unfenced = append(*b.unfenced, b.kind)
+	return b.done, "pending", nil
+}
+
+// TestOutOfServiceTaintOnlyAfterAConfirmedFence: the taint backend is not even asked while a
+// backend before it has not confirmed; unfencing goes the other way round.
+func TestOutOfServiceTaintOnlyAfterAConfirmedFence(t *testing.T) {
+	spec := &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{
+		{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"c"}},
+		{Type: caprv1.FencingBackendOutOfServiceTaint},
+	}}
+	for _, fenced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("network fence confirmed: %v", fenced), func(t *testing.T) {
+			g := NewWithT(t)
+			var calls, uncalls []caprv1.FencingBackendType
+			p := &PolicyFencer{Backends: map[caprv1.FencingBackendType]Backend{
+				caprv1.FencingBackendNetworkFence:      recordingBackend{done: fenced, fenced: &calls, unfenced: &uncalls, kind: caprv1.FencingBackendNetworkFence},
+				caprv1.FencingBackendOutOfServiceTaint: recordingBackend{done: true, fenced: &calls, unfenced: &uncalls, kind: caprv1.FencingBackendOutOfServiceTaint},
+			}}
+			r, err := p.Fence(context.Background(), Request{Node: "n", Spec: spec})
+			g.Expect(err).NotTo(HaveOccurred())
+			if !fenced {
+				g.Expect(calls).To(Equal([]caprv1.FencingBackendType{caprv1.FencingBackendNetworkFence}), "the taint is never applied before the fence is confirmed")
+				g.Expect(r.Outcome).To(Equal(Waiting))
+				g.Expect(r.Message).To(ContainSubstring("waits until the backends before it confirm the fence"))
+				return
+			}
+			g.Expect(calls).To(Equal([]caprv1.FencingBackendType{caprv1.FencingBackendNetworkFence, caprv1.FencingBackendOutOfServiceTaint}))
+			g.Expect(r.Outcome).To(Equal(Fenced))
+			g.Expect(p.Unfence(context.Background(), Request{Node: "n", Spec: spec})).To(Succeed())
+			g.Expect(uncalls).To(Equal([]caprv1.FencingBackendType{caprv1.FencingBackendOutOfServiceTaint, caprv1.FencingBackendNetworkFence}), "the taint goes before the fence it relied on")
 		})
 	}
 }

@@ -83,7 +83,7 @@ func NetworkFenceName(cluster client.ObjectKey, node, class string) string {
 
 // Fence implements Backend.
 func (b *NetworkFenceBackend) Fence(ctx context.Context, req Request, spec caprv1.FencingBackend) (bool, string, error) {
-	c, err := b.workload(ctx, req)
+	c, err := workloadClient(ctx, b.Workload, req)
 	if err != nil {
 		return false, "", err
 	}
@@ -180,7 +180,7 @@ func (b *NetworkFenceBackend) create(ctx context.Context, c client.Client, req R
 // reports the unfence; done when none is left. A node without NetworkFences (never fenced, or
 // already unfenced) is done at once.
 func (b *NetworkFenceBackend) Unfence(ctx context.Context, req Request, spec caprv1.FencingBackend) (bool, string, error) {
-	c, err := b.workload(ctx, req)
+	c, err := workloadClient(ctx, b.Workload, req)
 	if err != nil {
 		return false, "", err
 	}
@@ -247,11 +247,12 @@ func ensureFenceState(ctx context.Context, c client.Client, nf *unstructured.Uns
 	return true, nil
 }
 
-func (b *NetworkFenceBackend) workload(ctx context.Context, req Request) (client.Client, error) {
-	if b.Workload == nil {
+// workloadClient returns the client of the request's workload cluster.
+func workloadClient(ctx context.Context, workload WorkloadClientFunc, req Request) (client.Client, error) {
+	if workload == nil {
 		return nil, errors.New("no workload cluster client configured")
 	}
-	c, err := b.Workload(ctx, client.ObjectKeyFromObject(req.Cluster))
+	c, err := workload(ctx, client.ObjectKeyFromObject(req.Cluster))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the workload cluster of Cluster %s: %w", req.Cluster.Name, err)
 	}

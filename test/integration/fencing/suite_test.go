@@ -30,7 +30,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	testEnv, err = capienv.Start(capienv.Options{
-		ExtraCRDDirs:           []string{filepath.Join(root, "test", "crds", "csiaddons")},
+		ExtraCRDDirs:           []string{filepath.Join(root, "test", "crds", "csiaddons"), filepath.Join(root, "test", "crds", "externalfencing")},
 		WithoutManagerIdentity: true,
 	})
 	if err != nil {
