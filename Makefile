@@ -17,6 +17,7 @@ export GOFLAGS ?= -buildvcs=false
 # Versions (pinned).
 KUBERNETES_VERSION := v1.36.3
 ETCD_VERSION := v3.6.14
+EXTERNAL_ATTACHER_VERSION := v4.12.0
 CONTROLLER_GEN_VERSION := v0.21.0
 GOLANGCI_LINT_VERSION := v2.12.2
 
@@ -27,6 +28,7 @@ KUBE_APISERVER := $(ENVTEST_DIR)/kube-apiserver
 KUBE_CONTROLLER_MANAGER := $(ENVTEST_DIR)/kube-controller-manager
 ETCD := $(ENVTEST_DIR)/etcd
 ENVTEST_STAMP := $(ENVTEST_DIR)/.versions-$(KUBERNETES_VERSION)-$(ETCD_VERSION)-kcm
+CSI_ATTACHER := $(ENVTEST_DIR)/csi-attacher-$(EXTERNAL_ATTACHER_VERSION)
 
 # Release: the manager image and the clusterctl components (out/ is git-ignored).
 IMG ?= ghcr.io/capr-io/capr:dev
@@ -63,7 +65,7 @@ TEST_CHAOS_SEED ?= 1
 CHAOS_TESTS ?= ^TestChaos$$
 
 .PHONY: test
-test: envtest-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
+test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
 	go test $$(go list ./... | grep -v -e '/test/chaos' -e '/test/kubeadm/more') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
 
@@ -195,6 +197,15 @@ $(ENVTEST_STAMP): hack/tools/kube-apiserver/go.mod hack/tools/etcd/go.mod hack/t
 	@echo "Building etcd $(ETCD_VERSION) from go.etcd.io/etcd/server/v3"
 	cd hack/tools/etcd && go build -o $(ETCD) -ldflags "-s -w" .
 	@touch $@
+
+.PHONY: storage-assets
+storage-assets: $(CSI_ATTACHER) ## Build the CSI external-attacher for the storage-failover tests (test/storage) into bin/k8s.
+
+$(CSI_ATTACHER): hack/tools/external-attacher/go.mod
+	@mkdir -p $(ENVTEST_DIR)
+	@echo "Building the CSI external-attacher $(EXTERNAL_ATTACHER_VERSION) from its Go module"
+	cd hack/tools/external-attacher && go build -o $(CSI_ATTACHER) -ldflags "-s -w" github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
+	ln -sf $(notdir $(CSI_ATTACHER)) $(ENVTEST_DIR)/csi-attacher
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)/.tmp

@@ -1,7 +1,6 @@
 package envtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,12 +8,10 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -61,14 +58,10 @@ type KubeControllerManagerOptions struct {
 
 // KubeControllerManager is a running kube-controller-manager built by `make envtest-assets`.
 type KubeControllerManager struct {
-	// LogFile holds the process's stdout and stderr.
-	LogFile string
+	*Process
 	// Port is the secure (HTTPS) port serving /healthz on 127.0.0.1.
 	Port int
 
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	waitErr  error
 	dir      string
 	removeOn bool
 	stopOnce sync.Once
@@ -169,52 +162,24 @@ func (e *Environment) StartKubeControllerManager(ctx context.Context, opts KubeC
 		}
 		args = append(args, opts.ExtraArgs...)
 
-		k := &KubeControllerManager{
-			LogFile:  filepath.Join(dir, fmt.Sprintf("kube-controller-manager-%d.log", attempt)),
-			Port:     port,
-			exited:   make(chan struct{}),
-			dir:      dir,
-			removeOn: removeOn,
-		}
-		if err := k.start(ctx, bin, args); err != nil {
+		proc, err := StartProcess(ctx, bin, args, filepath.Join(dir, fmt.Sprintf("kube-controller-manager-%d.log", attempt)))
+		if err != nil {
 			cleanup()
 			return nil, err
 		}
+		k := &KubeControllerManager{Process: proc, Port: port, dir: dir, removeOn: removeOn}
 		err = k.waitRunning(ctx, controllers, timeout)
 		if err == nil {
 			return k, nil
 		}
 		lastErr = err
-		k.kill()
+		k.Kill()
 		if !strings.Contains(k.LogTail(20), "address already in use") {
 			break
 		}
 	}
 	cleanup()
 	return nil, lastErr
-}
-
-func (k *KubeControllerManager) start(ctx context.Context, bin string, args []string) error {
-	log, err := os.Create(k.LogFile)
-	if err != nil {
-		return fmt.Errorf("creating the kube-controller-manager log: %w", err)
-	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stdout = log
-	cmd.Stderr = log
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		_ = log.Close()
-		return fmt.Errorf("starting %s: %w", bin, err)
-	}
-	k.cmd = cmd
-	go func() {
-		k.waitErr = cmd.Wait()
-		_ = log.Close()
-		close(k.exited)
-	}()
-	return nil
 }
 
 var errExited = errors.New("kube-controller-manager exited early")
@@ -233,8 +198,8 @@ func (k *KubeControllerManager) waitRunning(ctx context.Context, controllers []s
 	lastProbe := "no probe yet"
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		select {
-		case <-k.exited:
-			return false, fmt.Errorf("%w (%s); last lines of %s:\n%s", errExited, k.exitStatus(), k.LogFile, k.LogTail(40))
+		case <-k.Exited():
+			return false, fmt.Errorf("%w (%s); last lines of %s:\n%s", errExited, k.ExitStatus(), k.LogFile, k.LogTail(40))
 		default:
 		}
 		status, body, err := get(ctx, httpClient, url)
@@ -276,53 +241,11 @@ func get(ctx context.Context, c *http.Client, url string) (int, string, error) {
 	return resp.StatusCode, string(body), err
 }
 
-// LogTail returns the last n lines of the process's log.
-func (k *KubeControllerManager) LogTail(n int) string {
-	raw, err := os.ReadFile(k.LogFile)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", k.LogFile, err)
-	}
-	lines := bytes.Split(bytes.TrimRight(raw, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
-}
-
-// exitStatus describes how the process ended; call only after exited is closed.
-func (k *KubeControllerManager) exitStatus() string {
-	if k.waitErr == nil {
-		return "exit status 0"
-	}
-	return k.waitErr.Error()
-}
-
-// Exited is closed when the process has exited.
-func (k *KubeControllerManager) Exited() <-chan struct{} {
-	return k.exited
-}
-
-// kill terminates the process (SIGTERM, SIGKILL after 10s) and waits for it.
-func (k *KubeControllerManager) kill() {
-	select {
-	case <-k.exited:
-		return
-	default:
-	}
-	_ = k.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-k.exited:
-	case <-time.After(10 * time.Second):
-		_ = k.cmd.Process.Kill()
-		<-k.exited
-	}
-}
-
 // Stop terminates kube-controller-manager, waits for it to exit and removes its temporary
 // directory (not KubeControllerManagerOptions.Dir).
 func (k *KubeControllerManager) Stop() {
 	k.stopOnce.Do(func() {
-		k.kill()
+		k.Kill()
 		if k.removeOn {
 			_ = os.RemoveAll(k.dir)
 		}
