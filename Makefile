@@ -18,6 +18,7 @@ export GOFLAGS ?= -buildvcs=false
 KUBERNETES_VERSION := v1.36.3
 ETCD_VERSION := v3.6.14
 EXTERNAL_ATTACHER_VERSION := v4.12.0
+CSI_ADDONS_VERSION := v0.14.0
 CONTROLLER_GEN_VERSION := v0.21.0
 GOLANGCI_LINT_VERSION := v2.12.2
 
@@ -29,6 +30,7 @@ KUBE_CONTROLLER_MANAGER := $(ENVTEST_DIR)/kube-controller-manager
 ETCD := $(ENVTEST_DIR)/etcd
 ENVTEST_STAMP := $(ENVTEST_DIR)/.versions-$(KUBERNETES_VERSION)-$(ETCD_VERSION)-kcm
 CSI_ATTACHER := $(ENVTEST_DIR)/csi-attacher-$(EXTERNAL_ATTACHER_VERSION)
+CSI_ADDONS := $(ENVTEST_DIR)/csi-addons-manager-$(CSI_ADDONS_VERSION)
 
 # Release: the manager image and the clusterctl components (out/ is git-ignored).
 IMG ?= ghcr.io/capr-io/capr:dev
@@ -61,13 +63,16 @@ SEED ?=
 PARALLEL ?= 1
 TEST_CHAOS_RUNS ?= 20
 TEST_CHAOS_SEED ?= 1
+# Three scenarios at a time (each in its own namespace with its own manager): the campaigns ran at
+# 4 and 5 on 2 cores.
+TEST_CHAOS_PARALLEL ?= 3
 # `make test` also runs the seeds that once found a defect (TestChaosKnownSeeds in test/chaos).
 CHAOS_TESTS ?= ^TestChaos$$
 
 .PHONY: test
 test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
 	go test $$(go list ./... | grep -v -e '/test/chaos' -e '/test/kubeadm/more') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
-	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
+	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) PARALLEL=$(TEST_CHAOS_PARALLEL) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
 
 .PHONY: chaos
 chaos: envtest-assets ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
@@ -198,14 +203,24 @@ $(ENVTEST_STAMP): hack/tools/kube-apiserver/go.mod hack/tools/etcd/go.mod hack/t
 	cd hack/tools/etcd && go build -o $(ETCD) -ldflags "-s -w" .
 	@touch $@
 
+.PHONY: compare-storage
+compare-storage: envtest-assets storage-assets ## One storage failover on the real kube-controller-manager and CSI external-attacher, Kubernetes' default vs CAPR's out-of-service taint (about 8 minutes).
+	go run ./test/storage/cmd/compare-storage
+
 .PHONY: storage-assets
-storage-assets: $(CSI_ATTACHER) ## Build the CSI external-attacher for the storage-failover tests (test/storage) into bin/k8s.
+storage-assets: $(CSI_ATTACHER) $(CSI_ADDONS) ## Build the CSI external-attacher and csi-addons' controller for the storage-failover tests (test/storage) into bin/k8s.
 
 $(CSI_ATTACHER): hack/tools/external-attacher/go.mod
 	@mkdir -p $(ENVTEST_DIR)
 	@echo "Building the CSI external-attacher $(EXTERNAL_ATTACHER_VERSION) from its Go module"
 	cd hack/tools/external-attacher && go build -o $(CSI_ATTACHER) -ldflags "-s -w" github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
 	ln -sf $(notdir $(CSI_ATTACHER)) $(ENVTEST_DIR)/csi-attacher
+
+$(CSI_ADDONS): hack/tools/csi-addons/go.mod
+	@mkdir -p $(ENVTEST_DIR)
+	@echo "Building csi-addons' controller manager $(CSI_ADDONS_VERSION) from its Go module (a few minutes the first time)"
+	cd hack/tools/csi-addons && go build -o $(CSI_ADDONS) -ldflags "-s -w" github.com/csi-addons/kubernetes-csi-addons/cmd/manager
+	ln -sf $(notdir $(CSI_ADDONS)) $(ENVTEST_DIR)/csi-addons-manager
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)/.tmp

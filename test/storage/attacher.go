@@ -15,34 +15,35 @@ type Attacher struct {
 	*capienv.Process
 }
 
-// attacherBinary returns the path of csi-attacher next to kube-apiserver.
-func attacherBinary() (string, error) {
-	dir, err := capienv.AssetsDir()
+// binaryAndKubeconfig returns the path of the test binary name next to kube-apiserver, and a
+// kubeconfig written in dir for a new system:masters user of the environment called name.
+func binaryAndKubeconfig(env *capienv.Environment, name, dir string) (bin, kubeconfigPath string, err error) {
+	assets, err := capienv.AssetsDir()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	bin := filepath.Join(dir, "csi-attacher")
+	bin = filepath.Join(assets, name)
 	if _, err := os.Stat(bin); err != nil {
-		return "", fmt.Errorf("missing test binary csi-attacher in %s: run `make storage-assets` (builds the CSI external-attacher from the Go module proxy)", dir)
+		return "", "", fmt.Errorf("missing test binary %s in %s: run `make storage-assets` (builds it from the Go module proxy)", name, assets)
 	}
-	return bin, nil
+	kubeconfig, err := env.KubeConfig(name, []string{"system:masters"})
+	if err != nil {
+		return "", "", err
+	}
+	kubeconfigPath = filepath.Join(dir, name+".kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		return "", "", fmt.Errorf("writing the kubeconfig of %s: %w", name, err)
+	}
+	return bin, kubeconfigPath, nil
 }
 
 // StartAttacher runs the external-attacher for driver in dir (its kubeconfig and log). It exits on
 // its own if the driver's socket goes away (it connects with ExitOnConnectionLoss), so stop it
 // before the driver.
 func StartAttacher(ctx context.Context, env *capienv.Environment, driver *Driver, dir string) (*Attacher, error) {
-	bin, err := attacherBinary()
+	bin, kubeconfigPath, err := binaryAndKubeconfig(env, "csi-attacher", dir)
 	if err != nil {
 		return nil, err
-	}
-	kubeconfig, err := env.KubeConfig("csi-attacher", []string{"system:masters"})
-	if err != nil {
-		return nil, err
-	}
-	kubeconfigPath := filepath.Join(dir, "attacher.kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		return nil, fmt.Errorf("writing the csi-attacher kubeconfig: %w", err)
 	}
 	proc, err := capienv.StartProcess(ctx, bin, []string{
 		"--kubeconfig=" + kubeconfigPath, "--csi-address=" + driver.Socket, "--leader-election=false",
