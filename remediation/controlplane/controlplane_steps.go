@@ -40,9 +40,10 @@ type stepResult struct {
 	message   string
 	// waitReason, when set, is the Progressing reason while the step cannot proceed.
 	waitReason string
-	// giveWay: the step waits because adding the replacement's etcd member is not quorum-safe now,
-	// and nothing irreversible and no membership change has happened yet. After giveWayAfter of
-	// such waiting the remediation is undone and goes back to Pending (giveWay in
+	// giveWay: the step waits because its membership change (adding the replacement's member,
+	// moving leadership, removing the victim's member) is not quorum-safe now. If nothing
+	// irreversible was done and no member joined since the start, after giveWayAfter of such waiting
+	// the remediation is undone and goes back to Pending (mayGiveWay and giveWay in
 	// controlplane_lifecycle.go) instead of holding the control plane until its step timeout.
 	giveWay bool
 	requeue time.Duration
@@ -286,7 +287,7 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 			c := state.Counts()
 			return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
-				giveWay: s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderScaleUpFirst,
+				giveWay: true,
 				message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
 		}
 		afterRemoval = state.ByName(s.victimNode()) == nil
@@ -519,7 +520,7 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope, rec *caprv1.R
 	}
 	target := leadershipTarget(state, s)
 	if target == nil {
-		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: "no healthy voting member to move leadership to", requeue: waitShort}, nil
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: "no healthy voting member to move leadership to", requeue: waitShort, giveWay: true}, nil
 	}
 	if err := s.etcd.MoveLeader(ctx, victim.Name, target.ID); err != nil {
 		return stepResult{}, err
@@ -567,7 +568,7 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
 	c := state.Counts()
 	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Healthy, Learner: victim.IsLearner}) {
-		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort, message: fmt.Sprintf(
+		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort, giveWay: true, message: fmt.Sprintf(
 			"removing the member now is not quorum-safe (%d/%d voting members healthy, %d learners, victim %s)",
 			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Healthy])}, nil
 	}

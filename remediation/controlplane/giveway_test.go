@@ -11,9 +11,10 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
-// A scale-up-first remediation whose replacement cannot join any more (a second member went down
-// after the start) gives way instead of holding the control plane until its step timeout: the two
-// stuck runs of the fault suite (seeds 100148 and 100282) were this.
+// A remediation whose next membership change cannot be made quorum-safe any more (a second member
+// went down after the start) gives way before its point of no return and before any member joined,
+// instead of holding the control plane until its step timeout: the stuck runs of the fault suite
+// (seeds 100148, 100282, 200231) were this.
 
 // surgedWorld is a scale-up-first remediation of m-b after its scale-up: replicas 4, replacement m-d
 // without a Node, waiting in WaitForReplacement, with etcd as given.
@@ -28,7 +29,9 @@ func surgedWorld(t *testing.T, etcd *fakeEtcd, extra ...worldOption) *world {
 	return newWorld(t, opts...)
 }
 
-func TestStepsAskToGiveWayOnlyBeforeAnyMemberJoined(t *testing.T) {
+// TestStepsAskToGiveWay: which waits ask to give way (whether the remediation does is mayGiveWay's,
+// TestGiveWayAfterWaitingForAQuorumSafeChange).
+func TestStepsAskToGiveWay(t *testing.T) {
 	cDown := func() *fakeEtcd {
 		return newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()))
 	}
@@ -41,10 +44,10 @@ func TestStepsAskToGiveWayOnlyBeforeAnyMemberJoined(t *testing.T) {
 	}{
 		{name: "ScaleUp, another member down before the surge", step: caprv1.StepScaleUp, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world { return newWorld(t, withEtcd(cDown())) }},
-		{name: "ScaleUp after RemoveMember (remove first): past the point of no return, waits", step: caprv1.StepScaleUp, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+		{name: "RemoveMember, another member down", step: caprv1.StepRemoveMember, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world {
 				return newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst),
-					withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC, asDown()))))
+					withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asUnreachable()), member(nodeC, asDown()))))
 			}},
 		{name: "WaitForReplacement, replacement without a Node, another member down", step: caprv1.StepWaitForReplacement, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world { return surgedWorld(t, cDown()) }},
@@ -80,7 +83,7 @@ func TestStepsAskToGiveWayOnlyBeforeAnyMemberJoined(t *testing.T) {
 				g.Expect(res.waitReason).To(Equal(tc.reason), "message: %s", res.message)
 			}
 			if tc.giveWay {
-				g.Expect(res.message).To(ContainSubstring("not quorum-safe"))
+				g.Expect(res.message).To(Or(ContainSubstring("not quorum-safe"), ContainSubstring("no healthy voting member")))
 			}
 			expectNoEtcdChange(g, w)
 		})
@@ -93,7 +96,7 @@ func waitingFor(w *world, reason string, ago time.Duration) {
 		Reason: reason, Message: "waiting", LastTransitionTime: metav1.NewTime(time.Now().Add(-ago))})
 }
 
-func TestGiveWayAfterWaitingForAQuorumSafeAdd(t *testing.T) {
+func TestGiveWayAfterWaitingForAQuorumSafeChange(t *testing.T) {
 	cDown := func() *fakeEtcd {
 		return newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()))
 	}
@@ -134,18 +137,55 @@ func TestGiveWayAfterWaitingForAQuorumSafeAdd(t *testing.T) {
 		g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
 	})
 
+	t.Run("remove first, the victim's member not removed yet, another member down: Pending again, nothing to undo but the lock", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst),
+			withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""), withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeInProgress, ""),
+			withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asUnreachable()), member(nodeC, asDown()))))
+		setLock(g, w)
+		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, giveWayAfter+time.Second)
+
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+		g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+		expectNoEtcdChange(g, w)
+	})
+
 	keepsWaiting := []struct {
 		name   string
 		reason string
 		ago    time.Duration
+		world  func(t *testing.T) *world
+		says   string
 	}{
 		{name: "waiting for less than giveWayAfter", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: giveWayAfter - 5*time.Second},
 		{name: "the step waited for something else until now", reason: caprv1.MachineRemediationEtcdUnreachableReason, ago: time.Hour},
+		{name: "the replacement joined (undoing would remove a healthy member)", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: time.Hour,
+			says: "removing the member now is not quorum-safe",
+			world: func(t *testing.T) *world {
+				return newWorld(t, withReplicas(4), withReplacement(cpMachine("m-d")),
+					withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""), withStep(caprv1.StepWaitForReplacement, caprv1.StepOutcomeSucceeded, ""),
+					withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSucceeded, ""), withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeInProgress, ""),
+					withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()), member(nodeD, asDown()))))
+			}},
+		{name: "past the point of no return (remove first, the victim's member removed)", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: time.Hour,
+			says: "adding a member is not quorum-safe",
+			world: func(t *testing.T) *world {
+				return newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst), withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""),
+					withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeSucceeded, ""), withStep(caprv1.StepScaleUp, caprv1.StepOutcomeInProgress, ""),
+					withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC, asDown()))))
+			}},
 	}
 	for _, tc := range keepsWaiting {
 		t.Run(tc.name+": keeps the control plane and says why", func(t *testing.T) {
 			g := NewWithT(t)
-			w := surgedWorld(t, cDown())
+			w, says := surgedWorld(t, cDown()), "the replacement cannot join"
+			if tc.world != nil {
+				w, says = tc.world(t), tc.says
+			}
+			replicas := w.replicas(g)
 			setLock(g, w)
 			waitingFor(w, tc.reason, tc.ago)
 
@@ -154,9 +194,8 @@ func TestGiveWayAfterWaitingForAQuorumSafeAdd(t *testing.T) {
 			g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
 			g.Expect(conditions.Get(w.s.mr, caprv1.MachineRemediationProgressingCondition)).To(And(
 				HaveField("Reason", caprv1.MachineRemediationNotQuorumSafeReason),
-				HaveField("Message", ContainSubstring("the replacement cannot join"))))
-			g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
-			g.Expect(w.machine(g, "m-d")).NotTo(BeNil())
+				HaveField("Message", ContainSubstring(says))))
+			g.Expect(w.replicas(g)).To(Equal(replicas))
 			g.Expect(w.controlPlaneAnnotations(g)).To(HaveKey(caprv1.ControlPlaneLockAnnotation))
 		})
 	}

@@ -93,7 +93,9 @@ func TestChaos(t *testing.T) {
 //     held the control plane at ScaleUp (NotQuorumSafe) instead of giving way (giveWay).
 //   - 100282: a member killed after the surge: the replacement could not join and the remediation
 //     held the control plane at WaitForReplacement.
-var knownSeeds = []int64{100148, 100282}
+//   - 200231: a kubelet stopped (remove first chosen), then another member killed before the
+//     removal: the remediation held the control plane at RemoveMember.
+var knownSeeds = []int64{100148, 100282, 200231}
 
 // TestChaosKnownSeeds runs knownSeeds, one at a time.
 func TestChaosKnownSeeds(t *testing.T) {
