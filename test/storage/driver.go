@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -19,17 +18,17 @@ import (
 // DriverName is the stand-in driver's CSI name.
 const DriverName = "fake.csi.capr.io"
 
-// Publication is one ControllerPublish or ControllerUnpublish the driver carried out.
+// Publication is one ControllerPublish call: which volume to which node, and when.
 type Publication struct {
 	Volume, Node string
-	Publish      bool
 	Time         time.Time
 }
 
 // Driver is a stand-in CSI controller plugin for single-node-writer volumes: ControllerPublish
 // attaches a volume to one node and refuses (FAILED_PRECONDITION, as the CSI spec says for a volume
 // published to another node) while it is published elsewhere; ControllerUnpublish detaches
-// (idempotent). It records every publication, so a test can check there was never a second writer.
+// (idempotent). It records every refused publication, so a test can check that nothing ever asked
+// for a second writer.
 // It serves the CSI Identity and Controller services on a unix socket, as a real driver's controller
 // plugin does for the external-attacher.
 type Driver struct {
@@ -40,7 +39,6 @@ type Driver struct {
 
 	mu        sync.Mutex
 	published map[string]string // volume → node
-	history   []Publication
 	refused   []Publication
 	server    *grpc.Server
 }
@@ -98,13 +96,12 @@ func (d *Driver) ControllerPublishVolume(_ context.Context, req *csi.ControllerP
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	p := Publication{Volume: req.GetVolumeId(), Node: req.GetNodeId(), Publish: true, Time: time.Now()}
+	p := Publication{Volume: req.GetVolumeId(), Node: req.GetNodeId(), Time: time.Now()}
 	switch on := d.published[p.Volume]; on {
 	case p.Node:
 		return &csi.ControllerPublishVolumeResponse{}, nil
 	case "":
 		d.published[p.Volume] = p.Node
-		d.history = append(d.history, p)
 		return &csi.ControllerPublishVolumeResponse{}, nil
 	default:
 		d.refused = append(d.refused, p)
@@ -118,7 +115,6 @@ func (d *Driver) ControllerUnpublishVolume(_ context.Context, req *csi.Controlle
 	defer d.mu.Unlock()
 	if on, ok := d.published[req.GetVolumeId()]; ok && (req.GetNodeId() == "" || on == req.GetNodeId()) {
 		delete(d.published, req.GetVolumeId())
-		d.history = append(d.history, Publication{Volume: req.GetVolumeId(), Node: on, Time: time.Now()})
 	}
 	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }
@@ -130,35 +126,9 @@ func (d *Driver) PublishedTo(volume string) string {
 	return d.published[volume]
 }
 
-// History returns every publication and unpublication carried out, in order.
-func (d *Driver) History() []Publication {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]Publication(nil), d.history...)
-}
-
 // Refused returns the publications refused because the volume was published elsewhere.
 func (d *Driver) Refused() []Publication {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]Publication(nil), d.refused...)
-}
-
-// ErrSecondWriter is returned by CheckSingleWriter when a volume was published to two nodes at once.
-var ErrSecondWriter = errors.New("a volume was published to a second node")
-
-// CheckSingleWriter checks the history: no volume is published to a node while published to another.
-func (d *Driver) CheckSingleWriter() error {
-	on := map[string]string{}
-	for _, p := range d.History() {
-		switch {
-		case p.Publish && on[p.Volume] != "" && on[p.Volume] != p.Node:
-			return fmt.Errorf("%w: %s on %s and %s", ErrSecondWriter, p.Volume, on[p.Volume], p.Node)
-		case p.Publish:
-			on[p.Volume] = p.Node
-		default:
-			delete(on, p.Volume)
-		}
-	}
-	return nil
 }

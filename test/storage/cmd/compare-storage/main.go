@@ -105,9 +105,6 @@ func run(timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("default run: %w\n%s", err, stack.Logs(30))
 	}
-	if err := stack.Driver.CheckSingleWriter(); err != nil {
-		return err
-	}
 	row := func(name string, a, b time.Duration) {
 		fmt.Printf("| %s | +%s | +%s |\n", name, a.Round(100*time.Millisecond), b.Round(100*time.Millisecond))
 	}
