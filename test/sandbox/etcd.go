@@ -46,6 +46,10 @@ type EtcdCluster struct {
 
 	mu      sync.Mutex
 	members map[string]*etcdProcess
+
+	// provisioning serialises Provision: deciding "first member or join" and acting on it is one step,
+	// so two Machines provisioned at once never both start a new cluster.
+	provisioning sync.Mutex
 }
 
 type etcdProcess struct {
@@ -281,6 +285,27 @@ func (c *EtcdCluster) start(p *etcdProcess, initialCluster, state string) error 
 	c.members[p.name] = p
 	c.mu.Unlock()
 	return nil
+}
+
+// Provision gives a control-plane Node its etcd member: nothing when it has one, the first member of a
+// new cluster when there is no member yet, else a join. Calls are serialised; without that, two
+// Machines provisioned at once both saw no member and started two separate one-member clusters
+// (seen in CI: three member processes, one voting member in any member list). starting, when set, is
+// told which of the two is about to happen; first reports whether this call started the cluster.
+func (c *EtcdCluster) Provision(ctx context.Context, name string, starting func(first bool)) (first bool, err error) {
+	c.provisioning.Lock()
+	defer c.provisioning.Unlock()
+	if c.Endpoint(name) != "" {
+		return false, nil
+	}
+	first = len(c.Endpoints()) == 0
+	if starting != nil {
+		starting(first)
+	}
+	if first {
+		return true, c.StartFirst(ctx, name)
+	}
+	return false, c.Join(ctx, name)
 }
 
 // StartFirst starts the first member of a new cluster.

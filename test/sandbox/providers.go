@@ -40,6 +40,9 @@ func ctrlConfigSkipNameValidation() config.Controller {
 type controlPlaneReconciler struct {
 	s *Sandbox
 	c client.Client
+	// machines lists the Machines from the API server, not the cache: right after a create, a cached
+	// list can still miss the new Machine, and "one change at a time" would create a second one.
+	machines client.Reader
 }
 
 func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -49,7 +52,7 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	clusterName := cp.Labels[clusterv1.ClusterNameLabel]
 	list := &clusterv1.MachineList{}
-	if err := r.c.List(ctx, list, client.InNamespace(cp.Namespace),
+	if err := r.machines.List(ctx, list, client.InNamespace(cp.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -193,16 +196,17 @@ func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, 
 	target := ""
 	if isCP {
 		if wc.Etcd.Endpoint(node) == "" {
-			if len(wc.Etcd.Endpoints()) == 0 {
-				if err := wc.Etcd.StartFirst(ctx, node); err != nil {
-					return err
+			first, err := wc.Etcd.Provision(ctx, node, func(first bool) {
+				if !first {
+					r.s.Log.Add(wc.Name, "etcd member %s joining as a learner", node)
 				}
+			})
+			if err != nil {
+				return err
+			}
+			if first {
 				r.s.Log.Add(wc.Name, "etcd member %s started (first member)", node)
 			} else {
-				r.s.Log.Add(wc.Name, "etcd member %s joining as a learner", node)
-				if err := wc.Etcd.Join(ctx, node); err != nil {
-					return err
-				}
 				r.s.Log.Add(wc.Name, "etcd member %s promoted to voter", node)
 			}
 		}

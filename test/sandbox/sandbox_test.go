@@ -3,11 +3,15 @@ package sandbox_test
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/capr-io/capr/etcdutil"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -108,4 +112,60 @@ func TestQuorumWatcherSeesQuorumLoss(t *testing.T) {
 		}
 		g.Expect(err.Error()).To(MatchRegexp(`%s: client port \d+, peer port \d+, %s`, m.Status.NodeRef.Name, regexp.QuoteMeta(state)))
 	}
+}
+
+// TestConcurrentProvisioningFormsOneEtcdCluster: three control-plane Nodes provisioned at once (as the
+// provider's four workers do when several Machines appear together) get one etcd cluster of three
+// voting members, never a second one-member cluster. The first call is held between its decision and
+// its action: no other call may decide meanwhile. Then every member's own view is asked, so a member
+// that started a cluster of its own would show up as a second cluster ID.
+func TestConcurrentProvisioningFormsOneEtcdCluster(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	assets, err := capienv.AssetsDir()
+	g.Expect(err).NotTo(HaveOccurred())
+	ec, err := sandbox.NewEtcdCluster(t.TempDir(), filepath.Join(assets, "etcd"))
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(ec.Stop)
+
+	var decided atomic.Int32
+	release := make(chan struct{})
+	starting := func(bool) {
+		if decided.Add(1) == 1 {
+			<-release
+		}
+	}
+	names := []string{"cp-a", "cp-b", "cp-c"}
+	var wg sync.WaitGroup
+	firsts := make([]bool, len(names))
+	errs := make([]error, len(names))
+	for i, n := range names {
+		wg.Go(func() { firsts[i], errs[i] = ec.Provision(ctx, n, starting) })
+	}
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	g.Eventually(decided.Load).Should(BeNumerically(">=", 1))
+	g.Consistently(decided.Load, time.Second, 10*time.Millisecond).Should(BeEquivalentTo(1), "a second call decided while the first had not acted")
+	unblock()
+	wg.Wait()
+	g.Expect(errs).To(HaveEach(BeNil()))
+	g.Expect(firsts).To(ConsistOf(true, false, false), "exactly one call starts the cluster")
+
+	clusterIDs := map[uint64]bool{}
+	for _, n := range names {
+		func() {
+			cli, err := ec.Direct().Connect(ctx, n)
+			g.Expect(err).NotTo(HaveOccurred())
+			defer func() { _ = cli.Close() }()
+			list, err := cli.MemberList(ctx, clientv3.WithSerializable())
+			g.Expect(err).NotTo(HaveOccurred())
+			clusterIDs[list.Header.GetClusterId()] = true
+			g.Expect(list.Members).To(HaveLen(3), "member list of %s", n)
+			for _, m := range list.Members {
+				g.Expect(m.IsLearner).To(BeFalse(), "member %s of %s's list", m.Name, n)
+			}
+		}()
+	}
+	g.Expect(clusterIDs).To(HaveLen(1))
 }
