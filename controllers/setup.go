@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/controlplane"
@@ -53,7 +54,8 @@ type Options struct {
 	// EtcdDialTimeout and EtcdCallTimeout bound every etcd connection and call (KCP's defaults: 10s, 15s).
 	EtcdDialTimeout time.Duration
 	EtcdCallTimeout time.Duration
-	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends.
+	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends
+	// (NewFencer).
 	Fencer fencing.Fencer
 	// EscalationTimeout overrides how both remediators turn an escalation step's timeoutSeconds
 	// into its timeout (tests); nil means seconds.
@@ -88,9 +90,6 @@ func (o *Options) Defaults() {
 	if o.EtcdCallTimeout == 0 {
 		o.EtcdCallTimeout = etcdutil.DefaultCallTimeout
 	}
-	if o.Fencer == nil {
-		o.Fencer = &fencing.PolicyFencer{}
-	}
 }
 
 // ManagerCacheOptions and ManagerClientOptions are CAPI core's, so CAPR caches what CAPI caches
@@ -117,6 +116,25 @@ type Setup struct {
 	Etcd         *etcdutil.Workload
 }
 
+// NewFencer is the manager's fencing: the policy over the NetworkFence (csi-addons, in the workload
+// cluster), External (in the management cluster) and OutOfServiceTaint (workload Node, version read
+// from the workload cluster's discovery) backends. Workload objects are read uncached: fences are few,
+// must be read as they are, and a cache would start informers for kinds the workload cluster may not
+// have. The External backend reads templates and fence objects live for the same reason; the manager
+// gets access to their kinds through its aggregated role (see the README).
+func NewFencer(mgr ctrl.Manager, cc clustercache.ClusterCache) *fencing.PolicyFencer {
+	return &fencing.PolicyFencer{
+		Workload: cc.GetUncachedClient,
+		Backends: map[caprv1.FencingBackendType]fencing.Backend{
+			caprv1.FencingBackendNetworkFence: &fencing.NetworkFenceBackend{Workload: cc.GetUncachedClient},
+			caprv1.FencingBackendExternal:     &fencing.ExternalBackend{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
+			caprv1.FencingBackendOutOfServiceTaint: &fencing.OutOfServiceTaintBackend{
+				Workload: cc.GetUncachedClient, ServerVersion: fencing.DiscoveryServerVersion(cc.GetRESTConfig),
+			},
+		},
+	}
+}
+
 // SetupWithManager registers indexes, the ClusterCache and CAPR's controllers with mgr.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Setup, error) {
 	opts.Defaults()
@@ -139,6 +157,9 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		if s, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) }); ok {
 			s.SetConnectionCreationRetryInterval(opts.ConnectionRetryInterval)
 		}
+	}
+	if opts.Fencer == nil {
+		opts.Fencer = NewFencer(mgr, cc)
 	}
 	workload := &etcdutil.Workload{
 		SecretReader: mgr.GetAPIReader(), ClusterCache: cc,

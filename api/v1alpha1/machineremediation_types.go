@@ -234,6 +234,12 @@ type MachineRemediationStatus struct {
 	// worker: the one set says which remediator owns it.
 	// +optional
 	Worker *WorkerRemediationStatus `json:"worker,omitempty"`
+	// fencing records the storage fence of the Machine's Node: what was fenced, by which backend,
+	// when, and whether it was undone. It is written before the first backend acts, so a restart
+	// resumes and the unfencing owed after the Machine is gone (or when the remediation is aborted
+	// before the delete) is never forgotten.
+	// +optional
+	Fencing *FencingStatus `json:"fencing,omitempty"`
 	// conditions: Progressing (why it waits), Succeeded.
 	// +optional
 	// +listType=map
@@ -243,6 +249,63 @@ type MachineRemediationStatus struct {
 	// observedGeneration is the last generation reconciled.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// FencingStatus is the storage fence of a remediation's Node (remediation/fencing).
+type FencingStatus struct {
+	// nodeName is the workload-cluster Node fenced.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName"`
+	// startTime is when the first backend was asked to fence.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// backends are spec.fencing.backends' results, in the same order.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Backends []FencingBackendStatus `json:"backends,omitempty"`
+	// unfencedTime is when every fence was undone: after the Machine and its Node were gone, or when
+	// the remediation was aborted before the Machine was deleted. Unset while unfencing is owed.
+	// +optional
+	UnfencedTime *metav1.Time `json:"unfencedTime,omitempty"`
+}
+
+// FencingBackendState is where one backend's fence stands.
+// +kubebuilder:validation:Enum=Fencing;Fenced;NotAvailable;Unfenced
+type FencingBackendState string
+
+const (
+	// FencingBackendFencing means asked, not confirmed yet.
+	FencingBackendFencing FencingBackendState = "Fencing"
+	// FencingBackendFenced means the backend confirmed the node cannot write.
+	FencingBackendFenced FencingBackendState = "Fenced"
+	// FencingBackendNotAvailable means the backend cannot run here (e.g. its CRDs are absent from the
+	// workload cluster); nothing was created.
+	FencingBackendNotAvailable FencingBackendState = "NotAvailable"
+	// FencingBackendUnfenced means the fence was undone (or nothing of it was left).
+	FencingBackendUnfenced FencingBackendState = "Unfenced"
+)
+
+// FencingBackendStatus is one backend's fence.
+type FencingBackendStatus struct {
+	// type is the backend.
+	// +required
+	Type FencingBackendType `json:"type"`
+	// state is Fencing, Fenced, NotAvailable or Unfenced.
+	// +required
+	State FencingBackendState `json:"state"`
+	// message is the backend's last word (which objects, what it waits for).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+	// fencedTime is when the backend first confirmed the fence.
+	// +optional
+	FencedTime *metav1.Time `json:"fencedTime,omitempty"`
+	// unfencedTime is when its fence was undone.
+	// +optional
+	UnfencedTime *metav1.Time `json:"unfencedTime,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -389,6 +452,10 @@ const (
 	// MachineRemediationWaitingForFencingReason: the Fence step waits for the fencing backends to
 	// confirm (with policy Required the Machine is never deleted before they do).
 	MachineRemediationWaitingForFencingReason = "WaitingForFencing"
+	// MachineRemediationWaitingForUnfencingReason: the Machine is gone (or the remediation was
+	// aborted before deleting it) and the fence of its Node is being undone; with the Machine gone,
+	// unfencing waits for the Node to be gone too (its address may go to a new node).
+	MachineRemediationWaitingForUnfencingReason = "WaitingForUnfencing"
 	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
 	MachineRemediationCannotRemediateReason = "CannotRemediate"
 )

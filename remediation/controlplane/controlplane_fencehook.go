@@ -6,8 +6,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -52,13 +56,39 @@ func (r *Reconciler) fenceDeletingVictim(ctx context.Context, s *scope) error {
 	if s.machineGone || fencing.StepFinished(s.mr) || !fencing.HeldDeletion(s.machine) {
 		return nil
 	}
-	v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencing.Request{
+	v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencing.Request{
 		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing,
-	}, time.Now())
+	}, time.Now(), r.persistFunc(s))
 	if err != nil || !released {
 		return err
 	}
 	r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingVictim, fmt.Sprintf(
 		"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, v.Message))
 	return nil
+}
+
+// persistFunc writes the request now (fencing.FenceRecorded: the fence is recorded before it is made).
+func (r *Reconciler) persistFunc(s *scope) func(context.Context) error {
+	return func(ctx context.Context) error { return r.persist(ctx, s) }
+}
+
+// unfence undoes the fence recorded in the request (fencing.UnfenceRecorded) before the remediation
+// ends (succeeds, fails, or is aborted). When the victim is gone or being deleted (or afterDelete),
+// the Node must be gone too before its fence is released. While it is not done the request says so
+// and waits; done is true at once when nothing is owed.
+func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, prefix string) (done bool, res ctrl.Result, err error) {
+	if !fencing.Owed(s.mr) {
+		return true, ctrl.Result{}, nil
+	}
+	m := s.machine
+	if s.machineGone {
+		m = &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: s.mr.Namespace, Name: s.mr.Name}}
+	}
+	req := fencing.Request{Cluster: s.cluster, Machine: m, AfterDelete: afterDelete || s.machineGone || !m.DeletionTimestamp.IsZero()}
+	done, msg, err := fencing.UnfenceRecorded(ctx, r.Fencer, s.mr, req, time.Now())
+	if err != nil || done {
+		return done, ctrl.Result{}, err
+	}
+	setWaiting(s.mr, caprv1.MachineRemediationWaitingForUnfencingReason, prefix+msg)
+	return false, ctrl.Result{RequeueAfter: waitShort}, nil
 }

@@ -21,6 +21,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation/fencing"
 )
 
 // This file holds the life cycle around the step sequence: who holds the control plane, what an
@@ -67,6 +68,9 @@ func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) ctrl.Resul
 // reconcileDelete aborts: undo before the point of no return, finish after it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	mr := s.mr
+	if done, res, err := r.unfenceBeforeAbort(ctx, s); !done || err != nil {
+		return res, err
+	}
 	if mr.Status.Phase != caprv1.MachineRemediationPhaseRunning {
 		if err := r.releaseLock(ctx, s); err != nil {
 			return ctrl.Result{}, err
@@ -94,6 +98,15 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation aborted", "undone", undone)
 	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 	return ctrl.Result{}, nil
+}
+
+// unfenceBeforeAbort undoes the request's fence before an abort undoes the rest, unless the
+// remediation is past its point of no return (it finishes first, and unfences when it succeeds).
+func (r *Reconciler) unfenceBeforeAbort(ctx context.Context, s *scope) (bool, ctrl.Result, error) {
+	if !fencing.Owed(s.mr) || s.mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && r.pastPointOfNoReturn(ctx, s) {
+		return true, ctrl.Result{}, nil
+	}
+	return r.unfence(ctx, s, false, "Remediation aborted (the request was deleted); undoing its fence first: ")
 }
 
 // reconcileRunning makes sure this remediation still holds the control plane, applies the step
@@ -168,8 +181,10 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, err
 			othersWait = true
 		}
 	}
-	if !othersWait || s.externalEtcd() || r.pastPointOfNoReturn(ctx, s) {
-		return false, nil // with external etcd no victim is more broken than another: first come, first served
+	if !othersWait || s.externalEtcd() || fencing.Owed(s.mr) || r.pastPointOfNoReturn(ctx, s) {
+		// With external etcd no victim is more broken than another: first come, first served. A
+		// remediation that fenced its victim finishes: the victim is about to go.
+		return false, nil
 	}
 	state, err := r.inspectEtcd(ctx, s)
 	if err != nil {
@@ -208,7 +223,7 @@ const giveWayAfter = 30 * time.Second
 // With external etcd no step waits on quorum.
 func (r *Reconciler) mayGiveWay(ctx context.Context, s *scope, reason string) bool {
 	c := conditions.Get(s.mr, caprv1.MachineRemediationProgressingCondition)
-	if s.machineGone || s.externalEtcd() || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
+	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
 		now().Sub(c.LastTransitionTime.Time) < giveWayAfter || r.pastPointOfNoReturn(ctx, s) {
 		return false
 	}
@@ -474,8 +489,12 @@ func (r *Reconciler) deleteLeftBehind(ctx context.Context, s *scope, reps []*clu
 	return did
 }
 
-// fail ends the remediation after undoing it: a person (or the retry annotation) starts it again.
+// fail ends the remediation after undoing it (its fence first): a person (or the retry annotation)
+// starts it again.
 func (r *Reconciler) fail(ctx context.Context, s *scope, reason, msg string) (ctrl.Result, error) {
+	if done, res, err := r.unfence(ctx, s, false, fmt.Sprintf("%s; undoing the fence before the remediation fails: ", msg)); !done || err != nil {
+		return res, err
+	}
 	undone, err := r.undo(ctx, s)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -587,9 +587,9 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 }
 
 func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
-	res, err := r.Fencer.Fence(ctx, fencing.Request{
+	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencing.Request{
 		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing, Started: rec.StartTime.Time,
-	})
+	}, time.Now(), r.persistFunc(s))
 	if err != nil {
 		return stepResult{}, err
 	}
@@ -766,8 +766,12 @@ func (r *Reconciler) deleteSurplusReplacement(ctx context.Context, s *scope) (re
 	return stepResult{message: msg, requeue: waitShort}, true, nil
 }
 
-// succeed ends the remediation: the victim is gone and the control plane back to N Machines.
+// succeed ends the remediation: the victim is gone and the control plane back to N Machines. Its
+// fence is undone first, once its Node is gone too.
 func (r *Reconciler) succeed(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if done, res, err := r.unfence(ctx, s, true, fmt.Sprintf("Machine %s is gone; ", s.mr.Name)); !done || err != nil {
+		return res, err
+	}
 	if err := r.releaseLock(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}

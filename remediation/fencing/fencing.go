@@ -1,7 +1,8 @@
 // Package fencing is the storage-fencing step of a remediation: before a Machine is
 // deleted, its node must no longer be able to write to shared storage. This package holds the
-// interface the remediators call, the policy logic, and the backends built so far: NetworkFence
-// (csi-addons, networkfence.go). A backend the manager does not serve is reported as not available,
+// interface the remediators call, the policy logic, the record of a fence in the request's status
+// (record.go), and the backends: NetworkFence (csi-addons, networkfence.go), External (external.go)
+// and OutOfServiceTaint (outofservice.go). A backend that cannot run is reported as not available,
 // never silently skipped.
 package fencing
 
@@ -12,7 +13,10 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -29,6 +33,10 @@ type Request struct {
 	Spec *caprv1.FencingSpec
 	// Started is when the fencing step started (for the timeout).
 	Started time.Time
+	// AfterDelete asks Unfence for the unfencing owed once the Machine is gone: it waits for the Node
+	// to be gone too (a fenced address must not be released while the old node may still use it).
+	// Unset, Unfence undoes the fence of a Machine that is kept (an aborted remediation).
+	AfterDelete bool
 }
 
 // Outcome of a fencing attempt.
@@ -48,6 +56,15 @@ const (
 // Result is what the remediator records.
 type Result struct {
 	Outcome Outcome
+	Message string
+	// Backends are the configured backends' answers, in spec order (empty when fencing is skipped).
+	Backends []BackendResult
+}
+
+// BackendResult is one backend's answer.
+type BackendResult struct {
+	Type    caprv1.FencingBackendType
+	State   caprv1.FencingBackendState
 	Message string
 }
 
@@ -73,10 +90,19 @@ type BackendUnfencer interface {
 // unfencing: call again later.
 var ErrUnfencePending = errors.New("unfencing not finished")
 
+// Unfencer is a Fencer that can undo its fences (PolicyFencer, through its backends that can).
+// Unfence returns nil once nothing is left and an error wrapping ErrUnfencePending until then.
+type Unfencer interface {
+	Unfence(ctx context.Context, req Request) error
+}
+
 // PolicyFencer applies the policy (Disabled, BestEffort, Required) over the configured backends.
 type PolicyFencer struct {
 	// Backends by type; a configured type that is missing here is reported as not available.
 	Backends map[caprv1.FencingBackendType]Backend
+	// Workload reads the workload cluster (whether the Node is gone before an unfence after the
+	// delete).
+	Workload WorkloadClientFunc
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -91,29 +117,16 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 		return Result{Outcome: Skipped, Message: "the Machine has no Node: nothing can write through it"}, nil
 	}
 	var waiting []string
+	results := make([]BackendResult, 0, len(spec.Backends))
 	for i, b := range spec.Backends {
-		if b.Type == caprv1.FencingBackendOutOfServiceTaint && len(waiting) > 0 {
-			// Fence before taint: the taint lets Kubernetes detach the node's volumes and start its
-			// pods elsewhere, which is only safe once the node provably cannot write.
-			waiting = append(waiting, fmt.Sprintf("backend %d (%s): waits until the backends before it confirm the fence", i, b.Type))
-			continue
-		}
-		impl, ok := p.Backends[b.Type]
-		if !ok {
-			waiting = append(waiting, fmt.Sprintf("backend %d (%s) is not available in this CAPR version", i, b.Type))
-			continue
-		}
-		done, msg, err := impl.Fence(ctx, req, b)
-		if err != nil {
-			waiting = append(waiting, fmt.Sprintf("backend %d (%s): %v", i, b.Type, err))
-			continue
-		}
-		if !done {
-			waiting = append(waiting, fmt.Sprintf("backend %d (%s): %s", i, b.Type, msg))
+		r := p.fenceOne(ctx, req, b, len(waiting) > 0)
+		results = append(results, r)
+		if r.State != caprv1.FencingBackendFenced {
+			waiting = append(waiting, fmt.Sprintf("backend %d (%s): %s", i, b.Type, r.Message))
 		}
 	}
 	if len(waiting) == 0 {
-		return Result{Outcome: Fenced, Message: fmt.Sprintf("node %s fenced by every configured backend", req.Node)}, nil
+		return Result{Outcome: Fenced, Message: fmt.Sprintf("node %s fenced by every configured backend", req.Node), Backends: results}, nil
 	}
 	now := time.Now
 	if p.Now != nil {
@@ -122,12 +135,40 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 	timeout := Timeout(spec)
 	msg := strings.Join(waiting, "; ")
 	if spec.Policy == caprv1.FencingBestEffort && now().After(req.Started.Add(timeout)) {
-		return Result{Outcome: GaveUp, Message: fmt.Sprintf("fencing not confirmed within %s, deleting anyway (BestEffort): %s", timeout, msg)}, nil
+		return Result{Outcome: GaveUp, Message: fmt.Sprintf("fencing not confirmed within %s, deleting anyway (BestEffort): %s", timeout, msg), Backends: results}, nil
 	}
 	if spec.Policy == caprv1.FencingRequired {
 		msg = "fencing is Required and not confirmed, the Machine is not deleted: " + msg
 	}
-	return Result{Outcome: Waiting, Message: msg}, nil
+	return Result{Outcome: Waiting, Message: msg, Backends: results}, nil
+}
+
+// fenceOne asks one backend. earlierWaiting is true while a backend before it has not confirmed.
+func (p *PolicyFencer) fenceOne(ctx context.Context, req Request, b caprv1.FencingBackend, earlierWaiting bool) BackendResult {
+	r := BackendResult{Type: b.Type, State: caprv1.FencingBackendFencing}
+	if b.Type == caprv1.FencingBackendOutOfServiceTaint && earlierWaiting {
+		// Fence before taint: the taint lets Kubernetes detach the node's volumes and start its
+		// pods elsewhere, which is only safe once the node provably cannot write.
+		r.Message = "waits until the backends before it confirm the fence"
+		return r
+	}
+	impl, ok := p.Backends[b.Type]
+	if !ok {
+		r.State, r.Message = caprv1.FencingBackendNotAvailable, "is not available in this CAPR version"
+		return r
+	}
+	done, msg, err := impl.Fence(ctx, req, b)
+	switch {
+	case errors.Is(err, ErrNotAvailable):
+		r.State, r.Message = caprv1.FencingBackendNotAvailable, err.Error()
+	case err != nil:
+		r.Message = err.Error()
+	case done:
+		r.State, r.Message = caprv1.FencingBackendFenced, msg
+	default:
+		r.Message = msg
+	}
+	return r
 }
 
 // Unfence undoes the fences of the configured backends that can (BackendUnfencer), last backend first
@@ -138,6 +179,16 @@ func (p *PolicyFencer) Unfence(ctx context.Context, req Request) error {
 	spec := req.Spec
 	if spec == nil || spec.Policy == "" || spec.Policy == caprv1.FencingDisabled || req.Node == "" {
 		return nil
+	}
+	if req.AfterDelete && p.unfences(spec) {
+		gone, err := p.nodeGone(ctx, req)
+		if err != nil {
+			return err
+		}
+		if !gone {
+			return fmt.Errorf("%w: Node %s still exists; its fence is undone once it is gone (its address may still be in use by the old machine)",
+				ErrUnfencePending, req.Node)
+		}
 	}
 	var pending []string
 	for i := len(spec.Backends) - 1; i >= 0; i-- {
@@ -158,6 +209,32 @@ func (p *PolicyFencer) Unfence(ctx context.Context, req Request) error {
 		return fmt.Errorf("%w: %s", ErrUnfencePending, strings.Join(pending, "; "))
 	}
 	return nil
+}
+
+// unfences reports whether any configured backend has something to undo.
+func (p *PolicyFencer) unfences(spec *caprv1.FencingSpec) bool {
+	for _, b := range spec.Backends {
+		if _, ok := p.Backends[b.Type].(BackendUnfencer); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeGone reads the request's Node in its workload cluster.
+func (p *PolicyFencer) nodeGone(ctx context.Context, req Request) (bool, error) {
+	c, err := workloadClient(ctx, p.Workload, req)
+	if err != nil {
+		return false, err
+	}
+	node := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: req.Node}, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, fmt.Errorf("reading Node %s: %w", req.Node, err)
+	}
+	return false, nil
 }
 
 // Timeout is how long fencing may take before the policy decides (spec.fencing.timeoutSeconds).

@@ -72,12 +72,14 @@ func HeldDeletion(m *clusterv1.Machine) bool {
 }
 
 // FenceHeld fences a Machine whose deletion the hook holds (HeldDeletion), counting the fencing
-// timeout from the deletion. When the fence is final (fenced, skipped by policy, or given up under
-// BestEffort) the hook is removed, so the deletion proceeds; released is true when this call removed
-// it. v is the verdict on the Fencer's answer (Judge).
-func FenceHeld(ctx context.Context, f Fencer, c client.Client, live client.Reader, req Request, now time.Time) (v Verdict, released bool, err error) {
+// timeout from the deletion and recording the fence in mr (FenceRecorded, with persist). When the
+// fence is final (fenced, skipped by policy, or given up under BestEffort) the hook is removed, so
+// the deletion proceeds; released is true when this call removed it. v is the verdict on the
+// Fencer's answer (Judge).
+func FenceHeld(ctx context.Context, f Fencer, c client.Client, live client.Reader, mr *caprv1.MachineRemediation, req Request, now time.Time,
+	persist func(context.Context) error) (v Verdict, released bool, err error) {
 	req.Started = req.Machine.DeletionTimestamp.Time
-	res, err := f.Fence(ctx, req)
+	res, err := FenceRecorded(ctx, f, mr, req, now, persist)
 	if err != nil {
 		return Verdict{}, false, fmt.Errorf("fencing Machine %s, which is being deleted: %w", req.Machine.Name, err)
 	}

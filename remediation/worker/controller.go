@@ -59,12 +59,6 @@ const (
 	EventFencedDeletingMachine = "FencedDeletingMachine"
 )
 
-// Unfencer is implemented by a Fencer that can undo its fencing: an aborted remediation calls it
-// before the request goes (fencing.PolicyFencer does, through its backends that can unfence).
-type Unfencer interface {
-	Unfence(ctx context.Context, req fencing.Request) error
-}
-
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinesets;machinedeployments,verbs=get;list;watch

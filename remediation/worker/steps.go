@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,7 +86,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 // Machine to go. prefix starts the condition's message (an abort says so).
 func (r *Reconciler) waitForDeletionByOthers(ctx context.Context, s *scope, prefix string) (ctrl.Result, error) {
 	if fencing.HeldDeletion(s.machine) && !fencing.StepFinished(s.mr) {
-		v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, fencingRequest(s, time.Time{}), time.Now())
+		v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencingRequest(s, time.Time{}), time.Now(), r.persistFunc(s))
 		if err != nil {
 			return ctrl.Result{}, err
 		}
@@ -181,15 +182,39 @@ func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.Reme
 	return ctrl.Result{RequeueAfter: res.requeue}
 }
 
-// fencingRequest is what the Fencer is asked for this remediation.
+// fencingRequest is what the Fencer is asked for this remediation. A Machine that is gone is named
+// from the request (same name and namespace): an External fence is found by the Machine's name.
 func fencingRequest(s *scope, started time.Time) fencing.Request {
-	return fencing.Request{Cluster: s.cluster, Machine: s.machine, Node: s.mr.Status.Worker.NodeName, Spec: s.mr.Spec.Fencing, Started: started}
+	m := s.machine
+	if s.machineGone {
+		m = &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: s.mr.Namespace, Name: s.mr.Name}}
+	}
+	return fencing.Request{Cluster: s.cluster, Machine: m, Node: s.mr.Status.Worker.NodeName, Spec: s.mr.Spec.Fencing, Started: started}
+}
+
+// persistFunc writes the request now (fencing.FenceRecorded: the fence is recorded before it is made).
+func (r *Reconciler) persistFunc(s *scope) func(context.Context) error {
+	return func(ctx context.Context) error { return r.persist(ctx, s) }
+}
+
+// unfence undoes the fence recorded in the request (fencing.UnfenceRecorded): after the Machine and
+// its Node are gone (afterDelete), or for a Machine kept by an abort. While it is not done the
+// request says so and waits; done is true at once when nothing is owed.
+func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, prefix string) (done bool, res ctrl.Result, err error) {
+	req := fencingRequest(s, time.Time{})
+	req.AfterDelete = afterDelete
+	done, msg, err := fencing.UnfenceRecorded(ctx, r.Fencer, s.mr, req, time.Now())
+	if err != nil || done {
+		return done, ctrl.Result{}, err
+	}
+	r.setWaitingWithEvent(s.mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForUnfencingReason, prefix+msg)
+	return false, ctrl.Result{RequeueAfter: waitShort}, nil
 }
 
 // stepFence asks the Fencer until its outcome is final. Required never finishes unconfirmed: past
 // the fencing timeout it reports StepTimedOut and keeps waiting; BestEffort finishes with a Warning.
 func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
-	res, err := r.Fencer.Fence(ctx, fencingRequest(s, rec.StartTime.Time))
+	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencingRequest(s, rec.StartTime.Time), time.Now(), r.persistFunc(s))
 	if err != nil {
 		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.mr.Status.Worker.NodeName, err)
 	}
@@ -246,8 +271,12 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.Remed
 }
 
 // reconcileMachineGone ends a remediation whose Machine is gone: deleted by the Delete step, or by
-// someone else before it (then nothing is left to remediate either).
+// someone else before it (then nothing is left to remediate either). A fence made on the way is
+// undone first, once the Node is gone too.
 func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if done, res, err := r.unfence(ctx, s, true, fmt.Sprintf("Machine %s is gone; ", s.mr.Name)); !done || err != nil {
+		return res, err
+	}
 	if rec := s.mr.Status.Step(caprv1.StepDelete); rec != nil {
 		if rec.Outcome == caprv1.StepOutcomeInProgress {
 			rec.Outcome, rec.FinishTime = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now())
@@ -283,6 +312,13 @@ func (r *Reconciler) succeed(ctx context.Context, s *scope, msg string) (ctrl.Re
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	mr := s.mr
 	switch {
+	case s.machineGone && fencing.Owed(mr):
+		// The request goes only once the fence made on the way is undone (the Node gone too).
+		if done, res, err := r.unfence(ctx, s, true, fmt.Sprintf("The request was deleted and Machine %s is gone; ", mr.Name)); !done || err != nil {
+			return res, err
+		}
+		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+		return ctrl.Result{}, nil
 	case mr.Status.Phase != caprv1.MachineRemediationPhaseRunning || s.machineGone:
 		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 		return ctrl.Result{}, nil
@@ -306,10 +342,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 		return ctrl.Result{}, err
 	}
-	if u, ok := r.Fencer.(Unfencer); ok && mr.Status.Step(caprv1.StepFence) != nil {
-		if err := u.Unfence(ctx, fencingRequest(s, mr.Status.Step(caprv1.StepFence).StartTime.Time)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("unfencing node %q: %w", mr.Status.Worker.NodeName, err)
-		}
+	if done, res, err := r.unfence(ctx, s, false, fmt.Sprintf("The request was deleted before Machine %s was deleted: the Machine is kept; ", mr.Name)); !done || err != nil {
+		return res, err
 	}
 	msg := fmt.Sprintf("Remediation aborted (the request was deleted) before Machine %s was deleted: the Machine is kept", mr.Name)
 	setWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)

@@ -38,6 +38,7 @@ import (
 	capienv "github.com/capr-io/capr/test/envtest"
 	controlplanev1 "github.com/capr-io/capr/test/sandbox/api/controlplane/v1alpha1"
 	infrav1 "github.com/capr-io/capr/test/sandbox/api/infrastructure/v1alpha1"
+	"github.com/capr-io/capr/test/storage"
 )
 
 // Sandbox is a management cluster on this machine with the sandbox providers running.
@@ -155,8 +156,14 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The workload clusters are this API server: csi-addons' CRDs make NetworkFence fencing possible
+	// (storage.StartStack runs csi-addons' controller and the rest of storage failover on it).
+	csiAddonsCRDs, err := storage.CRDDir()
+	if err != nil {
+		return nil, err
+	}
 	env, err := capienv.Start(capienv.Options{
-		ExtraCRDDirs: []string{crds}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme, AddCAPIToScheme},
+		ExtraCRDDirs: []string{crds, csiAddonsCRDs}, AddToScheme: []func(*kruntime.Scheme) error{AddToScheme, AddCAPIToScheme},
 		CAPIWebhooks: opts.Provider == ProviderKubeadm, WithoutManagerIdentity: opts.WithoutManagerIdentity,
 		// CAPR's shipped RBAC grants only KubeadmControlPlane; the sandbox's control plane is granted
 		// as a user grants any other provider's.

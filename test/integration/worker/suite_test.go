@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,6 +87,35 @@ func (f unfencingFencer) Unfence(_ context.Context, req fencing.Request) error {
 	return nil
 }
 
+// realFencingLabel on a Cluster routes its fencing to the manager's own fencer (controllers.NewFencer:
+// the real NetworkFence, External and OutOfServiceTaint backends against the workload cluster, here the
+// same API server with csi-addons' CRDs) instead of the test backend.
+const realFencingLabel = "test.capr.io/real-fencing"
+
+// routingFencer is the test backend's fencer, or the manager's own for a Cluster with realFencingLabel.
+type routingFencer struct {
+	stub unfencingFencer
+	real atomic.Pointer[fencing.PolicyFencer]
+}
+
+func (f *routingFencer) pick(req fencing.Request) interface {
+	fencing.Fencer
+	fencing.Unfencer
+} {
+	if req.Cluster != nil && req.Cluster.Labels[realFencingLabel] != "" {
+		return f.real.Load()
+	}
+	return f.stub
+}
+
+func (f *routingFencer) Fence(ctx context.Context, req fencing.Request) (fencing.Result, error) {
+	return f.pick(req).Fence(ctx, req)
+}
+
+func (f *routingFencer) Unfence(ctx context.Context, req fencing.Request) error {
+	return f.pick(req).Unfence(ctx, req)
+}
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -94,7 +124,7 @@ func run(m *testing.M) int {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
 	var err error
 	testEnv, err = capienv.Start(capienv.Options{
-		ExtraCRDDirs:     []string{filepath.Join("testdata", "crd")},
+		ExtraCRDDirs:     []string{filepath.Join("testdata", "crd"), filepath.Join("..", "..", "crds", "csiaddons")},
 		ManagerRoleFiles: []string{filepath.Join("testdata", "escalation_role.yaml")},
 	})
 	if err != nil {
@@ -120,21 +150,23 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "FAIL: creating manager: %v\n", err)
 		return 1
 	}
-	fencer := unfencingFencer{
+	fencer := &routingFencer{stub: unfencingFencer{
 		PolicyFencer: &fencing.PolicyFencer{Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: backend}},
 		backend:      backend,
-	}
-	if _, err := controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{
+	}}
+	setup, err := controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{
 		ConnectionRetryInterval: 2 * time.Second,
 		Fencer:                  fencer,
 		// An escalation step's timeoutSeconds (at least 60) counts as that many 100 ms here.
 		EscalationTimeout: func(seconds int32) time.Duration { return time.Duration(seconds) * 100 * time.Millisecond },
 		// The Delete step's 10 minutes are too long to wait for (TestDeleteThatNeverEndsIsReported).
 		WorkerDeleteTimeout: 5 * time.Second,
-	}); err != nil {
+	})
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
 		return 1
 	}
+	fencer.real.Store(controllers.NewFencer(mgr, setup.ClusterCache))
 	// CAPI v1.14's own MachineHealthCheck reconciler, in its own manager as in CAPI's (interop tests).
 	capiMgr, err := capienv.CAPIMachineHealthCheckManager(mgrCtx, testEnv.Config, 2, false)
 	if err != nil {

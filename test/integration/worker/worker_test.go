@@ -98,7 +98,9 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 // TestAbortWhileSomeoneElseDeletesKeepsTheFence: while Fence waits, someone else deletes the Machine
 // (a finalizer stands in for CAPI's Machine controller, which honours the hook). Deleting the request
 // then neither removes the hook nor unfences: the Machine is going anyway, so it is fenced first, then
-// let go, and the request goes with it. No step of CAPR's own follows.
+// let go, and the request goes with it, unfencing only once the Machine is gone (the stand-in fencer
+// does not check the Node; TestRealFenceThenTaintUnfencedAfterMachineAndNodeGone does). No step of
+// CAPR's own follows.
 func TestAbortWhileSomeoneElseDeletesKeepsTheFence(t *testing.T) {
 	g := NewWithT(t)
 	f := waitingForFencing(t, g)
@@ -129,9 +131,10 @@ func TestAbortWhileSomeoneElseDeletesKeepsTheFence(t *testing.T) {
 	g.Expect(mr.Status.Step(caprv1.StepFence).Outcome).To(Equal(caprv1.StepOutcomeInProgress), "no step of CAPR's own after the deletion began")
 	g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
 
+	g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeFalse())
 	releaseMachine(f.ns, "w1", capi) // CAPI's Machine controller finishes the deletion
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
-	g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeFalse())
+	g.Expect(backend.wasUnfenced(f.node("w1"))).To(BeTrue(), "unfenced once the Machine was gone")
 }
 
 // TestOrphanedHookIsReleased: a hook whose MachineRemediation is gone (its finalizer removed by hand
