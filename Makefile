@@ -51,7 +51,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: envtest-assets ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated (PROVIDER=kubeadm: on CAPI's own KCP).
+demo: envtest-assets $(if $(filter worker-stateful,$(SCENARIO)),storage-assets) ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated (PROVIDER=kubeadm: on CAPI's own KCP; SCENARIO=worker-stateful: storage fencing and failover).
 	go run ./test/sandbox/cmd/demo $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(PROVIDER),--provider=$(PROVIDER) --timeout=15m)
 
 # The randomized fault suite: `make chaos RUNS=n SEED=s` runs n scenarios with seeds s, s+1, ...

@@ -55,6 +55,8 @@ type Sandbox struct {
 
 	// Log records what happened in the world, with times (timelines, benchmarks).
 	Log *EventLog
+	// Storage is storage failover's stack (Options.Storage), nil without it.
+	Storage *storage.Stack
 
 	opts Options
 	// installOnce guards InstallRenderedComponents for StartBuiltManager (binary.go).
@@ -95,6 +97,10 @@ type Options struct {
 	// WithoutManagerIdentity leaves CAPR's RBAC out (Env.ManagerConfig is nil): for tests that
 	// install it from the rendered clusterctl components and run the built binary with it.
 	WithoutManagerIdentity bool
+	// Storage also runs storage failover's components (storage.StartStackWith): kube-controller-
+	// manager's attach/detach, taint eviction, pod GC and volume binding, the CSI external-attacher
+	// with the stand-in driver, and csi-addons' controller with the stand-in sidecar.
+	Storage bool
 }
 
 // WorkloadCluster is one sandbox workload cluster.
@@ -209,6 +215,13 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 		if opts.WithoutManagerIdentity {
 			controllers = append(slices.Clone(controllers), capienv.ClusterRoleAggregationController)
 		}
+		if opts.Storage {
+			for _, c := range storage.Controllers {
+				if !slices.Contains(controllers, c) {
+					controllers = append(slices.Clone(controllers), c)
+				}
+			}
+		}
 		if s.kcm, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
 			NodeMonitorGracePeriod: NodeMonitorGracePeriod, Controllers: controllers}); err != nil {
 			s.Stop()
@@ -217,6 +230,15 @@ func StartWithOptions(ctx context.Context, opts Options) (*Sandbox, error) {
 		if err := s.startCAPI(ctx, opts.CAPI); err != nil {
 			s.Stop()
 			return nil, err
+		}
+	}
+	if opts.Storage {
+		// With the kubeadm providers kube-controller-manager runs already, with the storage
+		// controllers added above; otherwise the stack brings its own.
+		if s.Storage, err = storage.StartStackWith(ctx, env, storage.StackOptions{
+			WithoutKubeControllerManager: opts.Provider == ProviderKubeadm}); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("starting storage failover's components: %w", err)
 		}
 	}
 	return s, nil
@@ -284,6 +306,9 @@ func (s *Sandbox) Stop() {
 	s.mu.Unlock()
 	if s.apiServerCert != nil {
 		s.apiServerCert.Stop()
+	}
+	if s.Storage != nil {
+		s.Storage.Stop()
 	}
 	if s.kcm != nil {
 		s.kcm.Stop()

@@ -51,19 +51,33 @@ type Stack struct {
 	dir       string
 }
 
+// StackOptions configure StartStackWith.
+type StackOptions struct {
+	// WithoutKubeControllerManager: the environment already runs kube-controller-manager with
+	// Controllers (e.g. the kubeadm sandbox's, whose node lifecycle controller must stay its own).
+	WithoutKubeControllerManager bool
+}
+
 // StartStack starts the stack (the driver before the attacher, which exits without it; the sidecar
 // before its registration) and registers the driver (CSIDriver, attach required). The environment
 // must have csi-addons' CRDs (CRDDir).
 func StartStack(ctx context.Context, env *capienv.Environment) (*Stack, error) {
+	return StartStackWith(ctx, env, StackOptions{})
+}
+
+// StartStackWith is StartStack with options.
+func StartStackWith(ctx context.Context, env *capienv.Environment, opts StackOptions) (*Stack, error) {
 	dir, err := os.MkdirTemp("", "capr-storage-")
 	if err != nil {
 		return nil, err
 	}
 	s := &Stack{dir: dir}
-	if s.KCM, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
-		Controllers: Controllers, NodeMonitorGracePeriod: 24 * time.Hour}); err != nil {
-		s.Stop()
-		return nil, err
+	if !opts.WithoutKubeControllerManager {
+		if s.KCM, err = env.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
+			Controllers: Controllers, NodeMonitorGracePeriod: 24 * time.Hour}); err != nil {
+			s.Stop()
+			return nil, err
+		}
 	}
 	if s.Driver, err = StartDriver(dir); err != nil {
 		s.Stop()
@@ -150,6 +164,25 @@ func (w Workload) Node(ctx context.Context, name, ip string) error {
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
 	if err := w.C.Status().Patch(ctx, n, client.MergeFrom(base)); err != nil {
+		return err
+	}
+	return w.C.Create(ctx, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{
+		Drivers: []storagev1.CSINodeDriver{{Name: DriverName, NodeID: name}}}})
+}
+
+// AttachableNode makes an existing Node one whose volumes kube-controller-manager attaches and
+// detaches (the annotation the kubelet sets) with the stand-in driver registered on it (its CSINode).
+func (w Workload) AttachableNode(ctx context.Context, name string) error {
+	n := &corev1.Node{}
+	if err := w.C.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+		return err
+	}
+	base := n.DeepCopy()
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	n.Annotations["volumes.kubernetes.io/controller-managed-attach-detach"] = "true"
+	if err := w.C.Patch(ctx, n, client.MergeFrom(base)); err != nil {
 		return err
 	}
 	return w.C.Create(ctx, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{

@@ -114,7 +114,7 @@ func main() {
 	provider := flag.String("provider", string(sandbox.ProviderSandbox), "Providers: sandbox (the lightweight stand-ins) or kubeadm (CAPI's own core, kubeadm bootstrap and KubeadmControlPlane controllers and webhooks, and kube-controller-manager).")
 	flag.Parse()
 	sc, ok := scenarios[*name]
-	if !ok {
+	if !ok && *name != workerStateful {
 		fmt.Fprintf(os.Stderr, "unknown scenario %q; choose one of: %s\n", *name, strings.Join(scenarioNames(), ", "))
 		os.Exit(2)
 	}
@@ -124,9 +124,17 @@ func main() {
 	} else {
 		ctrl.SetLogger(logr.Discard())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	err := run(ctx, *name, sc, sandbox.Provider(*provider))
-	cancel()
+	var err error
+	if *name == workerStateful {
+		// CAPI's MachineSet replaces the worker: always on the full stack, which starts in minutes.
+		ctx, cancel := context.WithTimeout(context.Background(), max(*timeout, 15*time.Minute))
+		err = runWorkerStateful(ctx)
+		cancel()
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		err = run(ctx, *name, sc, sandbox.Provider(*provider))
+		cancel()
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
 		os.Exit(1)
@@ -134,10 +142,11 @@ func main() {
 }
 
 func scenarioNames() []string {
-	out := make([]string, 0, len(scenarios))
-	for n := range scenarios {
-		out = append(out, n)
+	out := make([]string, 0, len(scenarios)+1)
+	for name := range scenarios {
+		out = append(out, name)
 	}
+	out = append(out, workerStateful)
 	sort.Strings(out)
 	return out
 }
@@ -150,6 +159,8 @@ type demo struct {
 
 	mu    sync.Mutex
 	steps []controlplane.StepEvent
+	// capr is the running manager (worker-stateful).
+	capr *sandbox.CAPR
 }
 
 func (d *demo) say(format string, args ...any) {
