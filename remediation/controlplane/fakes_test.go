@@ -172,11 +172,19 @@ func (p *fakeEtcdProvider) ForCluster(context.Context, *clusterv1.Cluster) (Etcd
 
 // --- fencing ----------------------------------------------------------------------------------------
 
-// fakeFencer returns its result (or error) and records every request.
+// fakeFencer returns its result (or error) and records every request; Unfence answers unfenceErr.
 type fakeFencer struct {
-	result   fencing.Result
-	err      error
-	requests []fencing.Request
+	result     fencing.Result
+	err        error
+	requests   []fencing.Request
+	unfenceErr error
+	unfences   []fencing.Request
+}
+
+// Unfence implements fencing.Unfencer.
+func (f *fakeFencer) Unfence(_ context.Context, req fencing.Request) error {
+	f.unfences = append(f.unfences, req)
+	return f.unfenceErr
 }
 
 // Fence implements fencing.Fencer.
