@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -237,6 +238,7 @@ func (b *recordingBackend) fencedAt(machine string) (time.Time, bool) {
 // runScenario runs one seeded scenario and reports every invariant violation.
 func runScenario(t *testing.T, seed int64) {
 	g := NewWithT(t)
+	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6361707263686173)) //nolint:gosec // reproducible test randomness
 	p := newPlan(rng)
 	t.Logf("seed %d: %s", seed, p)
@@ -246,6 +248,15 @@ func runScenario(t *testing.T, seed int64) {
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: p.size})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer sb.DestroyCluster(ctx, wc)
+	defer func() {
+		if t.Failed() { // what the world did, for the seed's diagnosis (parallel runs' clusters share the name)
+			var b strings.Builder
+			for _, e := range sb.Log.Since(wc.Name, began) {
+				fmt.Fprintf(&b, "\n  %s %s", e.Time.Format("15:04:05.000"), e.Text)
+			}
+			t.Logf("seed %d: world log:%s", seed, b.String())
+		}
+	}()
 	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
 	mhc.Spec.Remediation.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired, TimeoutSeconds: ptr.To[int32](60),
 		Backends: []caprv1.FencingBackend{{Type: caprv1.FencingBackendExternal, TemplateRef: &caprv1.TemplateReference{

@@ -40,9 +40,6 @@ func ctrlConfigSkipNameValidation() config.Controller {
 type controlPlaneReconciler struct {
 	s *Sandbox
 	c client.Client
-	// machines lists the Machines from the API server, not the cache: right after a create, a cached
-	// list can still miss the new Machine, and "one change at a time" would create a second one.
-	machines client.Reader
 }
 
 func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -52,7 +49,7 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	clusterName := cp.Labels[clusterv1.ClusterNameLabel]
 	list := &clusterv1.MachineList{}
-	if err := r.machines.List(ctx, list, client.InNamespace(cp.Namespace),
+	if err := r.c.List(ctx, list, client.InNamespace(cp.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
 		return ctrl.Result{}, err
 	}

@@ -266,7 +266,7 @@ func (s *Sandbox) startProviders(ctx context.Context) error {
 	} else {
 		if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-controlplane").
 			For(&controlplanev1.SandboxControlPlane{}).Owns(&clusterv1.Machine{}).
-			Complete(&controlPlaneReconciler{s: s, c: mgr.GetClient(), machines: mgr.GetAPIReader()}); err != nil {
+			Complete(&controlPlaneReconciler{s: s, c: mgr.GetClient()}); err != nil {
 			return err
 		}
 		if err := ctrl.NewControllerManagedBy(mgr).Named("sandbox-machine").
