@@ -329,8 +329,10 @@ type MachineRemediation struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	// spec says what to remediate and how.
+	// spec says what to remediate and how. Its fencing cannot change once set: the fence recorded
+	// in status.fencing is undone with the backends it was made with.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="has(self.fencing) == has(oldSelf.fencing) && (!has(self.fencing) || self.fencing == oldSelf.fencing)",message="spec.fencing is immutable: a fence made with it is undone with the same backends"
 	Spec MachineRemediationSpec `json:"spec,omitempty"`
 
 	// status is the progress.

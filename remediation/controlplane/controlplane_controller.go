@@ -264,7 +264,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 
-	if terminal(mr) {
+	if terminal(mr) && !fencing.Owed(mr) {
 		return r.reconcileTerminal(ctx, s), nil
 	}
 	clusterName := clusterNameOf(s)
@@ -299,6 +299,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	switch {
+	case terminal(mr):
+		return r.reconcileFinishedFence(ctx, s)
 	case !mr.DeletionTimestamp.IsZero():
 		return r.reconcileDelete(ctx, s)
 	case machineGone && mr.Status.Phase != caprv1.MachineRemediationPhaseRunning:

@@ -129,6 +129,9 @@ func (r *Reconciler) waitAfterEscalation(ctx context.Context, s *scope, w *waiti
 // replaced, so the hook and the control plane are let go of and the request is owned by its Machine
 // again (it goes with the Machine, and the health checker replaces it should the Machine fail again).
 func (r *Reconciler) recovered(ctx context.Context, s *scope, rec *caprv1.RemediationStep, msg string) (ctrl.Result, error) {
+	if done, res, err := r.unfenceEnded(ctx, s, "Machine recovered; its fence is undone first: "); !done || err != nil {
+		return res, err
+	}
 	if err := r.removeFenceHook(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}

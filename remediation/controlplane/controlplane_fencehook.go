@@ -46,25 +46,65 @@ func (r *Reconciler) removeFenceHook(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// fenceDeletingVictim fences a victim that someone else is deleting before the remediation's own
-// Fence step (a rollout, a person): the hook holds that deletion, and the provider will not create
-// the replacement the remediation waits for while a Machine is deleting (KCP's preflight
-// HasDeletingMachine), so waiting for the Fence step would hold both until the step timeout. Once the
-// fence is final the hook is removed and the deletion proceeds; the remediation then ends as for any
-// victim deleted by someone else.
-func (r *Reconciler) fenceDeletingVictim(ctx context.Context, s *scope) error {
-	if s.machineGone || fencing.StepFinished(s.mr) || !fencing.HeldDeletion(s.machine) {
-		return nil
+// fenceDeletingVictim fences a victim that someone else is deleting while the hook holds it (a
+// rollout, a person; also after the Fence step, when an abort put the hook back to unfence): the
+// provider will not create the replacement the remediation waits for while a Machine is deleting
+// (KCP's preflight HasDeletingMachine), so waiting for the Fence step would hold both until the step
+// timeout. Once the fence is final the hook is removed and the deletion proceeds; the remediation
+// then ends as for any victim deleted by someone else. final reports whether the hook holds nothing
+// any more (nothing was held, or the fence is final); msg says what the fence waits for.
+func (r *Reconciler) fenceDeletingVictim(ctx context.Context, s *scope) (final bool, v fencing.Verdict, err error) {
+	if s.machineGone || !fencing.HeldDeletion(s.machine) {
+		return true, fencing.Verdict{}, nil
 	}
 	v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencing.Request{
 		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing,
 	}, time.Now(), r.persistFunc(s))
-	if err != nil || !released {
-		return err
+	if err != nil {
+		return false, v, err
 	}
-	r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingVictim, fmt.Sprintf(
-		"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, v.Message))
-	return nil
+	if released {
+		r.event(s.mr, corev1.EventTypeNormal, EventFencedDeletingVictim, fmt.Sprintf(
+			"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, v.Message))
+	}
+	return v.Done, v, nil
+}
+
+// fenceHeldFirst comes before anything that undoes or ends a remediation (abort, failure): a
+// deletion of the victim held by the hook is fenced and released first, never released unfenced by
+// the undo. While the fence is not final the request says so and waits.
+func (r *Reconciler) fenceHeldFirst(ctx context.Context, s *scope) (bool, ctrl.Result, error) {
+	final, v, err := r.fenceDeletingVictim(ctx, s)
+	if err != nil || final {
+		return final, ctrl.Result{}, err
+	}
+	reason := caprv1.MachineRemediationWaitingForFencingReason
+	if v.TimedOut {
+		reason = caprv1.MachineRemediationStepTimedOutReason
+	}
+	setWaiting(s.mr, reason, fmt.Sprintf("Machine %s is being deleted by someone else; its deletion is held until it is fenced: %s", s.machine.Name, v.Message))
+	return false, ctrl.Result{RequeueAfter: min(v.Requeue, waitShort)}, nil
+}
+
+// unfenceEnded undoes the fence of a remediation that ends without replacing its victim (aborted,
+// failed, recovered). A kept victim keeps the hook meanwhile (a deletion by someone else is then held
+// and fenced again, fenceDeletingVictim) and is unfenced once its Node is Ready; a victim that is gone
+// or deleting, once its Node is gone. The hook goes when nothing is owed.
+func (r *Reconciler) unfenceEnded(ctx context.Context, s *scope, prefix string) (bool, ctrl.Result, error) {
+	if !fencing.Owed(s.mr) {
+		return true, ctrl.Result{}, nil
+	}
+	if !s.machineGone && s.machine.DeletionTimestamp.IsZero() {
+		m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
+		if err != nil {
+			return false, ctrl.Result{}, err
+		}
+		s.machine = m
+	}
+	if done, res, err := r.unfence(ctx, s, false, prefix); !done || err != nil {
+		return done, res, err
+	}
+	return true, ctrl.Result{}, r.removeFenceHook(ctx, s)
 }
 
 // persistFunc writes the request now (fencing.FenceRecorded: the fence is recorded before it is made).

@@ -65,48 +65,53 @@ func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) ctrl.Resul
 	return ctrl.Result{}
 }
 
-// reconcileDelete aborts: undo before the point of no return, finish after it.
+// reconcileDelete aborts: undo before the point of no return, finish after it. A deletion of the
+// victim held by the hook is fenced first; a fence left is undone last, while the finalizer holds
+// the request (the undo has already let the control plane go).
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	mr := s.mr
-	if done, res, err := r.unfenceBeforeAbort(ctx, s); !done || err != nil {
+	if done, res, err := r.fenceHeldFirst(ctx, s); !done || err != nil {
 		return res, err
 	}
-	if mr.Status.Phase != caprv1.MachineRemediationPhaseRunning {
-		if err := r.releaseLock(ctx, s); err != nil {
+	if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
+		if r.pastPointOfNoReturn(ctx, s) {
+			if !isWaitingFor(mr, caprv1.MachineRemediationAbortedReason) {
+				r.event(mr, corev1.EventTypeWarning, EventRemediationAborted,
+					"Deletion requested, but "+noReturn(s)+": the remediation is finished first, then the request goes")
+			}
+			if s.machineGone {
+				return r.reconcileMachineGone(ctx, s)
+			}
+			return r.reconcileRunning(ctx, s)
+		}
+		undone, err := r.undo(ctx, s)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
-		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
-		return ctrl.Result{}, nil
+		msg := "Remediation aborted (the request was deleted): " + undone
+		r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+		metrics.RemediationFinished(metrics.KindControlPlane, metrics.ResultAborted)
+		ctrl.LoggerFrom(ctx).Info("Control-plane remediation aborted", "undone", undone)
+		// It holds nothing any more; only its fence may be left to undo.
+		backToPending(s, caprv1.MachineRemediationAbortedReason, msg)
 	}
-	if r.pastPointOfNoReturn(ctx, s) {
-		if !isWaitingFor(mr, caprv1.MachineRemediationAbortedReason) {
-			r.event(mr, corev1.EventTypeWarning, EventRemediationAborted,
-				"Deletion requested, but "+noReturn(s)+": the remediation is finished first, then the request goes")
-		}
-		if s.machineGone {
-			return r.reconcileMachineGone(ctx, s)
-		}
-		return r.reconcileRunning(ctx, s)
-	}
-	undone, err := r.undo(ctx, s)
-	if err != nil {
+	if err := r.releaseLock(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	msg := "Remediation aborted (the request was deleted): " + undone
-	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
-	metrics.RemediationFinished(metrics.KindControlPlane, metrics.ResultAborted)
-	ctrl.LoggerFrom(ctx).Info("Control-plane remediation aborted", "undone", undone)
+	if done, res, err := r.unfenceEnded(ctx, s, "Remediation aborted (the request was deleted); its fence is undone before it goes: "); !done || err != nil {
+		return res, err
+	}
 	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 	return ctrl.Result{}, nil
 }
 
-// unfenceBeforeAbort undoes the request's fence before an abort undoes the rest, unless the
-// remediation is past its point of no return (it finishes first, and unfences when it succeeds).
-func (r *Reconciler) unfenceBeforeAbort(ctx context.Context, s *scope) (bool, ctrl.Result, error) {
-	if !fencing.Owed(s.mr) || s.mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && r.pastPointOfNoReturn(ctx, s) {
-		return true, ctrl.Result{}, nil
+// reconcileFinishedFence undoes the fence a finished (Failed) remediation still owes, then treats it
+// as any finished request (retry, deletion): a retry never starts over a fence that is still there.
+func (r *Reconciler) reconcileFinishedFence(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if done, res, err := r.unfenceEnded(ctx, s, "The remediation ended; its fence is undone: "); !done || err != nil {
+		return res, err
 	}
-	return r.unfence(ctx, s, false, "Remediation aborted (the request was deleted); undoing its fence first: ")
+	return r.reconcileTerminal(ctx, s), nil
 }
 
 // reconcileRunning makes sure this remediation still holds the control plane, applies the step
@@ -157,7 +162,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 	if err := r.ensureFenceHook(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.fenceDeletingVictim(ctx, s); err != nil {
+	if _, _, err := r.fenceDeletingVictim(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
 	return r.runSteps(ctx, s)
@@ -181,9 +186,10 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, err
 			othersWait = true
 		}
 	}
-	if !othersWait || s.externalEtcd() || fencing.Owed(s.mr) || r.pastPointOfNoReturn(ctx, s) {
+	if !othersWait || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || r.pastPointOfNoReturn(ctx, s) {
 		// With external etcd no victim is more broken than another: first come, first served. A
-		// remediation that fenced its victim finishes: the victim is about to go.
+		// remediation that fenced its victim, or whose victim someone else deletes, finishes: the
+		// victim is about to go.
 		return false, nil
 	}
 	state, err := r.inspectEtcd(ctx, s)
@@ -223,7 +229,7 @@ const giveWayAfter = 30 * time.Second
 // With external etcd no step waits on quorum.
 func (r *Reconciler) mayGiveWay(ctx context.Context, s *scope, reason string) bool {
 	c := conditions.Get(s.mr, caprv1.MachineRemediationProgressingCondition)
-	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
+	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
 		now().Sub(c.LastTransitionTime.Time) < giveWayAfter || r.pastPointOfNoReturn(ctx, s) {
 		return false
 	}
@@ -426,8 +432,10 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		}
 		did = append(did, "the escalation's objects deleted")
 	}
-	if err := r.removeFenceHook(ctx, s); err != nil {
-		return "", err
+	if !fencing.Owed(s.mr) { // a fenced victim keeps the hook until it is unfenced (unfenceEnded)
+		if err := r.removeFenceHook(ctx, s); err != nil {
+			return "", err
+		}
 	}
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name {
 		did = append(did, "the control-plane lock released")
@@ -489,10 +497,11 @@ func (r *Reconciler) deleteLeftBehind(ctx context.Context, s *scope, reps []*clu
 	return did
 }
 
-// fail ends the remediation after undoing it (its fence first): a person (or the retry annotation)
-// starts it again.
+// fail ends the remediation after undoing it: a person (or the retry annotation) starts it again. A
+// deletion of the victim held by the hook is fenced first; a fence left is undone afterwards
+// (reconcileFinishedFence), so the control plane is not held meanwhile.
 func (r *Reconciler) fail(ctx context.Context, s *scope, reason, msg string) (ctrl.Result, error) {
-	if done, res, err := r.unfence(ctx, s, false, fmt.Sprintf("%s; undoing the fence before the remediation fails: ", msg)); !done || err != nil {
+	if done, res, err := r.fenceHeldFirst(ctx, s); !done || err != nil {
 		return res, err
 	}
 	undone, err := r.undo(ctx, s)

@@ -587,6 +587,12 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 }
 
 func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+	if s.machineGone {
+		// Deleted by someone else past the point of no return: its deletion was held by the hook until
+		// fenceDeletingVictim's fence was final (recorded in status.fencing, unfenced when the
+		// remediation ends). Nothing is left to fence before a delete.
+		return stepResult{done: true, message: fmt.Sprintf("Machine %s is gone, deleted by someone else (a deletion held by the fence hook is fenced first)", s.mr.Name)}, nil
+	}
 	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencing.Request{
 		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing, Started: rec.StartTime.Time,
 	}, time.Now(), r.persistFunc(s))

@@ -46,10 +46,12 @@ func TestFenceStepRecordsTheFence(t *testing.T) {
 	g.Expect(fencing.Owed(w.s.mr)).To(BeTrue())
 }
 
-// TestAbortBeforeTheDeleteUnfencesFirst: a request deleted after its Fence step but before its
-// Delete step (not past the point of no return) keeps its finalizer while the unfence is pending,
-// saying so, and lets go once it is done; the kept Machine is unfenced without waiting for its Node.
-func TestAbortBeforeTheDeleteUnfencesFirst(t *testing.T) {
+// TestAbortBeforeTheDeleteUnfencesBeforeLettingGo: a request deleted after its Fence step but before
+// its Delete step (not past the point of no return) is undone at once (it holds the control plane no
+// more), keeps its finalizer and the fence hook on the kept victim while the unfence is pending
+// (saying so), and lets go of both once it is done. The kept Machine is unfenced as a kept one (the
+// fencer then waits for its Node to be Ready, not gone).
+func TestAbortBeforeTheDeleteUnfencesBeforeLettingGo(t *testing.T) {
 	g := NewWithT(t)
 	w := fencedWorld(t, g)
 	w.s.mr.DeletionTimestamp = &metav1.Time{Time: metav1.Now().Time}
@@ -63,6 +65,8 @@ func TestAbortBeforeTheDeleteUnfencesFirst(t *testing.T) {
 	g.Expect(w.s.mr.Finalizers).To(ContainElement(caprv1.MachineRemediationFinalizer))
 	g.Expect(conditions.GetReason(w.s.mr, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationWaitingForUnfencingReason))
 	g.Expect(fencing.Owed(w.s.mr)).To(BeTrue())
+	g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending), "undone: it holds the control plane no more")
+	g.Expect(w.machine(g, "m-b").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "a deletion meanwhile is held and fenced again")
 
 	w.fencer.unfenceErr = nil
 	_, err = w.r.reconcileDelete(t.Context(), w.s)
@@ -70,6 +74,72 @@ func TestAbortBeforeTheDeleteUnfencesFirst(t *testing.T) {
 	g.Expect(fencing.Owed(w.s.mr)).To(BeFalse())
 	g.Expect(w.s.mr.Status.Fencing.UnfencedTime).NotTo(BeNil())
 	g.Expect(w.s.mr.Finalizers).NotTo(ContainElement(caprv1.MachineRemediationFinalizer))
+	g.Expect(w.machine(g, "m-b").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+}
+
+// TestAbortWhileSomeoneElseDeletesTheVictimFencesItFirst: the victim is being deleted by someone else,
+// its deletion held by the hook, when the request is deleted, before the fence is final. The abort
+// neither undoes nor lets the hook go: it asks the fencer, waits while the fence is not confirmed,
+// and releases the deletion only once it is.
+func TestAbortWhileSomeoneElseDeletesTheVictimFencesItFirst(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t, withOrder(caprv1.ControlPlaneOrderReplace), withMachines(cpMachine("m-a"),
+		cpMachine("m-b", beingDeleted(), withMachineAnnotation(caprv1.FenceBeforeDeleteHookAnnotation, "m-b")), cpMachine("m-c")),
+		withFence(fencing.Result{Outcome: fencing.Waiting, Message: "NetworkFence: no result from csi-addons yet"}, nil))
+	w.s.mr.Spec.Fencing = requiredNetworkFence()
+	controllerutil.AddFinalizer(w.s.mr, caprv1.MachineRemediationFinalizer)
+	// Deleted as the API server records it (the fake client refuses a patch that sets it).
+	w.s.mr.DeletionTimestamp = &metav1.Time{Time: metav1.Now().Time}
+	w.s.base.DeletionTimestamp = w.s.mr.DeletionTimestamp
+
+	for range 2 {
+		_, err := w.r.reconcileDelete(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.machine(g, "m-b").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "released unfenced")
+		g.Expect(w.s.mr.Finalizers).To(ContainElement(caprv1.MachineRemediationFinalizer))
+		g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning), "nothing undone before the fence is final")
+		g.Expect(conditions.GetMessage(w.s.mr, caprv1.MachineRemediationProgressingCondition)).To(ContainSubstring("held until it is fenced"))
+	}
+	g.Expect(w.fencer.requests).NotTo(BeEmpty())
+	g.Expect(fencing.Owed(w.s.mr)).To(BeTrue(), "the fence is recorded before the fencer acts")
+
+	w.fencer.result = fencing.Result{Outcome: fencing.Fenced, Message: "fenced"}
+	w.fencer.unfenceErr = fmt.Errorf("%w: Node m-b-node still exists", fencing.ErrUnfencePending)
+	_, err := w.r.reconcileDelete(t.Context(), w.s)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(w.machine(g, "m-b").Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation), "fenced: the deletion may proceed")
+	g.Expect(w.fencer.unfences).NotTo(BeEmpty())
+	g.Expect(w.fencer.unfences[len(w.fencer.unfences)-1].AfterDelete).To(BeTrue(), "a deleting victim is unfenced only once its Node is gone")
+	g.Expect(w.s.mr.Finalizers).To(ContainElement(caprv1.MachineRemediationFinalizer))
+}
+
+// TestFailWhileSomeoneElseDeletesTheVictimFencesItFirst: a failure (here a step timeout's) does not
+// undo, and so never releases a held deletion, before the victim is fenced.
+func TestFailWhileSomeoneElseDeletesTheVictimFencesItFirst(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t, withMachines(cpMachine("m-a"),
+		cpMachine("m-b", beingDeleted(), withMachineAnnotation(caprv1.FenceBeforeDeleteHookAnnotation, "m-b")), cpMachine("m-c")),
+		withFence(fencing.Result{Outcome: fencing.Waiting, Message: "not confirmed"}, nil))
+	w.s.mr.Spec.Fencing = requiredNetworkFence()
+	_, err := w.r.fail(t.Context(), w.s, caprv1.MachineRemediationStepTimedOutReason, "step ScaleUp timed out")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+	g.Expect(w.machine(g, "m-b").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+	g.Expect(w.fencer.requests).To(HaveLen(1))
+}
+
+// TestFenceStepOfAVictimGoneIsDone: past the point of no return the victim was deleted by someone
+// else (after its held deletion was fenced): the Fence step has nothing to fence and finishes,
+// without asking the fencer about a Machine that is gone.
+func TestFenceStepOfAVictimGoneIsDone(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t)
+	w.s.mr.Spec.Fencing = requiredNetworkFence()
+	w.s.machineGone = true
+	res, err := w.run(caprv1.StepFence)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res.done).To(BeTrue())
+	g.Expect(w.fencer.requests).To(BeEmpty())
 }
 
 // TestSucceedUnfencesAfterTheDeleteFirst: a remediation whose victim is gone does not succeed while

@@ -180,14 +180,12 @@ func (p *PolicyFencer) Unfence(ctx context.Context, req Request) error {
 	if spec == nil || spec.Policy == "" || spec.Policy == caprv1.FencingDisabled || req.Node == "" {
 		return nil
 	}
-	if req.AfterDelete && p.unfences(spec) {
-		gone, err := p.nodeGone(ctx, req)
-		if err != nil {
-			return err
-		}
-		if !gone {
-			return fmt.Errorf("%w: Node %s still exists; its fence is undone once it is gone (its address may still be in use by the old machine)",
-				ErrUnfencePending, req.Node)
+	if p.unfences(spec) {
+		if wait, err := p.unfenceWait(ctx, req); err != nil || wait != "" {
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: %s", ErrUnfencePending, wait)
 		}
 	}
 	var pending []string
@@ -221,20 +219,42 @@ func (p *PolicyFencer) unfences(spec *caprv1.FencingSpec) bool {
 	return false
 }
 
-// nodeGone reads the request's Node in its workload cluster.
-func (p *PolicyFencer) nodeGone(ctx context.Context, req Request) (bool, error) {
+// unfenceWait says why a fence may not be released yet ("" when it may). After the delete the Node
+// must be gone: while it exists the old machine may still use the fenced address. A Machine that is
+// kept (an abort, a failure, a recovery) must have its Node back and Ready: once its fence let
+// Kubernetes move its volumes and pods (the out-of-service taint), a node that is only unreachable may
+// still run the old containers, and unfencing it would let them write next to their replacements.
+func (p *PolicyFencer) unfenceWait(ctx context.Context, req Request) (string, error) {
 	c, err := workloadClient(ctx, p.Workload, req)
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	node := &corev1.Node{}
-	if err := c.Get(ctx, client.ObjectKey{Name: req.Node}, node); err != nil {
-		if apierrors.IsNotFound(err) {
-			return true, nil
-		}
-		return false, fmt.Errorf("reading Node %s: %w", req.Node, err)
+	err = c.Get(ctx, client.ObjectKey{Name: req.Node}, node)
+	gone := apierrors.IsNotFound(err)
+	if err != nil && !gone {
+		return "", fmt.Errorf("reading Node %s: %w", req.Node, err)
 	}
-	return false, nil
+	switch {
+	case req.AfterDelete && !gone:
+		return fmt.Sprintf("Node %s still exists; its fence is undone once it is gone (its address may still be in use by the old machine)", req.Node), nil
+	case req.AfterDelete:
+		return "", nil
+	case gone:
+		return fmt.Sprintf("Node %s is gone but its Machine is kept: the fence stays until the Machine is deleted or its Node is back and Ready", req.Node), nil
+	case !nodeReady(node):
+		return fmt.Sprintf("Node %s is not Ready: the fence stays until it is (an unreachable node may still run the workloads started elsewhere since)", req.Node), nil
+	}
+	return "", nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // Timeout is how long fencing may take before the policy decides (spec.fencing.timeoutSeconds).

@@ -7,7 +7,12 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -128,7 +133,12 @@ func TestOutOfServiceTaintOnlyAfterAConfirmedFence(t *testing.T) {
 			}
 			g.Expect(calls).To(Equal([]caprv1.FencingBackendType{caprv1.FencingBackendNetworkFence, caprv1.FencingBackendOutOfServiceTaint}))
 			g.Expect(r.Outcome).To(Equal(Fenced))
-			g.Expect(p.Unfence(context.Background(), Request{Node: "n", Spec: spec})).To(Succeed())
+			ready := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+				{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+			workload := fake.NewClientBuilder().WithObjects(ready).WithStatusSubresource(ready).Build()
+			p.Workload = func(context.Context, client.ObjectKey) (client.Client, error) { return workload, nil }
+			cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}}
+			g.Expect(p.Unfence(context.Background(), Request{Cluster: cluster, Node: "n", Spec: spec})).To(Succeed())
 			g.Expect(uncalls).To(Equal([]caprv1.FencingBackendType{caprv1.FencingBackendOutOfServiceTaint, caprv1.FencingBackendNetworkFence}), "the taint goes before the fence it relied on")
 		})
 	}

@@ -110,7 +110,7 @@ func TestUnfenceAfterDeleteWaitsForTheNode(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
-	workload := fake.NewClientBuilder().WithObjects(node).Build()
+	workload := fake.NewClientBuilder().WithObjects(node).WithStatusSubresource(node).Build()
 	left := 1
 	p := &PolicyFencer{
 		Workload: func(context.Context, client.ObjectKey) (client.Client, error) { return workload, nil },
@@ -141,12 +141,20 @@ func TestUnfenceAfterDeleteWaitsForTheNode(t *testing.T) {
 	g.Expect(mr.Status.Fencing.UnfencedTime).NotTo(BeNil())
 	g.Expect(mr.Status.Fencing.Backends[0].State).To(Equal(caprv1.FencingBackendUnfenced))
 
-	// A kept Machine (an abort) is unfenced without waiting for its Node.
+	// A kept Machine (an abort, a failure) keeps its fence while its Node is not Ready: it may be
+	// unreachable but alive, with its workloads started elsewhere since. Ready, it is unfenced.
 	left = 0
 	mr2 := &caprv1.MachineRemediation{Spec: caprv1.MachineRemediationSpec{Fencing: spec}}
-	g.Expect(workload.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})).To(Succeed())
+	kept := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
+	g.Expect(workload.Create(ctx, kept)).To(Succeed())
 	g.Expect(Begin(mr2, "n", time.Now())).To(BeTrue())
 	req.AfterDelete = false
+	done, msg, err = UnfenceRecorded(ctx, p, mr2, req, time.Now())
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(done).To(BeFalse())
+	g.Expect(msg).To(ContainSubstring("Node n is not Ready"))
+	kept.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	g.Expect(workload.Status().Update(ctx, kept)).To(Succeed())
 	done, _, err = UnfenceRecorded(ctx, p, mr2, req, time.Now())
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(done).To(BeTrue())

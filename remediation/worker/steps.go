@@ -85,7 +85,9 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 // may never come) and the hook removed once the fence is final; then the remediation waits for the
 // Machine to go. prefix starts the condition's message (an abort says so).
 func (r *Reconciler) waitForDeletionByOthers(ctx context.Context, s *scope, prefix string) (ctrl.Result, error) {
-	if fencing.HeldDeletion(s.machine) && !fencing.StepFinished(s.mr) {
+	// Whatever the Fence step did: a hook that holds a deletion (also one put back while an abort
+	// unfences) is released only once the Machine is fenced again.
+	if fencing.HeldDeletion(s.machine) {
 		v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencingRequest(s, time.Time{}), time.Now(), r.persistFunc(s))
 		if err != nil {
 			return ctrl.Result{}, err
@@ -143,7 +145,10 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		return ctrl.Result{}, err
 	}
 	if res.recovered {
-		// Healthy again, nothing deleted: the Machine is let go of, hook included.
+		// Healthy again, nothing deleted: the Machine is let go of, its fence (if any) and hook included.
+		if done, res, err := r.unfenceKept(ctx, s, fmt.Sprintf("Machine %s recovered; ", s.mr.Name)); !done || err != nil {
+			return res, err
+		}
 		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -195,6 +200,21 @@ func fencingRequest(s *scope, started time.Time) fencing.Request {
 // persistFunc writes the request now (fencing.FenceRecorded: the fence is recorded before it is made).
 func (r *Reconciler) persistFunc(s *scope) func(context.Context) error {
 	return func(ctx context.Context) error { return r.persist(ctx, s) }
+}
+
+// unfenceKept undoes the fence of a Machine that is kept (an abort, a recovery). While that takes,
+// the fence-before-delete hook is kept on it, so that a deletion by someone else meanwhile is held
+// and fenced again (waitForDeletionByOthers) instead of proceeding half-unfenced.
+func (r *Reconciler) unfenceKept(ctx context.Context, s *scope, prefix string) (bool, ctrl.Result, error) {
+	if !fencing.Owed(s.mr) {
+		return true, ctrl.Result{}, nil
+	}
+	m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
+	if err != nil {
+		return false, ctrl.Result{}, err
+	}
+	s.machine = m
+	return r.unfence(ctx, s, false, prefix)
 }
 
 // unfence undoes the fence recorded in the request (fencing.UnfenceRecorded): after the Machine and
@@ -339,11 +359,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	if err := r.deleteStartedEscalationObjects(ctx, mr); err != nil {
 		return ctrl.Result{}, err
 	}
+	if done, res, err := r.unfenceKept(ctx, s, fmt.Sprintf("The request was deleted before Machine %s was deleted: the Machine is kept; ", mr.Name)); !done || err != nil {
+		return res, err
+	}
 	if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 		return ctrl.Result{}, err
-	}
-	if done, res, err := r.unfence(ctx, s, false, fmt.Sprintf("The request was deleted before Machine %s was deleted: the Machine is kept; ", mr.Name)); !done || err != nil {
-		return res, err
 	}
 	msg := fmt.Sprintf("Remediation aborted (the request was deleted) before Machine %s was deleted: the Machine is kept", mr.Name)
 	setWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)

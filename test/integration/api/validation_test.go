@@ -224,3 +224,41 @@ func TestBadMachineRemediationIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestMachineRemediationFencingIsImmutable: a fence is undone with the backends it was made with, so
+// spec.fencing cannot be changed, added or removed once the request exists; the rest of the spec can.
+func TestMachineRemediationFencingIsImmutable(t *testing.T) {
+	g := NewWithT(t)
+	nf := caprv1.FencingBackend{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"a"}}
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "fencing-immutable"},
+		Spec: caprv1.MachineRemediationSpec{Fencing: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{nf}}}}
+	g.Expect(testEnv.Client.Create(ctx, mr)).To(Succeed())
+	t.Cleanup(func() { _ = testEnv.Client.Delete(ctx, mr) })
+	for name, mutate := range map[string]func(*caprv1.MachineRemediation){
+		"policy":  func(m *caprv1.MachineRemediation) { m.Spec.Fencing.Policy = caprv1.FencingDisabled },
+		"classes": func(m *caprv1.MachineRemediation) { m.Spec.Fencing.Backends[0].NetworkFenceClassNames = []string{"b"} },
+		"removed": func(m *caprv1.MachineRemediation) { m.Spec.Fencing = nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			current := &caprv1.MachineRemediation{}
+			g.Expect(testEnv.Client.Get(ctx, client.ObjectKeyFromObject(mr), current)).To(Succeed())
+			changed := current.DeepCopy()
+			mutate(changed)
+			err := testEnv.Client.Update(ctx, changed)
+			g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
+			g.Expect(err.Error()).To(ContainSubstring("spec.fencing is immutable"))
+		})
+	}
+	current := &caprv1.MachineRemediation{}
+	g.Expect(testEnv.Client.Get(ctx, client.ObjectKeyFromObject(mr), current)).To(Succeed())
+	current.Spec.Message = "a note"
+	g.Expect(testEnv.Client.Update(ctx, current)).To(Succeed())
+
+	unfenced := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "fencing-added"}}
+	g.Expect(testEnv.Client.Create(ctx, unfenced)).To(Succeed())
+	t.Cleanup(func() { _ = testEnv.Client.Delete(ctx, unfenced) })
+	unfenced.Spec.Fencing = &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{nf}}
+	err := testEnv.Client.Update(ctx, unfenced)
+	g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
+}

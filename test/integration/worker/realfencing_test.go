@@ -213,8 +213,10 @@ func TestRealBestEffortDeletesAfterItsTimeoutWithAWarning(t *testing.T) {
 }
 
 // TestRealAbortBeforeDeleteUnfences: deleting the request while Required fencing waits keeps the
-// Machine and undoes the fence (the NetworkFence is set Unfenced, deleted once csi-addons confirms)
-// before the request goes.
+// Machine. Its fence stays while its Node is not Ready (unreachable but maybe alive, with its
+// workloads possibly started elsewhere), with the hook holding any deletion meanwhile; once the Node
+// is Ready the NetworkFence is set Unfenced and deleted after csi-addons confirms, and the request
+// goes.
 func TestRealAbortBeforeDeleteUnfences(t *testing.T) {
 	g := NewWithT(t)
 	createFenceClass(g)
@@ -225,6 +227,21 @@ func TestRealAbortBeforeDeleteUnfences(t *testing.T) {
 		g.Expect(nf).NotTo(BeNil())
 	}, eventually, poll).Should(Succeed())
 	g.Expect(k8sClient.Delete(ctx, &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "w1"}})).To(Succeed())
+	g.Eventually(func(g Gomega) string {
+		_, msg := progressing(g, f.ns, "w1")
+		return msg
+	}, eventually, poll).Should(ContainSubstring("Node " + node + " is not Ready"))
+	g.Consistently(func(g Gomega) {
+		g.Expect(fenceStateOf(networkFence(g, f, node))).To(Equal("Fenced"))
+		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
+		g.Expect(remediationExists(g, f.ns, "w1")).To(BeTrue())
+	}, quiet, poll).Should(Succeed())
+
+	n := &corev1.Node{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	g.Expect(k8sClient.Status().Update(ctx, n)).To(Succeed())
 	g.Eventually(func(g Gomega) string {
 		nf = networkFence(g, f, node)
 		g.Expect(nf).NotTo(BeNil())
