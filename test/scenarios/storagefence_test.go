@@ -80,6 +80,16 @@ func TestControlPlaneFencedThroughCSIAddonsThenUnfencedAfterTheVictimIsGone(t *t
 	g.Expect(tainted.IsZero()).To(BeFalse())
 	g.Expect(tainted).NotTo(BeTemporally("<", fenced))
 
+	// From the Delete step on: the address is released only once the victim's Node is gone.
+	g.Eventually(func(g Gomega) {
+		if !stack.Sidecar.Fenced(cidr) {
+			err := sb.Client.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
+			if !apierrors.IsNotFound(err) {
+				StopTrying(cidr + " was unfenced while Node " + node + " still existed").Now()
+			}
+		}
+		g.Expect(getRemediation(g, wc, victim.Name).Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded))
+	}, remediationTimeout, 50*time.Millisecond).Should(Succeed())
 	mr := waitRemediated(t, wc, victim.Name, 3)
 	g.Expect(stack.Sidecar.Fenced(cidr)).To(BeFalse(), "csi-addons unfenced the address")
 	nfs := &unstructured.UnstructuredList{}

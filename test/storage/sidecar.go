@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/storage/csiaddonsproto"
@@ -131,9 +132,15 @@ func (s *Sidecar) Register(ctx context.Context, c client.Client) error {
 	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	// A stack started earlier on the same API server (another test) registered them already: they
+	// are taken over, pointing at this sidecar.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: CSIAddonsNamespace, Name: sidecarPod},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "csi-addons", Image: "csi-addons-sidecar"}}}}
-	if err := c.Create(ctx, pod); err != nil {
+	err := c.Create(ctx, pod)
+	if apierrors.IsAlreadyExists(err) {
+		err = c.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+	}
+	if err != nil {
 		return err
 	}
 	base := pod.DeepCopy()
@@ -145,19 +152,26 @@ func (s *Sidecar) Register(ctx context.Context, c client.Client) error {
 	// csi-addons' connection pool finds the leader by the Lease <driver>-csi-addons
 	// (internal/connection/connection_pool.go GetLeaderByDriver, util.NormalizeLeaseName).
 	leaseName := regexp.MustCompile("[^a-zA-Z0-9-]").ReplaceAllString(DriverName, "-") + "-csi-addons"
-	if err := c.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: CSIAddonsNamespace, Name: leaseName},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(sidecarPod), LeaseDurationSeconds: ptr.To[int32](3600),
-			RenewTime: &metav1.MicroTime{Time: time.Now()}}}); err != nil {
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: CSIAddonsNamespace, Name: leaseName}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, c, lease, func() error {
+		lease.Spec = coordinationv1.LeaseSpec{HolderIdentity: ptr.To(sidecarPod), LeaseDurationSeconds: ptr.To[int32](3600),
+			RenewTime: &metav1.MicroTime{Time: time.Now()}}
+		return nil
+	}); err != nil {
 		return err
 	}
-	node := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"driver": map[string]any{
-		"name": DriverName, "nodeID": "controller", "endpoint": fmt.Sprintf("pod://%s.%s:%d", sidecarPod, CSIAddonsNamespace, s.Port),
-	}}}}
+	node := &unstructured.Unstructured{}
 	node.SetAPIVersion("csiaddons.openshift.io/v1alpha1")
 	node.SetKind("CSIAddonsNode")
 	node.SetNamespace(CSIAddonsNamespace)
 	node.SetName(sidecarPod + "-" + CSIAddonsNamespace)
-	return c.Create(ctx, node)
+	_, err = controllerutil.CreateOrUpdate(ctx, c, node, func() error {
+		node.Object["spec"] = map[string]any{"driver": map[string]any{
+			"name": DriverName, "nodeID": "controller", "endpoint": fmt.Sprintf("pod://%s.%s:%d", sidecarPod, CSIAddonsNamespace, s.Port),
+		}}
+		return nil
+	})
+	return err
 }
 
 // CSIAddons is a running csi-addons controller manager (v0.14.0, built by `make storage-assets`).

@@ -324,6 +324,7 @@ func TestNetworkFenceNotInstalledIsNotAvailable(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 	g.Expect(bare.Client.Create(ctx, node)).To(Succeed())
 	node.Status.Addresses = addresses("10.0.6.7")
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	g.Expect(bare.Client.Status().Update(ctx, node)).To(Succeed())
 
 	backend := &fencing.NetworkFenceBackend{Workload: func(context.Context, client.ObjectKey) (client.Client, error) { return bare.Client, nil }}
@@ -335,7 +336,7 @@ func TestNetworkFenceNotInstalledIsNotAvailable(t *testing.T) {
 	g.Expect(errors.Is(err, fencing.ErrNotAvailable)).To(BeTrue(), "%v", err)
 	g.Expect(err).To(MatchError(ContainSubstring("csiaddons.openshift.io/v1alpha1 NetworkFence")))
 
-	pf := &fencing.PolicyFencer{Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: backend}}
+	pf := &fencing.PolicyFencer{Workload: backend.Workload, Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: backend}}
 	res, err := pf.Fence(ctx, req)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res.Outcome).To(Equal(fencing.Waiting))
@@ -343,11 +344,16 @@ func TestNetworkFenceNotInstalledIsNotAvailable(t *testing.T) {
 	g.Expect(pf.Unfence(ctx, req)).To(Succeed(), "nothing can have been fenced without csi-addons")
 }
 
-// The policy fencer unfences through the backend and says what is left until it is done.
+// The policy fencer unfences through the backend and says what is left until it is done (here a kept
+// Machine whose Node is Ready again).
 func TestPolicyFencerUnfencesThroughNetworkFence(t *testing.T) {
 	f := newFixture(t, addresses("10.0.7.7")...)
 	createClass(f.g, "ceph")
-	pf := &fencing.PolicyFencer{Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: f.backend}}
+	node := &corev1.Node{}
+	f.g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: f.node}, node)).To(Succeed())
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	f.g.Expect(k8sClient.Status().Update(ctx, node)).To(Succeed())
+	pf := &fencing.PolicyFencer{Workload: f.backend.Workload, Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: f.backend}}
 	req, _ := f.request("ceph")
 	_, err := pf.Fence(ctx, req)
 	f.g.Expect(err).NotTo(HaveOccurred())
