@@ -424,7 +424,21 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		if cleared {
 			did = append(did, "the provider's remediation annotation removed")
 		}
-		did = append(did, r.deleteLeftBehind(ctx, s, reps)...)
+		// A surge the provider created after this reconcile's cached read (it acts on the replicas
+		// as soon as they change) would be an unmarked Machine too many once replicas are back: the
+		// provider would then scale down an old Machine, possibly the victim, unfenced (fault-suite
+		// seed 500014). The Machines are read again live, after the replicas went back.
+		late, err := r.lateReplacements(ctx, s, reps)
+		if err != nil {
+			return "", err
+		}
+		if err := r.markForDeletion(ctx, late); err != nil {
+			return "", err
+		}
+		if len(late) > 0 {
+			did = append(did, fmt.Sprintf("replacement %v, created meanwhile, marked %s", machineNames(late), clusterv1.DeleteMachineAnnotation))
+		}
+		did = append(did, r.deleteLeftBehind(ctx, s, append(reps, late...))...)
 	}
 	if findStep(s.mr, caprv1.EscalationStepName(0)) != nil {
 		if err := r.escalationRunner().DeleteStarted(ctx, s.mr); err != nil {
@@ -447,6 +461,31 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		return "nothing had been changed", nil
 	}
 	return strings.Join(did, ", "), nil
+}
+
+// lateReplacements reads the cluster's control-plane Machines live and returns the replacements
+// (Machines created since the start) that known does not have.
+func (r *Reconciler) lateReplacements(ctx context.Context, s *scope, known []*clusterv1.Machine) ([]*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := r.APIReader.List(ctx, list, client.InNamespace(s.cluster.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: s.cluster.Name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+		return nil, fmt.Errorf("listing control-plane Machines: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, m := range known {
+		seen[m.Name] = true
+	}
+	live := &scope{mr: s.mr}
+	for i := range list.Items {
+		live.machines = append(live.machines, &list.Items[i])
+	}
+	var out []*clusterv1.Machine
+	for _, m := range replacements(live) {
+		if !seen[m.Name] {
+			out = append(out, m)
+		}
+	}
+	return out, nil
 }
 
 // markForDeletion annotates Machines with cluster.x-k8s.io/delete-machine, which CAPI's

@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -172,4 +173,22 @@ func TestAFencedRemediationDoesNotGiveWay(t *testing.T) {
 	g.Expect(w.r.mayGiveWay(t.Context(), w.s, caprv1.MachineRemediationNotQuorumSafeReason)).To(BeFalse())
 	w.s.mr.Status.Fencing = nil
 	g.Expect(w.r.mayGiveWay(t.Context(), w.s, caprv1.MachineRemediationNotQuorumSafeReason)).To(BeTrue(), "the same remediation without a fence may")
+}
+
+// TestUndoMarksASurgeCreatedMeanwhile: the provider created the surge Machine after the reconcile's
+// cached read (it acts on replicas at once). The undo reads the Machines again after replicas are
+// back and marks it, so the provider's scale-down takes the surge, not an old Machine (the victim,
+// unfenced: fault-suite seed 500014).
+func TestUndoMarksASurgeCreatedMeanwhile(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t, withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c")))
+	late := cpMachine("m-d")
+	g.Expect(w.client.Create(t.Context(), late)).To(Succeed()) // in the API, not in the reconcile's view
+	_, err := w.r.undo(t.Context(), w.s)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+	d := w.machine(g, "m-d")
+	g.Expect(d).NotTo(BeNil())
+	g.Expect(d.Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation))
+	g.Expect(w.machine(g, "m-b").Annotations).NotTo(HaveKey(clusterv1.DeleteMachineAnnotation))
 }
