@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	_ "net/http/pprof" //nolint:gosec // the controller process serves pprof on 127.0.0.1 for profiling benchmark runs
 	"os"
@@ -96,7 +95,7 @@ func runController() error {
 	cfg.Wrap(counter.wrap)
 
 	s := newStatsServer(counter)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := capienv.Listen()
 	if err != nil {
 		return fmt.Errorf("listening for stats: %w", err)
 	}

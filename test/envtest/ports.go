@@ -79,6 +79,35 @@ func FreePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// Listen listens on a free TCP port of 127.0.0.1 that it reserves as FreePort does. Every test
+// server listens through it, never on "127.0.0.1:0" directly: the kernel hands out any port not bound,
+// including one that envtest in another test process has just suggested for a webhook server that has
+// not bound it yet, and that API server's webhook calls then reach this server ("certificate signed
+// by unknown authority" from a TLS server, as CI once saw when a sandbox kubelet took a port that
+// test/e2e's envtest had suggested for KCP's webhooks).
+func Listen() (net.Listener, error) {
+	dir, err := portCacheDir()
+	if err != nil {
+		return nil, err
+	}
+	releaseOld()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		ok, err := reserve(filepath.Join(dir, fmt.Sprintf("port-%d", l.Addr().(*net.TCPAddr).Port)))
+		if ok && err == nil {
+			return l, nil
+		}
+		_ = l.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, errors.New("no free port that is not reserved after 100 attempts")
+}
+
 // reserve takes the lock on path; false when another process holds it.
 func reserve(path string) (bool, error) {
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)

@@ -11,6 +11,8 @@ import (
 	"math/big"
 	"net"
 	"time"
+
+	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // apiServerCertEndpoint stands in for port 6443 of a kubeadm control-plane node as far as KCP looks
@@ -38,10 +40,11 @@ func startAPIServerCertEndpoint() (*apiServerCertEndpoint, error) {
 		return nil, fmt.Errorf("creating the kube-apiserver serving certificate stand-in: %w", err)
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	raw, err := capienv.Listen()
 	if err != nil {
 		return nil, err
 	}
+	l := tls.NewListener(raw, cfg)
 	go func() {
 		for {
 			conn, err := l.Accept()

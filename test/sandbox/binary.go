@@ -233,10 +233,15 @@ func (s *Sandbox) StartBuiltManager(ctx context.Context, dir string) (*ManagerPr
 	if err := os.WriteFile(kubeconfigFile, kubeconfig, 0o600); err != nil {
 		return nil, "", err
 	}
+	// Reserved ports, not ":0" (see capienv.Listen): the diagnostics server is TLS.
+	ports, err := capienv.FreePorts(2)
+	if err != nil {
+		return nil, "", err
+	}
 	args := append(append([]string{}, s.managerArgs...),
 		"--leader-election-namespace="+ManagerNamespace,
-		"--diagnostics-address=127.0.0.1:0",
-		"--health-addr=127.0.0.1:0",
+		fmt.Sprintf("--diagnostics-address=127.0.0.1:%d", ports[0]),
+		fmt.Sprintf("--health-addr=127.0.0.1:%d", ports[1]),
 		"--etcd-dial-timeout-duration=3s",
 		"--etcd-call-timeout-duration=3s",
 	)

@@ -20,6 +20,8 @@ import (
 	"k8s.io/cri-streaming/pkg/streaming/portforward"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // Kubelet is a kubelet stand-in for one sandbox Node: an HTTPS server whose address and port are in
@@ -62,6 +64,12 @@ func (k *Kubelet) start() {
 	}))
 	// Handshakes cut by a stopped kubelet are the fault being injected, not news.
 	k.server.Config.ErrorLog = log.New(io.Discard, "", 0)
+	l, err := capienv.Listen()
+	if err != nil {
+		panic(fmt.Sprintf("stand-in kubelet: %v", err)) // as httptest does when it cannot listen
+	}
+	_ = k.server.Listener.Close()
+	k.server.Listener = l
 	k.server.StartTLS()
 }
 

@@ -546,7 +546,12 @@ func (s *Sandbox) waitForWorkers(ctx context.Context, wc *WorkloadCluster, n int
 
 // EtcdState inspects the cluster's etcd directly (the ground truth, not through kubelets).
 func (s *Sandbox) EtcdState(ctx context.Context, wc *WorkloadCluster) (*etcdutil.State, error) {
-	ec := &etcdutil.Cluster{Connector: wc.Etcd.Direct(), CallTimeout: time.Second}
+	// The test's view, not CAPR's: generous timeouts, so that a member that is running but slow to
+	// answer on a loaded machine (CI once saw a 2 s dial to the one survivor expire) is not taken for
+	// an unreachable one.
+	direct := wc.Etcd.Direct()
+	direct.DialTimeout = 10 * time.Second
+	ec := &etcdutil.Cluster{Connector: direct, CallTimeout: 2 * time.Second}
 	names := make([]string, 0)
 	for n := range wc.Etcd.Endpoints() {
 		if wc.Etcd.Running(n) {

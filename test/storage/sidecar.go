@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -55,7 +56,7 @@ type Sidecar struct {
 
 // StartSidecar serves the stand-in sidecar on a free port of 127.0.0.1.
 func StartSidecar() (*Sidecar, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := capienv.Listen()
 	if err != nil {
 		return nil, fmt.Errorf("listening for the csi-addons sidecar: %w", err)
 	}
@@ -165,13 +166,17 @@ func (s *Sidecar) Register(ctx context.Context, c client.Client) error {
 	node.SetKind("CSIAddonsNode")
 	node.SetNamespace(CSIAddonsNamespace)
 	node.SetName(sidecarPod + "-" + CSIAddonsNamespace)
-	_, err = controllerutil.CreateOrUpdate(ctx, c, node, func() error {
-		node.Object["spec"] = map[string]any{"driver": map[string]any{
-			"name": DriverName, "nodeID": "controller", "endpoint": fmt.Sprintf("pod://%s.%s:%d", sidecarPod, CSIAddonsNamespace, s.Port),
-		}}
-		return nil
+	// csi-addons' CSIAddonsNode controller writes the object too (its status, and its finalizer) when
+	// a stack started earlier is still running: an update from a stale read conflicts, and is retried.
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		_, err := controllerutil.CreateOrUpdate(ctx, c, node, func() error {
+			node.Object["spec"] = map[string]any{"driver": map[string]any{
+				"name": DriverName, "nodeID": "controller", "endpoint": fmt.Sprintf("pod://%s.%s:%d", sidecarPod, CSIAddonsNamespace, s.Port),
+			}}
+			return nil
+		})
+		return err
 	})
-	return err
 }
 
 // CSIAddons is a running csi-addons controller manager (v0.14.0, built by `make storage-assets`).

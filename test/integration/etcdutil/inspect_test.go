@@ -12,6 +12,7 @@ import (
 
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/etcdutil/quorum"
+	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // countingConnector counts the dials per node.
@@ -45,7 +46,7 @@ func (c *countingConnector) counts() map[string]int {
 // cannot be reached (as behind a node whose kubelet is down); a dial to it hangs until its timeout.
 func blackhole(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := capienv.Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
