@@ -12,7 +12,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
@@ -149,7 +148,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		WatchFilterValue: opts.WatchFilterValue,
 		Cache:            setup.ClusterCacheCacheOptions(),
 		Client:           setup.ClusterCacheClientOptions(ControllerName, opts.ClusterCacheQPS, opts.ClusterCacheBurst),
-	}, controller.Options{MaxConcurrentReconciles: opts.ClusterCacheConcurrency})
+	}, controllerOptions(opts.ClusterCacheConcurrency))
 	if err != nil {
 		return nil, fmt.Errorf("setting up the ClusterCache: %w", err)
 	}
@@ -174,7 +173,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		ClusterCache:     cc,
 		EtcdMembers:      members,
 		WatchFilterValue: opts.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.HealthCheckConcurrency}); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.HealthCheckConcurrency)); err != nil {
 		return nil, err
 	}
 	if err := (&controlplane.Reconciler{
@@ -186,7 +185,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		StepObserver:     opts.StepObserver,
 		// Escalation steps have one meaning of timeoutSeconds for both remediators.
 		EscalationTimeout: opts.EscalationTimeout,
-	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
 		return nil, err
 	}
 	if err := (&worker.Reconciler{
@@ -196,7 +195,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		WatchFilterValue:  opts.WatchFilterValue,
 		EscalationTimeout: opts.EscalationTimeout,
 		DeleteTimeout:     opts.WorkerDeleteTimeout,
-	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.RemediationConcurrency}); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
 		return nil, err
 	}
 	return &Setup{ClusterCache: cc, Etcd: workload}, nil
