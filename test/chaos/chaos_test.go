@@ -5,6 +5,7 @@
 package chaos_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -249,9 +250,10 @@ func runScenario(t *testing.T, seed int64) {
 	g.Expect(err).NotTo(HaveOccurred())
 	defer sb.DestroyCluster(ctx, wc)
 	defer func() {
-		if t.Failed() { // what the world did, for the seed's diagnosis (parallel runs' clusters share the name)
+		// What the world and CAPR did, for the seed's diagnosis; CHAOS_WORLD_LOG=1 prints it for every seed.
+		if t.Failed() || os.Getenv("CHAOS_WORLD_LOG") != "" {
 			var b strings.Builder
-			for _, e := range sb.Log.Since(wc.Name, began) {
+			for _, e := range sb.Log.Since(wc.LogKey(), began) {
 				fmt.Fprintf(&b, "\n  %s %s", e.Time.Format("15:04:05.000"), e.Text)
 			}
 			t.Logf("seed %d: world log:%s", seed, b.String())
@@ -314,6 +316,11 @@ func runScenario(t *testing.T, seed int64) {
 	running := sb.WatchRunning(ctx, wc)
 	quorum := sb.WatchQuorum(ctx, wc)
 	start := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		observeRequests(wc, stopAll)
+	}()
 
 	killed := 0
 	victims := map[string]bool{}
@@ -498,6 +505,43 @@ func atRest(wc *sandbox.WorkloadCluster, victims, skipped map[string]bool) error
 	return nil
 }
 
+// observeRequests records each change of the cluster's requests (phase, step, Progressing reason) in
+// the world log until stop, so that a failed seed's log shows what CAPR did beside what the world
+// did. It is an observer: nothing waits on it.
+func observeRequests(wc *sandbox.WorkloadCluster, stop <-chan struct{}) {
+	seen := map[string]string{}
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+		list := &caprv1.MachineRemediationList{}
+		if err := sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)); err != nil {
+			continue
+		}
+		present := map[string]bool{}
+		for _, mr := range list.Items {
+			present[mr.Name] = true
+			state := fmt.Sprintf("%s, step %q, %s", cmp.Or(string(mr.Status.Phase), "(no phase)"), mr.Status.CurrentStep,
+				cmp.Or(conditions.GetReason(&mr, caprv1.MachineRemediationProgressingCondition), "(no reason)"))
+			if !mr.DeletionTimestamp.IsZero() {
+				state += ", deleting"
+			}
+			if seen[mr.Name] != state {
+				seen[mr.Name] = state
+				sb.Log.Add(wc.LogKey(), "request %s: %s", mr.Name, state)
+			}
+		}
+		for name := range seen {
+			if !present[name] {
+				delete(seen, name)
+				sb.Log.Add(wc.LogKey(), "request %s: gone", name)
+			}
+		}
+	}
+}
+
 // requestsSummary says what each request of the cluster is doing (for failure messages).
 func requestsSummary(wc *sandbox.WorkloadCluster) string {
 	list := &caprv1.MachineRemediationList{}
@@ -676,9 +720,9 @@ func touchAll(wc *sandbox.WorkloadCluster) {
 // providers), or its machine powered off after CAPI's Machine controller let it go (the full stack).
 func deletionSeen(wc *sandbox.WorkloadCluster, start time.Time, machine string) (time.Time, bool) {
 	if sb.Provider() == sandbox.ProviderKubeadm {
-		return sb.Log.Find(wc.Name, start, "machine "+machine+" gone")
+		return sb.Log.Find(wc.LogKey(), start, "machine "+machine+" gone")
 	}
-	return sb.Log.Find(wc.Name, start, "Machine "+machine+" is being deleted")
+	return sb.Log.Find(wc.LogKey(), start, "Machine "+machine+" is being deleted")
 }
 
 func waitGone(obj client.Object, timeout time.Duration) error {

@@ -79,7 +79,7 @@ func TestWorkersFencedThenReplacedByTheirMachineSet(t *testing.T) {
 		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: b.Name}, mr)).To(Succeed())
 		g.Expect(conditions.GetMessage(mr, caprv1.MachineRemediationProgressingCondition)).To(ContainSubstring("its deletion is held until it is fenced"))
 	}, time.Minute, time.Second).Should(Succeed())
-	_, gone := sb.Log.Find(wc.Name, start, "machine "+b.Name+" gone")
+	_, gone := sb.Log.Find(wc.LogKey(), start, "machine "+b.Name+" gone")
 	g.Expect(gone).To(BeFalse(), "the Machine went before it was fenced")
 
 	gate.Open()
@@ -101,7 +101,7 @@ func TestWorkersFencedThenReplacedByTheirMachineSet(t *testing.T) {
 	fenced := gate.FencedAt()
 	g.Expect(fenced.IsZero()).To(BeFalse())
 	for _, m := range workers {
-		at, ok := sb.Log.Find(wc.Name, start, "machine "+m.Name+" gone")
+		at, ok := sb.Log.Find(wc.LogKey(), start, "machine "+m.Name+" gone")
 		g.Expect(ok).To(BeTrue(), "the sandbox never saw %s go", m.Name)
 		g.Expect(at).To(BeTemporally(">=", fenced), "%s went before it was fenced", m.Name)
 	}

@@ -164,7 +164,7 @@ func (s *Sandbox) kubeadmEtcd(ctx context.Context, spec ClusterSpec, wc *Workloa
 			return nil, bootstrapv1.ClusterConfiguration{}, fmt.Errorf("starting external etcd member %s: %w", member, err)
 		}
 	}
-	s.Log.Add(name, "external etcd up: %d members (%v)", len(ExternalEtcdMembers), ExternalEtcdMembers)
+	s.Log.Add(wc.LogKey(), "external etcd up: %d members (%v)", len(ExternalEtcdMembers), ExternalEtcdMembers)
 	certPEM, keyPEM, err := clientCertificatePEM(wc.Etcd)
 	if err != nil {
 		return nil, bootstrapv1.ClusterConfiguration{}, err
@@ -332,13 +332,13 @@ func (r *infraMachineReconciler) provision(ctx context.Context, wc *WorkloadClus
 			if err := wc.Etcd.StartFirst(ctx, node); err != nil {
 				return err
 			}
-			r.s.Log.Add(wc.Name, "kubeadm init on %s: etcd member started (first member)", node)
+			r.s.Log.Add(wc.LogKey(), "kubeadm init on %s: etcd member started (first member)", node)
 		} else {
-			r.s.Log.Add(wc.Name, "kubeadm join on %s: etcd member joining as a learner", node)
+			r.s.Log.Add(wc.LogKey(), "kubeadm join on %s: etcd member joining as a learner", node)
 			if err := wc.Etcd.Join(ctx, node); err != nil {
 				return err
 			}
-			r.s.Log.Add(wc.Name, "etcd member %s promoted to voter", node)
+			r.s.Log.Add(wc.LogKey(), "etcd member %s promoted to voter", node)
 		}
 	}
 	if role == roleInit {
@@ -368,7 +368,7 @@ func (r *infraMachineReconciler) provision(ctx context.Context, wc *WorkloadClus
 	if err := r.c.Status().Patch(ctx, im, client.MergeFrom(base)); err != nil {
 		return fmt.Errorf("marking SandboxMachine %s provisioned: %w", im.Name, err)
 	}
-	r.s.Log.Add(wc.Name, "machine %s up: Node %s registered", m.Name, node)
+	r.s.Log.Add(wc.LogKey(), "machine %s up: Node %s registered", m.Name, node)
 	return nil
 }
 
@@ -502,7 +502,7 @@ func (r *infraMachineReconciler) teardown(ctx context.Context, wc *WorkloadClust
 	if err := r.c.Update(ctx, im); err != nil {
 		return err
 	}
-	r.s.Log.Add(wc.Name, "machine %s gone (kubelet and etcd process stopped)", node)
+	r.s.Log.Add(wc.LogKey(), "machine %s gone (kubelet and etcd process stopped)", node)
 	return nil
 }
 

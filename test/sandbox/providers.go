@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -40,6 +41,46 @@ func ctrlConfigSkipNameValidation() config.Controller {
 type controlPlaneReconciler struct {
 	s *Sandbox
 	c client.Client
+	// seenReplicas is the spec.replicas last logged per SandboxControlPlane: a change (CAPR's surge
+	// and its return) goes into the event log as the provider first sees it.
+	seenReplicas sync.Map
+	// expected is, per SandboxControlPlane, the Machine the provider last created or deleted until its
+	// cache shows that (expectations, as Kubernetes' ReplicaSet controller keeps them). Without it,
+	// a reconcile brought by its own status patch lists Machines from a cache that does not show the
+	// Machine it just created yet, creates a second one, and then scales down the oldest Machine: the
+	// fault suite's seed 600621 lost an unhealthy Machine that way, unfenced.
+	expected sync.Map
+}
+
+// expectation is a Machine the provider created (or deleted) and waits to see in its cache.
+type expectation struct {
+	machine string
+	deleted bool
+	at      time.Time
+}
+
+// expectationTimeout bounds the wait for the cache: after it the provider acts on what it sees.
+const expectationTimeout = 30 * time.Second
+
+// awaited reports whether the cache does not show the provider's last change yet.
+func (r *controlPlaneReconciler) awaited(key types.NamespacedName, machines []clusterv1.Machine) bool {
+	v, ok := r.expected.Load(key)
+	if !ok {
+		return false
+	}
+	e, _ := v.(expectation)
+	seen := e.deleted // a deleted Machine the list does not have is gone: seen
+	for _, m := range machines {
+		if m.Name == e.machine {
+			seen = !e.deleted || !m.DeletionTimestamp.IsZero()
+			break
+		}
+	}
+	if seen || time.Since(e.at) > expectationTimeout {
+		r.expected.Delete(key)
+		return false
+	}
+	return true
 }
 
 func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -48,6 +89,10 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	clusterName := cp.Labels[clusterv1.ClusterNameLabel]
+	if replicas := ptr.Deref(cp.Spec.Replicas, 1); replicas != ptr.Deref(r.loadSeenReplicas(req.NamespacedName), -1) {
+		r.seenReplicas.Store(req.NamespacedName, replicas)
+		r.s.Log.Add(LogKey(cp.Namespace, clusterName), "control-plane provider sees replicas %d", replicas)
+	}
 	list := &clusterv1.MachineList{}
 	if err := r.c.List(ctx, list, client.InNamespace(cp.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
@@ -68,13 +113,23 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if busy {
 		return ctrl.Result{}, nil // a Machine event will bring us back
 	}
+	if r.awaited(req.NamespacedName, machines) {
+		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil // the Machine event is on its way
+	}
 	desired := int(ptr.Deref(cp.Spec.Replicas, 1))
 	switch {
 	case len(machines) < desired:
-		return ctrl.Result{}, r.createMachine(ctx, cp, clusterName)
+		name, err := r.createMachine(ctx, cp, clusterName, fmt.Sprintf("replicas %d, saw %s", desired, machineNames(machines)))
+		if name != "" {
+			r.expected.Store(req.NamespacedName, expectation{machine: name, at: time.Now()})
+		}
+		return ctrl.Result{}, err
 	case len(machines) > desired:
 		victim := pickScaleDownVictim(machines)
-		r.s.Log.Add(clusterName, "control-plane provider scales down: deleting Machine %s", victim.Name)
+		_, marked := victim.Annotations[clusterv1.DeleteMachineAnnotation]
+		r.s.Log.Add(LogKey(cp.Namespace, clusterName), "control-plane provider scales down: deleting Machine %s (replicas %d, saw %s; delete-machine on it: %t)",
+			victim.Name, desired, machineNames(machines), marked)
+		r.expected.Store(req.NamespacedName, expectation{machine: victim.Name, deleted: true, at: time.Now()})
 		return ctrl.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, victim))
 	}
 	return ctrl.Result{}, nil
@@ -95,12 +150,31 @@ func pickScaleDownVictim(machines []clusterv1.Machine) *clusterv1.Machine {
 	return &machines[0]
 }
 
-func (r *controlPlaneReconciler) createMachine(ctx context.Context, cp *controlplanev1.SandboxControlPlane, clusterName string) error {
+func (r *controlPlaneReconciler) loadSeenReplicas(key types.NamespacedName) *int32 {
+	v, ok := r.seenReplicas.Load(key)
+	if !ok {
+		return nil
+	}
+	n, _ := v.(int32)
+	return &n
+}
+
+// machineNames lists the Machines' names, for the event log (what the provider saw when it acted).
+func machineNames(machines []clusterv1.Machine) string {
+	names := make([]string, 0, len(machines))
+	for _, m := range machines {
+		names = append(names, m.Name)
+	}
+	sort.Strings(names)
+	return fmt.Sprintf("%d Machines %v", len(names), names)
+}
+
+func (r *controlPlaneReconciler) createMachine(ctx context.Context, cp *controlplanev1.SandboxControlPlane, clusterName, why string) (string, error) {
 	name := fmt.Sprintf("%s-%s", cp.Name, utilrand.String(5))
 	infra := &infrav1.SandboxMachine{ObjectMeta: metav1.ObjectMeta{Namespace: cp.Namespace, Name: name,
 		Labels: map[string]string{clusterv1.ClusterNameLabel: clusterName}}}
 	if err := r.c.Create(ctx, infra); err != nil {
-		return fmt.Errorf("creating SandboxMachine: %w", err)
+		return "", fmt.Errorf("creating SandboxMachine: %w", err)
 	}
 	m := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: cp.Namespace, Name: name, Labels: map[string]string{
@@ -116,13 +190,13 @@ func (r *controlPlaneReconciler) createMachine(ctx context.Context, cp *controlp
 		},
 	}
 	if err := controllerutil.SetControllerReference(cp, m, r.c.Scheme()); err != nil {
-		return err
+		return "", err
 	}
 	if err := r.c.Create(ctx, m); err != nil {
-		return fmt.Errorf("creating Machine: %w", err)
+		return "", fmt.Errorf("creating Machine: %w", err)
 	}
-	r.s.Log.Add(clusterName, "control-plane provider scales up: created Machine %s", name)
-	return nil
+	r.s.Log.Add(LogKey(cp.Namespace, clusterName), "control-plane provider scales up: created Machine %s (%s)", name, why)
+	return name, nil
 }
 
 func (r *controlPlaneReconciler) updateStatus(ctx context.Context, cp *controlplanev1.SandboxControlPlane, clusterName string, replicas, ready int32) error {
@@ -195,16 +269,16 @@ func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, 
 		if wc.Etcd.Endpoint(node) == "" {
 			first, err := wc.Etcd.Provision(ctx, node, func(first bool) {
 				if !first {
-					r.s.Log.Add(wc.Name, "etcd member %s joining as a learner", node)
+					r.s.Log.Add(wc.LogKey(), "etcd member %s joining as a learner", node)
 				}
 			})
 			if err != nil {
 				return err
 			}
 			if first {
-				r.s.Log.Add(wc.Name, "etcd member %s started (first member)", node)
+				r.s.Log.Add(wc.LogKey(), "etcd member %s started (first member)", node)
 			} else {
-				r.s.Log.Add(wc.Name, "etcd member %s promoted to voter", node)
+				r.s.Log.Add(wc.LogKey(), "etcd member %s promoted to voter", node)
 			}
 		}
 		target = wc.Etcd.Endpoint(node)
@@ -275,7 +349,7 @@ func (r *machineReconciler) provision(ctx context.Context, wc *WorkloadCluster, 
 		return fmt.Errorf("setting nodeRef of Machine %s: %w", m.Name, err)
 	}
 	if firstTime {
-		r.s.Log.Add(wc.Name, "Machine %s provisioned: Node %s Ready", m.Name, node)
+		r.s.Log.Add(wc.LogKey(), "Machine %s provisioned: Node %s Ready", m.Name, node)
 	}
 	return nil
 }
@@ -297,7 +371,7 @@ func (s *Sandbox) powerOff(ctx context.Context, wc *WorkloadCluster, node string
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := wc.Etcd.Leave(lctx, node); err != nil {
-		s.Log.Add(wc.Name, "etcd member %s could not be removed on teardown: %v", node, err)
+		s.Log.Add(wc.LogKey(), "etcd member %s could not be removed on teardown: %v", node, err)
 	}
 }
 
@@ -306,7 +380,7 @@ func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m
 		return nil
 	}
 	if _, seen := r.deleting.LoadOrStore(m.UID, true); !seen {
-		r.s.Log.Add(wc.Name, "Machine %s is being deleted", m.Name)
+		r.s.Log.Add(wc.LogKey(), "Machine %s is being deleted", m.Name)
 	}
 	// As CAPI's Machine controller: nothing is drained or deleted while a pre-drain hook remains (its
 	// removal is an update of the Machine, which reconciles it again).
@@ -342,6 +416,6 @@ func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m
 	if err := r.c.Update(ctx, m); err != nil {
 		return err
 	}
-	r.s.Log.Add(wc.Name, "Machine %s deleted (Node, kubelet and etcd process gone)", m.Name)
+	r.s.Log.Add(wc.LogKey(), "Machine %s deleted (Node, kubelet and etcd process gone)", m.Name)
 	return nil
 }

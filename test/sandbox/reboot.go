@@ -67,9 +67,9 @@ func (r *rebootReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	result := "Rebooted"
 	if fails, _, _ := unstructured.NestedBool(reboot.Object, "spec", "fails"); fails {
 		result = "NodeDidNotComeBack"
-		r.s.Log.Add(wc.Name, "node %s rebooted (SandboxReboot), but it does not come back", node)
+		r.s.Log.Add(wc.LogKey(), "node %s rebooted (SandboxReboot), but it does not come back", node)
 	} else {
-		r.s.Log.Add(wc.Name, "node %s rebooted (SandboxReboot)", node)
+		r.s.Log.Add(wc.LogKey(), "node %s rebooted (SandboxReboot)", node)
 		if err := r.s.ResumeHeartbeat(ctx, wc, node); err != nil {
 			return ctrl.Result{}, err
 		}

@@ -121,6 +121,13 @@ func (w *WorkloadCluster) Key() client.ObjectKey {
 	return client.ObjectKey{Namespace: w.Namespace, Name: w.Name}
 }
 
+// LogKey is the key of the Cluster's events in the EventLog.
+func (w *WorkloadCluster) LogKey() string { return LogKey(w.Namespace, w.Name) }
+
+// LogKey is the key of a Cluster's events in the EventLog: its namespace and its name, since the fault
+// suite's parallel runs name every Cluster the same, each in a namespace of its own.
+func LogKey(namespace, cluster string) string { return namespace + "/" + cluster }
+
 // AddToScheme registers the sandbox providers' types.
 func AddToScheme(s *kruntime.Scheme) error {
 	if err := infrav1.AddToScheme(s); err != nil {
@@ -401,7 +408,7 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 			s.mu.Unlock()
 			return nil, err
 		}
-		s.Log.Add(spec.Name, "Cluster %s created on KubeadmControlPlane: %d control-plane Machines, %d workers", spec.Name, spec.ControlPlane, spec.Workers)
+		s.Log.Add(LogKey(spec.Namespace, spec.Name), "Cluster %s created on KubeadmControlPlane: %d control-plane Machines, %d workers", spec.Name, spec.ControlPlane, spec.Workers)
 		if err := s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 5*time.Minute); err != nil {
 			return nil, err
 		}
@@ -452,7 +459,7 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 			return nil, fmt.Errorf("creating worker Machine: %w", err)
 		}
 	}
-	s.Log.Add(name, "Cluster %s created: %d control-plane Machines, %d workers", name, spec.ControlPlane, spec.Workers)
+	s.Log.Add(LogKey(ns, name), "Cluster %s created: %d control-plane Machines, %d workers", name, spec.ControlPlane, spec.Workers)
 	if err := s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 3*time.Minute); err != nil {
 		return nil, err
 	}
@@ -575,10 +582,10 @@ const NodeMonitorGracePeriod = 8 * time.Second
 // (on the full stack the kubelet reports the etcd static pod's container as down).
 func (s *Sandbox) KillEtcdMember(wc *WorkloadCluster, node string) {
 	wc.Etcd.Kill(node)
-	s.Log.Add(wc.Name, "FAULT: etcd member %s killed (its node and kubelet stay up)", node)
+	s.Log.Add(wc.LogKey(), "FAULT: etcd member %s killed (its node and kubelet stay up)", node)
 	if s.opts.Provider == ProviderKubeadm {
 		if err := setMirrorPod(context.Background(), s.Client, node, "etcd", false); err != nil {
-			s.Log.Add(wc.Name, "kubelet of %s could not report the etcd pod down: %v", node, err)
+			s.Log.Add(wc.LogKey(), "kubelet of %s could not report the etcd pod down: %v", node, err)
 		}
 	}
 }
@@ -593,7 +600,7 @@ func (s *Sandbox) StopKubelet(ctx context.Context, wc *WorkloadCluster, node str
 	if k != nil {
 		k.Stop()
 	}
-	s.Log.Add(wc.Name, "FAULT: kubelet on %s stopped (etcd there still runs)", node)
+	s.Log.Add(wc.LogKey(), "FAULT: kubelet on %s stopped (etcd there still runs)", node)
 	if s.opts.Provider == ProviderKubeadm {
 		return nil // kube-controller-manager's node lifecycle controller notices the silence
 	}
@@ -636,15 +643,15 @@ func (s *Sandbox) StripControlPlaneLock(ctx context.Context, wc *WorkloadCluster
 func (s *Sandbox) HoldProvisioning(wc *WorkloadCluster, hold bool) {
 	wc.holdProvisioning.Store(hold)
 	if hold {
-		s.Log.Add(wc.Name, "FAULT: new Machines no longer come up")
+		s.Log.Add(wc.LogKey(), "FAULT: new Machines no longer come up")
 	} else {
-		s.Log.Add(wc.Name, "new Machines come up again")
+		s.Log.Add(wc.LogKey(), "new Machines come up again")
 	}
 }
 
 // StopHeartbeat makes a Node stop reporting (Ready=Unknown) while its etcd member stays healthy.
 func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {
-	s.Log.Add(wc.Name, "FAULT: node %s stopped reporting (Ready=Unknown), its etcd member is healthy", node)
+	s.Log.Add(wc.LogKey(), "FAULT: node %s stopped reporting (Ready=Unknown), its etcd member is healthy", node)
 	if s.opts.Provider == ProviderKubeadm {
 		// The real thing: the kubelet stops renewing its Lease and kube-controller-manager's node
 		// lifecycle controller sets Ready=Unknown and the unreachable taints after its grace period.
@@ -661,7 +668,7 @@ func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node s
 // ResumeHeartbeat undoes StopHeartbeat: the node reports again (its Lease renewed and Ready=True, as
 // a kubelet posts it), so health checks see it recover.
 func (s *Sandbox) ResumeHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {
-	s.Log.Add(wc.Name, "node %s reports again (Ready=True)", node)
+	s.Log.Add(wc.LogKey(), "node %s reports again (Ready=True)", node)
 	if s.opts.Provider == ProviderKubeadm {
 		k, err := s.kubeletOf(node)
 		if err != nil {
@@ -690,7 +697,8 @@ type EventLog struct {
 
 // Event is one thing that happened.
 type Event struct {
-	Time    time.Time
+	Time time.Time
+	// Cluster is the Cluster's LogKey.
 	Cluster string
 	Text    string
 }

@@ -79,7 +79,7 @@ func stepLatencyRun(b *testing.B) map[string]time.Duration {
 	}, remediationTimeout, 50*time.Millisecond).Should(Succeed())
 
 	var promoted, provisioned, deleted time.Time
-	for _, e := range sb.Log.Since(wc.Name, start) {
+	for _, e := range sb.Log.Since(wc.LogKey(), start) {
 		switch {
 		case strings.Contains(e.Text, "promoted to voter"):
 			promoted = e.Time

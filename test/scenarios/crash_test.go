@@ -109,7 +109,7 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 	g.Expect(added).To(HaveLen(1), "exactly one new Machine: before %v after %v", beforeNames, afterNames)
 	g.Expect(afterNames).NotTo(ContainElement(victim.Name))
 	created := 0
-	for _, e := range sb.Log.Since(wc.Name, start) {
+	for _, e := range sb.Log.Since(wc.LogKey(), start) {
 		if strings.Contains(e.Text, "scales up: created Machine") {
 			created++
 		}

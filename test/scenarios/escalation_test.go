@@ -99,7 +99,7 @@ func TestControlPlaneRebootRecovers(t *testing.T) {
 		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
 
-	_, rebooted := sb.Log.Find(wc.Name, start, "node "+victim.Status.NodeRef.Name+" rebooted")
+	_, rebooted := sb.Log.Find(wc.LogKey(), start, "node "+victim.Status.NodeRef.Name+" rebooted")
 	g.Expect(rebooted).To(BeTrue(), "the sandbox's reboot operator never saw a SandboxReboot")
 	g.Expect(eventCount(g, wc.Namespace, victim.Name, escalation.EventCreated)).To(Equal(1))
 	g.Expect(stepNames(mr)).To(Equal([]caprv1.StepName{caprv1.EscalationStepName(0)}))

@@ -163,7 +163,7 @@ func fenceCrashRun(t *testing.T, wc *sandbox.WorkloadCluster, stack *storage.Sta
 	g.Expect(rec).NotTo(BeNil())
 	g.Expect(rec.UnfencedTime).NotTo(BeNil())
 	g.Expect(rec.Backends).To(HaveLen(2))
-	deleted, ok := sb.Log.Find(wc.Name, start, "Machine "+victim.Name+" deleted")
+	deleted, ok := sb.Log.Find(wc.LogKey(), start, "Machine "+victim.Name+" deleted")
 	g.Expect(ok).To(BeTrue())
 	for _, b := range rec.Backends {
 		g.Expect(b.State).To(Equal(caprv1.FencingBackendUnfenced), "%s", b.Type)

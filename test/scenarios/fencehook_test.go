@@ -46,7 +46,7 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	g.Consistently(func(g Gomega) {
 		g.Expect(sb.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
 		g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse())
-		_, tornDown := sb.Log.Find(wc.Name, start, "Machine "+victim.Name+" deleted")
+		_, tornDown := sb.Log.Find(wc.LogKey(), start, "Machine "+victim.Name+" deleted")
 		g.Expect(tornDown).To(BeFalse(), "the victim was torn down before its fence")
 	}, 10*time.Second, 250*time.Millisecond).Should(Succeed())
 
@@ -61,7 +61,7 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 			g.Expect(mr.Status.LastError).To(ContainSubstring("deleted by someone else"))
 		}
 	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
-	deleted, ok := sb.Log.Find(wc.Name, start, "Machine "+victim.Name+" deleted")
+	deleted, ok := sb.Log.Find(wc.LogKey(), start, "Machine "+victim.Name+" deleted")
 	g.Expect(ok).To(BeTrue())
 	g.Expect(deleted).To(BeTemporally(">=", gate.FencedAt()))
 	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, 3*time.Minute)).To(Succeed())

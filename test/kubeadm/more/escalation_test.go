@@ -79,7 +79,7 @@ func TestKCPRebootRecovers(t *testing.T) {
 		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim.Name}, mr)).To(Succeed())
 		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
 	}, 5*time.Minute, time.Second).Should(Succeed())
-	_, rebooted := sb.Log.Find(wc.Name, start, "node "+victim.Status.NodeRef.Name+" rebooted")
+	_, rebooted := sb.Log.Find(wc.LogKey(), start, "node "+victim.Status.NodeRef.Name+" rebooted")
 	g.Expect(rebooted).To(BeTrue(), "the sandbox's reboot operator never saw a SandboxReboot")
 	g.Expect(kubeadm.StepNames(mr)).To(Equal([]caprv1.StepName{caprv1.EscalationStepName(0)}))
 	g.Expect(mr.Status.Steps[0].Outcome).To(Equal(caprv1.StepOutcomeSucceeded))

@@ -79,7 +79,7 @@ func TestKCPRolloutDuringRemediation(t *testing.T) {
 		g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is not being deleted yet")
 	}, 10*time.Minute, time.Second).Should(Succeed())
 	g.Consistently(func(g Gomega) {
-		_, gone := sb.Log.Find(wc.Name, start, "machine "+victim.Name+" gone")
+		_, gone := sb.Log.Find(wc.LogKey(), start, "machine "+victim.Name+" gone")
 		g.Expect(gone).To(BeFalse(), "the victim was torn down before its fence")
 	}, 10*time.Second, 250*time.Millisecond).Should(Succeed())
 	gate.Open()
@@ -94,7 +94,7 @@ func TestKCPRolloutDuringRemediation(t *testing.T) {
 			g.Expect(mr.Status.LastError).To(ContainSubstring("deleted by someone else"))
 		}
 	}, 10*time.Minute, time.Second).Should(Succeed())
-	gone, ok := sb.Log.Find(wc.Name, start, "machine "+victim.Name+" gone")
+	gone, ok := sb.Log.Find(wc.LogKey(), start, "machine "+victim.Name+" gone")
 	g.Expect(ok).To(BeTrue(), "the victim was never torn down")
 	g.Expect(gone).To(BeTemporally(">=", gate.FencedAt()), "torn down before it was fenced")
 	g.Eventually(func(g Gomega) {

@@ -262,7 +262,7 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 		case <-time.After(100 * time.Millisecond):
 		}
 		var lines []line
-		for _, e := range d.sb.Log.Since(d.wc.Name, seenLog) {
+		for _, e := range d.sb.Log.Since(d.wc.LogKey(), seenLog) {
 			lines = append(lines, line{at: e.Time, text: "world: " + e.Text})
 			seenLog = e.Time
 		}
