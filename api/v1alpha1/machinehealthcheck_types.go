@@ -86,13 +86,15 @@ const (
 
 // Events.
 const (
-	// EventMachineMarkedUnhealthy is emitted on a Machine when it is marked.
+	// EventMachineMarkedUnhealthy is emitted on a Machine when it is marked; its message says when
+	// the remediation was requested in the same round (no RemediationRequested event then).
 	EventMachineMarkedUnhealthy = "MachineMarkedUnhealthy"
 	// EventMachineMarkCleared is emitted on a Machine when its mark is removed.
 	EventMachineMarkCleared = "MachineMarkCleared"
 	// EventRemediationRestricted is emitted on a MachineHealthCheck when limits stop remediation.
 	EventRemediationRestricted = "RemediationRestricted"
-	// EventRemediationRequested is emitted on a Machine when its MachineRemediation is created.
+	// EventRemediationRequested is emitted on a Machine when its MachineRemediation is created for a
+	// mark of an earlier round (e.g. once the limits allow it).
 	EventRemediationRequested = "RemediationRequested"
 	// EventEtcdQuorumLost is emitted (Warning) on a MachineHealthCheck when its cluster's etcd loses
 	// quorum, naming the dead members.

@@ -420,7 +420,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			work = append(work, i)
 		}
 	}
-	marked, changes := make([]bool, len(work)), make([]markChange, len(work))
+	marked, changes, requested := make([]bool, len(work)), make([]markChange, len(work)), make([]bool, len(work))
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		written, change, err := r.applyMark(ctx, t.machine, ev, cfg.checker, now)
@@ -431,11 +431,13 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 		rd.targets[work[k]].machine = written // each call writes its own element
 		marked[k], changes[k] = true, change
 	})
-	// The events are recorded once every mark is written: the recorder sends them in the
-	// background, and they would otherwise compete with the remaining marks for the API server.
-	for k, i := range work {
-		r.markEvent(ctx, rd.targets[i].machine, changes[k], rd.evals[i], cfg.checker)
-	}
+	// The events are recorded once every mark and request is written: the recorder sends them in
+	// the background, and they would otherwise compete with the remaining writes for the API server.
+	defer func() {
+		for k, i := range work {
+			r.markEvent(ctx, rd.targets[i].machine, changes[k], requested[k], rd.evals[i], cfg.checker)
+		}
+	}()
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		if !marked[k] {
 			return
@@ -459,10 +461,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 				fail(err)
 				return
 			}
-			if created {
-				r.recorder.Eventf(t.machine, nil, corev1.EventTypeNormal, caprv1.EventRemediationRequested, "HealthCheck",
-					"Remediation of Machine %s requested by %s: %s", t.machine.Name, cfg.checker, ev.reason)
-			}
+			requested[k] = created
 		case verdictHealthy:
 			if err := r.withdrawRequest(ctx, mhc, t.machine, requests, "the Machine is healthy again"); err != nil {
 				fail(err)
@@ -618,16 +617,25 @@ func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev eva
 	return after, change, nil
 }
 
-// markEvent logs a mark set or cleared and records its event on the Machine.
-func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change markChange, ev evaluation, checker string) {
-	switch change {
-	case markSet:
+// markEvent logs a mark set or cleared, or a request created, and records one event on the Machine.
+func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change markChange, requested bool, ev evaluation, checker string) {
+	switch {
+	case change == markSet:
 		ns, name, _ := strings.Cut(checker, "/")
 		metrics.Marked(ns, name, ev.reason)
-		ctrl.LoggerFrom(ctx).Info("Machine marked unhealthy", "Machine", klog.KObj(m), "reason", ev.reason, "message", ev.message)
+		ctrl.LoggerFrom(ctx).Info("Machine marked unhealthy", "Machine", klog.KObj(m), "reason", ev.reason, "message", ev.message, "remediationRequested", requested)
+		// One event per mark: a request created in the same round is said in it, not in an event
+		// of its own, so that a wave of marks costs the API server one event write per Machine.
+		outcome := ""
+		if requested {
+			outcome = "; remediation requested"
+		}
 		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkedUnhealthy, "HealthCheck",
-			"Machine %s has been marked as unhealthy by %s: %s", m.Name, checker, ev.message)
-	case markCleared:
+			"Machine %s has been marked as unhealthy by %s: %s%s", m.Name, checker, ev.message, outcome)
+	case requested:
+		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventRemediationRequested, "HealthCheck",
+			"Remediation of Machine %s requested by %s: %s", m.Name, checker, ev.reason)
+	case change == markCleared:
 		ctrl.LoggerFrom(ctx).Info("Machine healthy again, mark cleared", "Machine", klog.KObj(m))
 		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkCleared, "HealthCheck",
 			"Machine %s is healthy again; mark by %s cleared", m.Name, checker)

@@ -278,8 +278,12 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 		g.Expect(mhc.Status.UnhealthyMachines).To(Equal([]string{"sick"}))
 		g.Expect(conditions.IsTrue(mhc, caprv1.MachineHealthCheckRemediationAllowedCondition)).To(BeTrue())
 		g.Expect(conditions.IsTrue(mhc, caprv1.MachineHealthCheckWorkloadClusterReachableCondition)).To(BeTrue())
-		g.Expect(eventsFor(g, f.ns, "sick", caprv1.EventMachineMarkedUnhealthy)).NotTo(BeEmpty())
+		// One event for the mark and the request made in the same round.
+		marked := eventsFor(g, f.ns, "sick", caprv1.EventMachineMarkedUnhealthy)
+		g.Expect(marked).To(HaveLen(1))
+		g.Expect(marked[0].Message).To(HaveSuffix("; remediation requested"))
 	}, eventually, poll).Should(Succeed())
+	g.Expect(eventsFor(g, f.ns, "sick", caprv1.EventRemediationRequested)).To(BeEmpty())
 	g.Expect(remediationExists(f.ns, "healthy")).To(BeFalse())
 	// CAPI's own condition is never written: KCP and MachineSets would act on it.
 	g.Expect(conditions.Get(getMachine(g, f.ns, "sick"), clusterv1.MachineHealthCheckSucceededCondition)).To(BeNil())
@@ -349,6 +353,16 @@ func TestShortCircuitMarksButDoesNotRequest(t *testing.T) {
 		g.Expect(eventsFor(g, f.ns, "hc", caprv1.EventRemediationRestricted)).NotTo(BeEmpty())
 	}, eventually, poll).Should(Succeed())
 	g.Consistently(func() bool { return remediationExists(f.ns, "b") || remediationExists(f.ns, "c") }, 2*time.Second, poll).Should(BeFalse())
+
+	// c recovers: b, marked in an earlier round, is requested now, with an event of its own.
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-c", corev1.ConditionTrue)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(remediationExists(f.ns, "b")).To(BeTrue())
+		g.Expect(eventsFor(g, f.ns, "b", caprv1.EventRemediationRequested)).To(HaveLen(1))
+	}, eventually, poll).Should(Succeed())
+	marked := eventsFor(g, f.ns, "b", caprv1.EventMachineMarkedUnhealthy)
+	g.Expect(marked).To(HaveLen(1))
+	g.Expect(marked[0].Message).NotTo(ContainSubstring("remediation requested"), "the mark's round did not request")
 }
 
 // TestStormCooldownHoldsRemediationAfterAStorm: two of three targets are unhealthy where triggerIf
