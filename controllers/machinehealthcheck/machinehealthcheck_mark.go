@@ -2,10 +2,16 @@ package machinehealthcheck
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -129,15 +135,95 @@ func ownMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool) {
 	return rec, true
 }
 
-// patchMark writes the Machine's mark; the patch helper only sends what changed, and owns only our
-// qualified condition so that CAPI's conditions on the same Machine are never overwritten.
+// markFieldManager is the field manager of the mark's condition (server-side apply).
+const markFieldManager = "capr-machinehealthcheck"
+
+// patchMark writes what changed of the Machine's mark, the annotation and the condition at once:
+// neither request carries a resourceVersion, so they cannot conflict with each other, and a mark
+// costs one round trip, not two. The annotation is a JSON merge patch of that one key. The condition
+// is applied server-side as the one entry of status.conditions (a list map keyed by type) that
+// CAPR's health check owns, so that CAPI's conditions on the same Machine are never overwritten and
+// no read is needed first. A crash between the two leaves a half mark that the next round completes.
 func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
+	var (
+		wg                 sync.WaitGroup
+		annotErr, condErr error
+	)
+	if before.Annotations[caprv1.UnhealthyAnnotation] != after.Annotations[caprv1.UnhealthyAnnotation] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			annotErr = patchMarkAnnotation(ctx, c, after)
+		}()
+	}
+	cond, prev := conditions.Get(after, caprv1.MachineCAPRHealthCheckSucceededCondition), conditions.Get(before, caprv1.MachineCAPRHealthCheckSucceededCondition)
+	switch {
+	case cond != nil && !sameCondition(prev, cond):
+		condErr = applyMarkCondition(ctx, c, after, cond)
+	case cond == nil && prev != nil:
+		// Removed when the health check is deleted: rare, and the entry may have been written by
+		// another field manager (an older CAPR), so it goes through the patch helper.
+		condErr = removeMarkCondition(ctx, c, before, after)
+	}
+	wg.Wait()
+	if err := kerrors.NewAggregate([]error{annotErr, condErr}); err != nil {
+		if apierrors.IsNotFound(annotErr) || apierrors.IsNotFound(condErr) {
+			return apierrors.NewNotFound(clusterv1.GroupVersion.WithResource("machines").GroupResource(), after.Name)
+		}
+		return fmt.Errorf("patching mark on Machine %s: %w", after.Name, err)
+	}
+	return nil
+}
+
+// removeMarkCondition removes the health check's condition with CAPI's patch helper, which owns only
+// that condition and retries on conflicts.
+func removeMarkCondition(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
 	helper, err := patch.NewHelper(before, c)
 	if err != nil {
 		return fmt.Errorf("creating patch helper for Machine %s: %w", before.Name, err)
 	}
-	if err := helper.Patch(ctx, after, patch.WithOwnedConditions{Conditions: []string{caprv1.MachineCAPRHealthCheckSucceededCondition}}); err != nil {
-		return fmt.Errorf("patching mark on Machine %s: %w", before.Name, err)
+	withoutMetadata := after.DeepCopy()
+	withoutMetadata.ObjectMeta = *before.ObjectMeta.DeepCopy() // the annotation is patched on its own
+	return helper.Patch(ctx, withoutMetadata, patch.WithOwnedConditions{Conditions: []string{caprv1.MachineCAPRHealthCheckSucceededCondition}})
+}
+
+// sameCondition reports whether a (possibly nil) is b in every field.
+func sameCondition(a, b *metav1.Condition) bool {
+	return a != nil && a.Status == b.Status && a.Reason == b.Reason && a.Message == b.Message &&
+		a.LastTransitionTime.Equal(&b.LastTransitionTime) && a.ObservedGeneration == b.ObservedGeneration
+}
+
+// patchMarkAnnotation sets or removes (when after has none) the mark annotation.
+func patchMarkAnnotation(ctx context.Context, c client.Client, after *clusterv1.Machine) error {
+	var value any // JSON null removes the key
+	if v, ok := after.Annotations[caprv1.UnhealthyAnnotation]; ok {
+		value = v
 	}
-	return nil
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{caprv1.UnhealthyAnnotation: value}}})
+	if err != nil {
+		return fmt.Errorf("encoding the mark annotation: %w", err)
+	}
+	return c.Patch(ctx, after.DeepCopy(), client.RawPatch(types.MergePatchType, body))
+}
+
+// applyMarkCondition applies the health check's condition as its one owned entry of
+// status.conditions.
+func applyMarkCondition(ctx context.Context, c client.Client, m *clusterv1.Machine, cond *metav1.Condition) error {
+	entry := map[string]any{
+		"type":               cond.Type,
+		"status":             string(cond.Status),
+		"reason":             cond.Reason,
+		"message":            cond.Message,
+		"lastTransitionTime": cond.LastTransitionTime.UTC().Format(time.RFC3339),
+	}
+	if cond.ObservedGeneration != 0 {
+		entry["observedGeneration"] = cond.ObservedGeneration
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": clusterv1.GroupVersion.String(),
+		"kind":       "Machine",
+		"metadata":   map[string]any{"name": m.Name, "namespace": m.Namespace},
+		"status":     map[string]any{"conditions": []any{entry}},
+	}}
+	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(markFieldManager), client.ForceOwnership)
 }
