@@ -146,7 +146,7 @@ const markFieldManager = "capr-machinehealthcheck"
 // no read is needed first. A crash between the two leaves a half mark that the next round completes.
 func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
 	var (
-		wg                 sync.WaitGroup
+		wg                sync.WaitGroup
 		annotErr, condErr error
 	)
 	if before.Annotations[caprv1.UnhealthyAnnotation] != after.Annotations[caprv1.UnhealthyAnnotation] {
