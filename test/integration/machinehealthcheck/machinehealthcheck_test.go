@@ -982,3 +982,41 @@ func TestFinishedRequestIsReplacedWhenUnhealthyAgain(t *testing.T) {
 		g.Expect(mr.Spec.Source).To(Equal(caprv1.MachineRemediationSourceHealthCheck))
 	}, eventually, poll).Should(Succeed())
 }
+
+// TestMarkAndClearKeepOtherConditionsAndAnnotations: the mark is written without reading the Machine
+// first (a merge patch of one annotation, a server-side apply of one condition), so conditions and
+// annotations written by others between the health check's reads must survive it, in both directions.
+func TestMarkAndClearKeepOtherConditionsAndAnnotations(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "sick", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	m := getMachine(g, f.ns, "sick")
+	base := m.DeepCopy()
+	m.Status.Conditions = append(m.Status.Conditions, metav1.Condition{Type: "example.com/Other", Status: metav1.ConditionTrue,
+		Reason: "ByOthers", LastTransitionTime: metav1.Now()})
+	g.Expect(k8sClient.Status().Patch(ctx, m, client.MergeFrom(base))).To(Succeed())
+	base = m.DeepCopy()
+	m.Annotations = map[string]string{"example.com/other": "kept"}
+	g.Expect(k8sClient.Patch(ctx, m, client.MergeFrom(base))).To(Succeed())
+
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "sick")
+		g.Expect(rec).NotTo(BeNil())
+		g.Expect(cond).To(HaveField("Status", metav1.ConditionFalse))
+	}, eventually, poll).Should(Succeed())
+	m = getMachine(g, f.ns, "sick")
+	g.Expect(conditions.Get(m, "example.com/Other")).To(HaveField("Reason", "ByOthers"))
+	g.Expect(m.Annotations).To(HaveKeyWithValue("example.com/other", "kept"))
+
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-sick", corev1.ConditionTrue)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "sick")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond).To(HaveField("Status", metav1.ConditionTrue))
+	}, eventually, poll).Should(Succeed())
+	m = getMachine(g, f.ns, "sick")
+	g.Expect(conditions.Get(m, "example.com/Other")).To(HaveField("Reason", "ByOthers"))
+	g.Expect(m.Annotations).To(HaveKeyWithValue("example.com/other", "kept"))
+}
