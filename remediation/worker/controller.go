@@ -200,6 +200,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
 			"status.phase is Running but status.worker is missing (the status was not written by CAPR's worker remediator): nothing is done; delete the request to start again")
 		return ctrl.Result{}, nil
+	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && mr.Status.Worker.MachineSet == "":
+		// start runs only for a Machine a MachineSet replaces, and records it: a Running request
+		// whose record names none (e.g. Running written over a NoRemediator record) was not started
+		// here, and its Machine, which nothing would replace, is never deleted.
+		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
+			"status.phase is Running but status.worker names no MachineSet (the status was not written by CAPR's worker remediator): nothing is done; delete the request to start again")
+		return ctrl.Result{}, nil
 	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning:
 		return r.reconcileRunning(ctx, s)
 	}
