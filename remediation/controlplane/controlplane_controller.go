@@ -227,6 +227,11 @@ func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object)
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
 // persist → delete / Machine gone / running / pending.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+	// The request of an existing worker Machine is remediation/worker's whatever the request says
+	// (IsWorkerRequest, on the same cached read of the Machine as below): leave it before the live read.
+	if m := (&clusterv1.Machine{}); r.Client.Get(ctx, req.NamespacedName, m) == nil && !util.IsControlPlaneMachine(m) {
+		return ctrl.Result{}, nil
+	}
 	mr := &caprv1.MachineRemediation{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
 		if apierrors.IsNotFound(err) {

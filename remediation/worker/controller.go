@@ -102,7 +102,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.remediationToGroup),
 			builder.WithPredicates(phaseChangedOrDeleted(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
 		// The Machine going away ends the Delete step; its pause annotation stops the remediation.
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToRemediation),
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToRemediation),
 			builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToRemediations),
 			builder.WithPredicates(predicates.All(scheme, log,
@@ -172,6 +172,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	if s.patch, err = patch.NewHelper(mr, r.Client); err != nil {
 		return ctrl.Result{}, fmt.Errorf("creating patch helper: %w", err)
+	}
+	if !annotations.IsPaused(cluster, mr) {
+		// Not paused: the condition EnsurePausedCondition would write in a patch of its own (and then
+		// return to wait for the update event) goes out with this reconcile's other changes (persist).
+		conditions.Set(mr, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionFalse, Reason: clusterv1.NotPausedReason})
 	}
 	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, mr); err != nil || isPaused || requeue {
 		return ctrl.Result{}, err

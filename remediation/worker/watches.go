@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -39,9 +40,19 @@ func phaseChangedOrDeleted() predicate.Funcs {
 	}
 }
 
-// machineToRemediation maps a Machine to its request (same name and namespace).
-func machineToRemediation(_ context.Context, o client.Object) []reconcile.Request {
-	return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
+// machineToRemediation maps a Machine to its request (same name and namespace), when there is one
+// or the Machine carries the fence-before-delete hook (releaseOrphanedHook). Every other Machine's
+// event would cost a live read that only finds no request: at start-up and on every resync, that is
+// one per Machine. Skipping them is safe: a request the cache does not show yet brings its own
+// create event, and one deleted brings its delete event (both through For).
+func (r *Reconciler) machineToRemediation(ctx context.Context, o client.Object) []reconcile.Request {
+	key := client.ObjectKeyFromObject(o)
+	if _, hooked := o.GetAnnotations()[caprv1.FenceBeforeDeleteHookAnnotation]; !hooked {
+		if err := r.Client.Get(ctx, key, &caprv1.MachineRemediation{}); apierrors.IsNotFound(err) {
+			return nil
+		}
+	}
+	return []reconcile.Request{{NamespacedName: key}}
 }
 
 // remediationToGroup maps a worker request to the other unfinished requests of its MachineDeployment

@@ -45,6 +45,13 @@ func realFencingWorker(t *testing.T, g *WithT, spec *caprv1.FencingSpec) (*fixtu
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.9.8.7"}}
 	g.Expect(capienv.CreateNode(ctx, k8sClient, node)).To(Succeed())
 	t.Cleanup(func() { _ = k8sClient.Delete(ctx, node) })
+	// The Cluster exists before its kubeconfig Secret, so the ClusterCache's first connection fails and
+	// is retried 2 s later: without waiting, a fencing timeout of 2 s can run out on "connection down"
+	// before any backend is reached.
+	g.Eventually(func() error {
+		_, err := workloadClusters.GetUncachedClient(ctx, client.ObjectKeyFromObject(f.cluster))
+		return err
+	}, eventually, poll).Should(Succeed())
 	f.request(g, m, spec, caprv1.MachineRemediationSourceHealthCheck)
 	return f, node.Name
 }

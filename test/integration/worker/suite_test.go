@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -31,7 +32,9 @@ var (
 	// k8sClient is an uncached client: tests observe the API server, not the manager's cache.
 	k8sClient client.Client
 	ctx       = context.Background()
-	backend   = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
+	// workloadClusters is the manager's ClusterCache (realFencingWorker waits for its connection).
+	workloadClusters clustercache.ClusterCache
+	backend          = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
 )
 
 // testBackend is a fencing backend that confirms a node only once a test says so, and records what
@@ -170,6 +173,7 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
 		return 1
 	}
+	workloadClusters = setup.ClusterCache
 	fencer.real.Store(controllers.NewFencer(mgr, setup.ClusterCache))
 	// CAPI v1.14's own MachineHealthCheck reconciler, in its own manager as in CAPI's (interop tests).
 	capiMgr, err := capienv.CAPIMachineHealthCheckManager(mgrCtx, testEnv.Config, 2, false)

@@ -1,0 +1,41 @@
+package worker
+
+import (
+	"context"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// TestMachineEventsEnqueueOnlyRequestsOrHooks: a Machine event wakes its request only when the request
+// exists, or when the Machine carries the fence-before-delete hook (an orphaned hook is released);
+// any other Machine's event would only cost a live read that finds nothing.
+func TestMachineEventsEnqueueOnlyRequestsOrHooks(t *testing.T) {
+	sch := runtime.NewScheme()
+	if err := caprv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "requested"}}
+	r := &Reconciler{Client: fake.NewClientBuilder().WithScheme(sch).WithObjects(mr).Build()}
+	machine := func(name string, annotations map[string]string) *clusterv1.Machine {
+		return &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Annotations: annotations}}
+	}
+	for _, tt := range []struct {
+		machine *clusterv1.Machine
+		want    int
+	}{
+		{machine("requested", nil), 1},
+		{machine("healthy", nil), 0},
+		{machine("hooked", map[string]string{caprv1.FenceBeforeDeleteHookAnnotation: "hooked"}), 1},
+	} {
+		got := r.machineToRemediation(context.Background(), tt.machine)
+		if len(got) != tt.want || (tt.want == 1 && got[0].Name != tt.machine.Name) {
+			t.Errorf("Machine %s: got %v, want %d request(s) for it", tt.machine.Name, got, tt.want)
+		}
+	}
+}
