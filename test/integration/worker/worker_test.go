@@ -408,6 +408,34 @@ func releaseMachine(ns, name, finalizer string) {
 	}
 }
 
+// TestRunningOverANoRemediatorRecordIsReportedNotRemediated: a request recorded as having no
+// remediator (its Machine has no MachineSet owner) whose phase is then set to Running by hand keeps
+// its Machine: the worker record names no MachineSet, so this remediator never started it.
+func TestRunningOverANoRemediatorRecordIsReportedNotRemediated(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	lone := f.machine(g, "lone")
+	f.request(g, lone, required(), caprv1.MachineRemediationSourceManual)
+	g.Eventually(func(g Gomega) {
+		reason, _ := progressing(g, f.ns, "lone")
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationNoRemediatorReason))
+		g.Expect(getRemediation(g, f.ns, "lone").Status.Worker).NotTo(BeNil())
+	}, eventually, poll).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, f.ns, "lone")
+		mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
+		g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
+	}, eventually, poll).Should(Succeed())
+	g.Eventually(func(g Gomega) string {
+		_, msg := progressing(g, f.ns, "lone")
+		return msg
+	}, eventually, poll).Should(ContainSubstring("names no MachineSet"))
+	g.Consistently(func(g Gomega) {
+		g.Expect(machineExists(g, f.ns, "lone")).To(BeTrue())
+		g.Expect(backend.wasAsked(f.node("lone"))).To(BeFalse())
+	}, quiet, poll).Should(Succeed())
+}
+
 // TestRunningWithoutWorkerStatusIsReportedNotRemediated: a request whose status says Running without
 // the worker record the remediator writes when it starts (a status written by hand or by another
 // tool) is left alone, saying why; it used to panic on the missing record.
