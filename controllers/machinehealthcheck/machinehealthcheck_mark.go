@@ -46,14 +46,25 @@ func applyMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Tim
 }
 
 func setMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time) markChange {
-	wasMarked := isMarked(m, checker)
+	// The two halves are written by two requests (patchMark): after a crash or a failed write between
+	// them the Machine has only one. A Machine counts as already marked only with our annotation (or,
+	// under someone else's annotation, with the condition), so that completing a half mark still says
+	// so once (event and metric), and the annotation's since takes the condition's time.
+	_, foreign := foreignMark(m, checker)
+	current, own := ownMark(m, checker)
+	cond := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
+	condFalse := cond != nil && cond.Status == metav1.ConditionFalse
+	wasMarked := own || (foreign && condFalse)
 	changed := false
 
 	// The annotation is ours to write unless a person (or another tool) wrote it.
-	if _, foreign := foreignMark(m, checker); !foreign {
+	if !foreign {
 		since := metav1.NewTime(now.UTC().Truncate(time.Second))
-		if current, ok := ownMark(m, checker); ok && !current.Since.IsZero() {
+		switch {
+		case own && !current.Since.IsZero():
 			since = current.Since
+		case condFalse:
+			since = cond.LastTransitionTime
 		}
 		rec := caprv1.MarkRecord{Reason: ev.reason, Message: ev.message, Since: since, Checker: checker}
 		if value, err := rec.Marshal(); err == nil && m.Annotations[caprv1.UnhealthyAnnotation] != value {
@@ -199,7 +210,10 @@ func patchMarkAnnotation(ctx context.Context, c client.Client, after *clusterv1.
 	if v, ok := after.Annotations[caprv1.UnhealthyAnnotation]; ok {
 		value = v
 	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{caprv1.UnhealthyAnnotation: value}}})
+	// The UID makes the patch fail on a Machine deleted and created again under the same name since
+	// the round's read (metadata.uid is immutable).
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": after.UID,
+		"annotations": map[string]any{caprv1.UnhealthyAnnotation: value}}})
 	if err != nil {
 		return fmt.Errorf("encoding the mark annotation: %w", err)
 	}
@@ -222,7 +236,7 @@ func applyMarkCondition(ctx context.Context, c client.Client, m *clusterv1.Machi
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": clusterv1.GroupVersion.String(),
 		"kind":       "Machine",
-		"metadata":   map[string]any{"name": m.Name, "namespace": m.Namespace},
+		"metadata":   map[string]any{"name": m.Name, "namespace": m.Namespace, "uid": string(m.UID)},
 		"status":     map[string]any{"conditions": []any{entry}},
 	}}
 	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(markFieldManager), client.ForceOwnership)
