@@ -2,12 +2,15 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -37,5 +40,22 @@ func TestMachineEventsEnqueueOnlyRequestsOrHooks(t *testing.T) {
 		if len(got) != tt.want || (tt.want == 1 && got[0].Name != tt.machine.Name) {
 			t.Errorf("Machine %s: got %v, want %d request(s) for it", tt.machine.Name, got, tt.want)
 		}
+	}
+}
+
+// TestMachineEventEnqueuesWhenTheCacheCannotSay: a read of the request that fails for another reason
+// than NotFound enqueues the Machine's request: the reconcile's live read then decides.
+func TestMachineEventEnqueuesWhenTheCacheCannotSay(t *testing.T) {
+	sch := runtime.NewScheme()
+	if err := caprv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	failing := interceptor.Funcs{Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+		return errors.New("cache not synced")
+	}}
+	r := &Reconciler{Client: fake.NewClientBuilder().WithScheme(sch).WithInterceptorFuncs(failing).Build()}
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}}
+	if got := r.machineToRemediation(context.Background(), m); len(got) != 1 || got[0].Name != "m" {
+		t.Errorf("got %v, want the request of Machine m", got)
 	}
 }
