@@ -421,18 +421,34 @@ func TestRunningOverANoRemediatorRecordIsReportedNotRemediated(t *testing.T) {
 		g.Expect(reason).To(Equal(caprv1.MachineRemediationNoRemediatorReason))
 		g.Expect(getRemediation(g, f.ns, "lone").Status.Worker).NotTo(BeNil())
 	}, eventually, poll).Should(Succeed())
+	writeRunningByHand(g, f.ns, "lone", nil)
+	f.expectLeftAloneRunning(g, "lone", "names no MachineSet")
+}
+
+// writeRunningByHand writes phase Running into a request's status, as a person or another tool
+// would, changed further by mutate.
+func writeRunningByHand(g *WithT, ns, name string, mutate func(*caprv1.MachineRemediation)) {
 	g.Eventually(func(g Gomega) {
-		mr := getRemediation(g, f.ns, "lone")
+		mr := getRemediation(g, ns, name)
 		mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
+		if mutate != nil {
+			mutate(mr)
+		}
 		g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
 	}, eventually, poll).Should(Succeed())
+}
+
+// expectLeftAloneRunning waits for the request to say why nothing is done (message), then checks that
+// it stays Running with its Machine neither fenced nor deleted.
+func (f *fixture) expectLeftAloneRunning(g *WithT, name, message string) {
 	g.Eventually(func(g Gomega) string {
-		_, msg := progressing(g, f.ns, "lone")
+		_, msg := progressing(g, f.ns, name)
 		return msg
-	}, eventually, poll).Should(ContainSubstring("names no MachineSet"))
+	}, eventually, poll).Should(ContainSubstring(message))
 	g.Consistently(func(g Gomega) {
-		g.Expect(machineExists(g, f.ns, "lone")).To(BeTrue())
-		g.Expect(backend.wasAsked(f.node("lone"))).To(BeFalse())
+		g.Expect(machineExists(g, f.ns, name)).To(BeTrue())
+		g.Expect(backend.wasAsked(f.node(name))).To(BeFalse())
+		g.Expect(phase(g, f.ns, name)).To(Equal(caprv1.MachineRemediationPhaseRunning))
 	}, quiet, poll).Should(Succeed())
 }
 
@@ -445,20 +461,7 @@ func TestRunningWithoutWorkerStatusIsReportedNotRemediated(t *testing.T) {
 	m := f.workerOfMachineSet(g, "w1")
 	setClusterPaused(g, f.cluster, true) // the remediator records nothing meanwhile
 	f.request(g, m, required(), caprv1.MachineRemediationSourceManual)
-	g.Eventually(func(g Gomega) {
-		mr := getRemediation(g, f.ns, "w1")
-		mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
-		mr.Status.Worker = nil
-		g.Expect(k8sClient.Status().Update(ctx, mr)).To(Succeed())
-	}, eventually, poll).Should(Succeed())
+	writeRunningByHand(g, f.ns, "w1", func(mr *caprv1.MachineRemediation) { mr.Status.Worker = nil })
 	setClusterPaused(g, f.cluster, false)
-	g.Eventually(func(g Gomega) string {
-		_, msg := progressing(g, f.ns, "w1")
-		return msg
-	}, eventually, poll).Should(ContainSubstring("status.worker is missing"))
-	g.Consistently(func(g Gomega) {
-		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
-		g.Expect(backend.wasAsked(f.node("w1"))).To(BeFalse())
-		g.Expect(phase(g, f.ns, "w1")).To(Equal(caprv1.MachineRemediationPhaseRunning))
-	}, quiet, poll).Should(Succeed())
+	f.expectLeftAloneRunning(g, "w1", "status.worker is missing")
 }
