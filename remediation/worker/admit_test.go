@@ -6,7 +6,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 func TestOrder(t *testing.T) {
@@ -107,6 +111,64 @@ func TestReplacingOwner(t *testing.T) {
 			}
 			if (tt.refusal == "") != (refusal == "") || !strings.Contains(refusal, tt.refusal) {
 				t.Fatalf("refusal = %q, want one containing %q", refusal, tt.refusal)
+			}
+		})
+	}
+}
+
+// TestWaitsForTurnReadsPauseAsItIsNow: a request's Paused condition and Paused reason say what its
+// last reconcile saw. When a Cluster is unpaused its requests are reconciled one by one, so one not
+// reconciled yet still says Paused; it must keep its turn (TestMaxInFlightOneAtATime saw the explicit
+// request overtaken that way).
+func TestWaitsForTurnReadsPauseAsItIsNow(t *testing.T) {
+	stalePaused := func(mr *caprv1.MachineRemediation) {
+		conditions.Set(mr, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionTrue, Reason: clusterv1.PausedReason})
+	}
+	staleMachinePaused := func(mr *caprv1.MachineRemediation) {
+		conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse,
+			Reason: caprv1.MachineRemediationPausedReason})
+	}
+	pausedAnnotation := func(o metav1.Object) { o.SetAnnotations(map[string]string{clusterv1.PausedAnnotation: ""}) }
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name           string
+		clusterPaused  bool
+		request        func(*caprv1.MachineRemediation)
+		machine        func(*clusterv1.Machine)
+		noMachine      bool
+		wantItsTurnNow bool
+	}{
+		{name: "waiting", wantItsTurnNow: true},
+		{name: "Paused condition from before the Cluster was unpaused", request: stalePaused, wantItsTurnNow: true},
+		{name: "Paused reason from before the Machine was unpaused", request: staleMachinePaused, wantItsTurnNow: true},
+		{name: "Machine not found", noMachine: true, wantItsTurnNow: true},
+		{name: "Cluster paused", clusterPaused: true},
+		{name: "request paused", request: func(mr *caprv1.MachineRemediation) { pausedAnnotation(mr) }},
+		{name: "Machine paused", machine: func(m *clusterv1.Machine) { pausedAnnotation(m) }},
+		{name: "being deleted", request: func(mr *caprv1.MachineRemediation) {
+			mr.DeletionTimestamp = &now
+			mr.Finalizers = []string{"x"}
+		}},
+		{name: "no remediator", request: func(mr *caprv1.MachineRemediation) {
+			conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse,
+				Reason: caprv1.MachineRemediationNoRemediatorReason})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cluster := &clusterv1.Cluster{Spec: clusterv1.ClusterSpec{Paused: ptr.To(tc.clusterPaused)}}
+			mr := &caprv1.MachineRemediation{}
+			if tc.request != nil {
+				tc.request(mr)
+			}
+			m := &clusterv1.Machine{}
+			if tc.machine != nil {
+				tc.machine(m)
+			}
+			if tc.noMachine {
+				m = nil
+			}
+			if got := waitsForTurn(cluster, mr, m); got != tc.wantItsTurnNow {
+				t.Fatalf("waitsForTurn() = %t, want %t", got, tc.wantItsTurnNow)
 			}
 		})
 	}

@@ -81,10 +81,14 @@ func (r *Reconciler) admit(ctx context.Context, s *scope, g group) (Admission, e
 		case caprv1.MachineRemediationPhaseRunning:
 			inFlight++ // until its Machine is gone, also while aborting
 		case caprv1.MachineRemediationPhasePending, "":
-			if other.Name != s.mr.Name && !waitsForTurn(other) {
+			m := &clusterv1.Machine{}
+			if err := r.Client.Get(ctx, client.ObjectKeyFromObject(other), m); err != nil {
+				m = nil // gone, or not in the cache yet: it is not explicit, and not paused by its Machine
+			}
+			if other.Name != s.mr.Name && !waitsForTurn(s.cluster, other, m) {
 				continue
 			}
-			cands = append(cands, r.candidate(ctx, other))
+			cands = append(cands, candidate(other, m))
 		}
 	}
 	return Admit(g.maxInFlight, inFlight, cands, s.mr.Name), nil
@@ -113,26 +117,21 @@ func (r *Reconciler) workerStatusOf(ctx context.Context, mr *caprv1.MachineRemed
 }
 
 // waitsForTurn is true for a Pending request that would start if it had a slot: not being deleted,
-// not paused, not refused.
-func waitsForTurn(mr *caprv1.MachineRemediation) bool {
-	if !mr.DeletionTimestamp.IsZero() {
+// not paused, not refused. Pause is read from the Cluster, the request and its Machine as they are
+// now, not from the request's Paused condition or Paused reason: those say what its last reconcile
+// saw, and when a Cluster is unpaused the requests are reconciled one by one, so a request not yet
+// reconciled would still say Paused and be overtaken by a later one.
+func waitsForTurn(cluster *clusterv1.Cluster, mr *caprv1.MachineRemediation, m *clusterv1.Machine) bool {
+	if !mr.DeletionTimestamp.IsZero() || annotations.IsPaused(cluster, mr) || (m != nil && annotations.HasPaused(m)) {
 		return false
 	}
-	switch conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition) {
-	case caprv1.MachineRemediationPausedReason, caprv1.MachineRemediationNoRemediatorReason:
-		return false
-	}
-	return !conditions.IsTrue(mr, clusterv1.PausedCondition)
+	return conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition) != caprv1.MachineRemediationNoRemediatorReason
 }
 
-// candidate describes a waiting request for Admit: explicit when its Machine carries CAPI's
-// remediate-machine annotation or a person wrote it.
-func (r *Reconciler) candidate(ctx context.Context, mr *caprv1.MachineRemediation) Candidate {
-	requested := mr.Spec.Source == caprv1.MachineRemediationSourceManual
-	m := &clusterv1.Machine{}
-	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mr), m); err == nil && annotations.HasRemediateMachine(m) {
-		requested = true
-	}
+// candidate describes a waiting request for Admit: explicit when its Machine (nil if not found)
+// carries CAPI's remediate-machine annotation or a person wrote it.
+func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine) Candidate {
+	requested := mr.Spec.Source == caprv1.MachineRemediationSourceManual || (m != nil && annotations.HasRemediateMachine(m))
 	return Candidate{Name: mr.Name, Requested: requested, Created: mr.CreationTimestamp.Time}
 }
 
