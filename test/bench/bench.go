@@ -98,6 +98,11 @@ type Result struct {
 	Config  Config
 	Mark    Phase
 	Recover Phase
+	// Heartbeat is every Node's kubelet report with nothing changed but lastHeartbeatTime: what a
+	// fleet sends all the time, and what must cost (next to) nothing.
+	Heartbeat Phase
+	// Single is one more Node turning unhealthy, alone: the cost of one change in a fleet of N.
+	Single Phase
 	// Setup is the time from starting the controller to every target reported healthy.
 	Setup time.Duration
 }
@@ -165,6 +170,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		logf("%s: cleared %d/%d, last %s", cfg.Variant.Name, res.Recover.Done, res.Recover.Changed, res.Recover.Max.Round(time.Millisecond))
 	}
+	if res.Heartbeat, err = f.heartbeatPhase(ctx, proc); err != nil {
+		return nil, err
+	}
+	logf("%s: heartbeats of %d Nodes, controller CPU %.2f s", cfg.Variant.Name, res.Heartbeat.Changed, res.Heartbeat.Stats.CPUSeconds)
+	if res.Single, err = f.markPhase(ctx, obs, proc, []int{singleNode}); err != nil {
+		return nil, err
+	}
+	logf("%s: one Node: marked %d/1 after %s, controller CPU %.3f s", cfg.Variant.Name, res.Single.Done, res.Single.Max.Round(time.Millisecond),
+		res.Single.Stats.CPUSeconds)
 	return res, nil
 }
 
@@ -379,6 +393,42 @@ func (f *fleet) recoverPhase(ctx context.Context, obs *observer, proc *controlle
 	}
 	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin)}
 	ph.Done, ph.P50, ph.P99, ph.Max = obs.wait(ctx, names, begin, phaseTimeout)
+	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
+		return Phase{}, err
+	}
+	ph.ServerCPUSeconds = serverCPU() - server
+	return ph, nil
+}
+
+// singleNode is the Machine of the one-Node phase: not in flipSet, so healthy until then.
+const singleNode = 1
+
+// heartbeatPhase refreshes the lastHeartbeatTime of every Node's Ready condition, nothing else (a
+// strategic merge patch keyed by condition type), as kubelets do, and measures what the controller
+// does about it.
+func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess) (Phase, error) {
+	if err := proc.reset(ctx); err != nil {
+		return Phase{}, err
+	}
+	server := serverCPU()
+	begin := time.Now()
+	raw, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []map[string]any{{
+		"type": corev1.NodeReady, "lastHeartbeatTime": metav1.Now(),
+	}}}})
+	if err != nil {
+		return Phase{}, fmt.Errorf("encoding heartbeat patch: %w", err)
+	}
+	err = parallel(f.cfg.Machines, func(i int) error {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: f.nodeName(i)}}
+		if err := f.c.Status().Patch(ctx, node, client.RawPatch("application/strategic-merge-patch+json", raw)); err != nil {
+			return fmt.Errorf("heartbeat of Node %s: %w", node.Name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return Phase{}, err
+	}
+	ph := Phase{Changed: f.cfg.Machines, BatchDuration: time.Since(begin)}
 	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
@@ -766,8 +816,9 @@ func (p *controllerProcess) call(ctx context.Context, path string, into any) err
 
 func (p *controllerProcess) reset(ctx context.Context) error { return p.call(ctx, "/reset", nil) }
 
-// quiescentStats waits until the controller has sent no request for a second (at most 20 s:
-// trailing events and status patches belong to the phase) and returns its stats.
+// quiescentStats waits until the controller has sent no request and used less than idleCPU of CPU
+// for a second (at most 20 s: trailing events, status patches and rounds that write nothing belong
+// to the phase) and returns its stats.
 func (p *controllerProcess) quiescentStats(ctx context.Context) (Stats, error) {
 	var last Stats
 	if err := p.call(ctx, "/stats", &last); err != nil {
@@ -783,13 +834,17 @@ func (p *controllerProcess) quiescentStats(ctx context.Context) (Stats, error) {
 		if err := p.call(ctx, "/stats", &s); err != nil {
 			return Stats{}, err
 		}
-		if total(s.Requests, nil) == total(last.Requests, nil) {
+		if total(s.Requests, nil) == total(last.Requests, nil) && s.CPUSeconds-last.CPUSeconds < idleCPU {
 			return s, nil
 		}
 		last = s
 	}
 	return last, nil
 }
+
+// idleCPU is the CPU a controller with nothing to do may use in a second (garbage collection,
+// informers' bookkeeping).
+const idleCPU = 0.05
 
 // total sums the counts whose key passes keep (all when keep is nil).
 func total(counts map[string]int, keep func(string) bool) int {

@@ -70,6 +70,21 @@ func Table(results []*Result) string {
 		{"recover: CPU (s)", func(r *Result) (float64, string) {
 			return r.Recover.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Recover.Stats.CPUSeconds)
 		}},
+		{"heartbeat of every Node: CPU (s)", func(r *Result) (float64, string) {
+			return r.Heartbeat.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Heartbeat.Stats.CPUSeconds)
+		}},
+		{"heartbeat of every Node: requests", func(r *Result) (float64, string) {
+			n := total(r.Heartbeat.Stats.Requests, nil)
+			return float64(n), fmt.Sprintf("%d", n)
+		}},
+		{"one Node: marked after (s)", func(r *Result) (float64, string) { return markedOrNot(r.Single, r.Single.Max) }},
+		{"one Node: CPU (s)", func(r *Result) (float64, string) {
+			return r.Single.Stats.CPUSeconds, fmt.Sprintf("%.3f", r.Single.Stats.CPUSeconds)
+		}},
+		{"one Node: requests", func(r *Result) (float64, string) {
+			n := total(r.Single.Stats.Requests, nil)
+			return float64(n), fmt.Sprintf("%d", n)
+		}},
 		{"setup: every target healthy (s)", func(r *Result) (float64, string) { return secs(r.Setup) }},
 	}
 
