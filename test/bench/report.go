@@ -123,6 +123,10 @@ func Table(results []*Result) string {
 	for _, c := range cols {
 		fmt.Fprintf(&b, "- %s: %s\n", c, verbs(byName[c].Mark.Stats))
 	}
+	b.WriteString("\nRequests during the one-Node phase:\n\n")
+	for _, c := range cols {
+		fmt.Fprintf(&b, "- %s: %s\n", c, verbs(byName[c].Single.Stats))
+	}
 	for _, c := range cols {
 		r := byName[c]
 		if r.Mark.Overran {
