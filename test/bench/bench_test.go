@@ -61,6 +61,9 @@ func BenchmarkHealthCheck(b *testing.B) {
 				for _, v := range variants {
 					cfg := Config{Machines: n, HealthChecks: hcs, Variant: v, Workers: workers, Log: b.Logf}
 					if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+						if err := os.MkdirAll(dir, 0o755); err != nil {
+							b.Fatalf("BENCH_PROFILE_DIR: %v", err)
+						}
 						cfg.CPUProfile = filepath.Join(dir, fmt.Sprintf("%s-%d-%d.pprof", strings.ReplaceAll(v.Name, " ", "-"), n, hcs))
 					}
 					r, err := Run(ctx, cfg)
