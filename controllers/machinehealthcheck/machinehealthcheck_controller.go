@@ -132,6 +132,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}
 
 	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, mhc); err != nil || isPaused || requeue {
+		if err == nil && !isPaused && requeue {
+			// Paused=False was just patched: a status update, which starts no round
+			// (healthCheckChanged), so the round is queued here.
+			return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+		}
 		return ctrl.Result{}, err
 	}
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -35,7 +36,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	log := ctrl.LoggerFrom(ctx).WithValues("controller", "capr-machinehealthcheck")
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named("capr-machinehealthcheck").
-		For(&caprv1.MachineHealthCheck{}).
+		For(&caprv1.MachineHealthCheck{}, builder.WithPredicates(healthCheckChanged())).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToHealthChecks),
 			builder.WithPredicates(machineChanged())).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToHealthChecks)).
@@ -51,6 +52,28 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	r.controller = c
 	r.recorder = mgr.GetEventRecorder("capr-machinehealthcheck")
 	return nil
+}
+
+// healthCheckChanged lets through every health-check update but those of its status alone. Every
+// round that changes something patches the status, and a round started by that patch would
+// evaluate every target again for nothing; a round depends on the spec and the metadata
+// (finalizers, labels, annotations such as paused, owner references, deletion), and on its own
+// status only as this process left it.
+func healthCheckChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld, e.ObjectNew
+			if o == nil || n == nil {
+				return true
+			}
+			return o.GetGeneration() != n.GetGeneration() ||
+				!maps.Equal(o.GetLabels(), n.GetLabels()) ||
+				!maps.Equal(o.GetAnnotations(), n.GetAnnotations()) ||
+				!slices.Equal(o.GetFinalizers(), n.GetFinalizers()) ||
+				!reflect.DeepEqual(o.GetOwnerReferences(), n.GetOwnerReferences()) ||
+				o.GetDeletionTimestamp().IsZero() != n.GetDeletionTimestamp().IsZero()
+		},
+	}
 }
 
 // machineChanged lets through only Machine updates the health check depends on.
@@ -130,15 +153,21 @@ func (r *Reconciler) watchClusterNodes(ctx context.Context, cluster *clusterv1.C
 		EventHandler: handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return r.nodeToHealthChecks(ctx, key, o)
 		}),
-		Predicates: []predicate.TypedPredicate[client.Object]{predicate.Funcs{
-			UpdateFunc: func(e event.UpdateEvent) bool {
-				o, okOld := e.ObjectOld.(*corev1.Node)
-				n, okNew := e.ObjectNew.(*corev1.Node)
-				return okOld && okNew && nodeConditionsChanged(o, n)
-			},
-			GenericFunc: func(event.GenericEvent) bool { return false },
-		}},
+		Predicates: []predicate.TypedPredicate[client.Object]{nodeChanged()},
 	}))
+}
+
+// nodeChanged lets through only Node updates the health check depends on (nodeConditionsChanged);
+// creations and deletions always.
+func nodeChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, okOld := e.ObjectOld.(*corev1.Node)
+			n, okNew := e.ObjectNew.(*corev1.Node)
+			return okOld && okNew && nodeConditionsChanged(o, n)
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.ObjectKey, o client.Object) []reconcile.Request {

@@ -6,6 +6,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 // A kubelet's periodic status report refreshes lastHeartbeatTime (and may reword a message) without
@@ -38,10 +43,52 @@ func TestNodeConditionsChangedIgnoresHeartbeats(t *testing.T) {
 		{"condition type replaced", node(corev1.NodeCondition{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, LastTransitionTime: t0},
 			ready(corev1.ConditionTrue, t0, t0, "kubelet is posting ready status")), true},
 	}
+	pred := nodeChanged() // what watchClusterNodes installs
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := nodeConditionsChanged(old, tt.new); got != tt.want {
-				t.Errorf("nodeConditionsChanged = %v, want %v", got, tt.want)
+			if got := pred.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: tt.new}); got != tt.want {
+				t.Errorf("Update event passes = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	if !pred.Create(event.CreateEvent{Object: old}) || !pred.Delete(event.DeleteEvent{Object: old}) {
+		t.Error("a Node created or deleted must start a round")
+	}
+}
+
+// A round patches the health check's status; that update must not start another round over every
+// target. Anything else a round depends on must.
+func TestHealthCheckChangedIgnoresItsOwnStatus(t *testing.T) {
+	now := metav1.Now()
+	base := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "hc", Generation: 2,
+		Labels: map[string]string{"cluster.x-k8s.io/cluster-name": "c1"}, Finalizers: []string{Finalizer},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "Cluster", Name: "c1", UID: "u1"}}}}
+	tests := []struct {
+		name   string
+		change func(*caprv1.MachineHealthCheck)
+		want   bool
+	}{
+		{"status only", func(m *caprv1.MachineHealthCheck) {
+			m.Status.CurrentHealthy = ptr.To[int32](3)
+			m.Status.Conditions = []metav1.Condition{{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue}}
+			m.ResourceVersion = "2"
+		}, false},
+		{"spec (generation)", func(m *caprv1.MachineHealthCheck) { m.Generation = 3 }, true},
+		{"paused annotation", func(m *caprv1.MachineHealthCheck) {
+			m.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+		}, true},
+		{"finalizer removed", func(m *caprv1.MachineHealthCheck) { m.Finalizers = nil }, true},
+		{"label changed", func(m *caprv1.MachineHealthCheck) { m.Labels = map[string]string{"x": "y"} }, true},
+		{"owner changed", func(m *caprv1.MachineHealthCheck) { m.OwnerReferences = nil }, true},
+		{"deletion", func(m *caprv1.MachineHealthCheck) { m.DeletionTimestamp = &now }, true},
+	}
+	pred := healthCheckChanged()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := base.DeepCopy()
+			tt.change(n)
+			if got := pred.Update(event.UpdateEvent{ObjectOld: base, ObjectNew: n}); got != tt.want {
+				t.Errorf("Update event passes = %v, want %v", got, tt.want)
 			}
 		})
 	}

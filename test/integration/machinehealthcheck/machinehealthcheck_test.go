@@ -569,7 +569,10 @@ func TestSkipRemediationAndPausedMachinesAreNotTargets(t *testing.T) {
 	}, eventually, poll).Should(Succeed())
 }
 
-func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
+// A paused Cluster stops the health check; unpausing resumes it. Unpausing patches only the health
+// check's Paused condition, a status update that starts no round by itself (healthCheckChanged):
+// the round must still come.
+func TestPausedClusterStopsTheHealthCheckUntilUnpaused(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
@@ -583,6 +586,12 @@ func TestPausedClusterStopsTheHealthCheck(t *testing.T) {
 		rec, _ := markOf(g, f.ns, "sick")
 		g.Expect(rec).To(BeNil())
 	}, 2*time.Second, poll).Should(Succeed())
+
+	setClusterPaused(g, f.cluster, false)
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "sick")
+		g.Expect(rec).NotTo(BeNil())
+	}, eventually, poll).Should(Succeed())
 }
 
 // setClusterPaused sets the Cluster's spec.paused (a merge patch: CAPR does not write Clusters).
