@@ -6,6 +6,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,6 +92,9 @@ type Phase struct {
 	ServerCPUSeconds float64
 	// Wrong counts Machines that reached a state they should not (a healthy Machine marked).
 	Wrong int
+	// Unsettled says the controller was still busy when the phase's measurement ended (20 s after
+	// the batch): its counts and CPU are cut there.
+	Unsettled bool
 }
 
 // Result is one run.
@@ -170,10 +174,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		logf("%s: cleared %d/%d, last %s", cfg.Variant.Name, res.Recover.Done, res.Recover.Changed, res.Recover.Max.Round(time.Millisecond))
 	}
-	if res.Heartbeat, err = f.heartbeatPhase(ctx, proc); err != nil {
+	if res.Recover.Changed == 0 || res.Recover.Done < res.Recover.Changed {
+		return res, nil // the later phases start from a healthy fleet
+	}
+	// Work deferred from the phases before (CAPI's 15 s rate limit, the worker remediator's 15 s
+	// requeues of the withdrawn requests) must not be charged to the next phase.
+	idle, err := proc.drain(ctx, deferredWork)
+	if err != nil {
+		return nil, err
+	}
+	if res.Heartbeat, err = f.heartbeatPhase(ctx, proc, idle); err != nil {
 		return nil, err
 	}
 	logf("%s: heartbeats of %d Nodes, controller CPU %.2f s", cfg.Variant.Name, res.Heartbeat.Changed, res.Heartbeat.Stats.CPUSeconds)
+	if _, err := proc.drain(ctx, deferredWork); err != nil {
+		return nil, err
+	}
 	if res.Single, err = f.markPhase(ctx, obs, proc, []int{singleNode}); err != nil {
 		return nil, err
 	}
@@ -366,7 +382,7 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 	}
 	ph.Done, ph.P50, ph.P99, ph.Max = obs.wait(ctx, names, ref, phaseTimeout+time.Until(ref))
 	ph.Wrong = obs.wrongMarks(names)
-	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
+	if ph.Stats, ph.Unsettled, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
 	ph.Requested, ph.LastRequest = obs.lastRequest(ref)
@@ -393,7 +409,7 @@ func (f *fleet) recoverPhase(ctx context.Context, obs *observer, proc *controlle
 	}
 	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin)}
 	ph.Done, ph.P50, ph.P99, ph.Max = obs.wait(ctx, names, begin, phaseTimeout)
-	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
+	if ph.Stats, ph.Unsettled, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
 	ph.ServerCPUSeconds = serverCPU() - server
@@ -405,11 +421,13 @@ const singleNode = 1
 
 // heartbeatPhase refreshes the lastHeartbeatTime of every Node's Ready condition, nothing else (a
 // strategic merge patch keyed by condition type), as kubelets do, and measures what the controller
-// does about it.
-func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess) (Phase, error) {
+// does about it. The phase waits deferredWork for a rate-limited controller, so its CPU is reported
+// above the controller's idle rate (CPU seconds per second, measured by drain just before).
+func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess, idle float64) (Phase, error) {
 	if err := proc.reset(ctx); err != nil {
 		return Phase{}, err
 	}
+	measured := time.Now()
 	server := serverCPU()
 	begin := time.Now()
 	raw, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []map[string]any{{
@@ -429,12 +447,25 @@ func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess) (Ph
 		return Phase{}, err
 	}
 	ph := Phase{Changed: f.cfg.Machines, BatchDuration: time.Since(begin)}
-	if ph.Stats, err = proc.quiescentStats(ctx); err != nil {
+	// A rate-limited controller (CAPI's defaults) runs the round a heartbeat starts up to 15 s
+	// later: wait that long before waiting for quiet.
+	select {
+	case <-ctx.Done():
+		return Phase{}, ctx.Err()
+	case <-time.After(deferredWork):
+	}
+	if ph.Stats, ph.Unsettled, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
 	}
+	ph.Stats.CPUSeconds = max(ph.Stats.CPUSeconds-idle*time.Since(measured).Seconds(), 0)
 	ph.ServerCPUSeconds = serverCPU() - server
 	return ph, nil
 }
+
+// deferredWork is longer than any delay after which a controller of the bench does work an earlier
+// event asked for: CAPI's ReconcilerRateLimiting (15 s per health check) and the worker
+// remediator's requeue of a waiting request (15 s).
+const deferredWork = 16 * time.Second
 
 func (f *fleet) names(idx []int) []string {
 	out := make([]string, len(idx))
@@ -819,27 +850,52 @@ func (p *controllerProcess) reset(ctx context.Context) error { return p.call(ctx
 // quiescentStats waits until the controller has sent no request and used less than idleCPU of CPU
 // for a second (at most 20 s: trailing events, status patches and rounds that write nothing belong
 // to the phase) and returns its stats.
-func (p *controllerProcess) quiescentStats(ctx context.Context) (Stats, error) {
+// unsettled is true when the controller was still busy after those 20 s.
+func (p *controllerProcess) quiescentStats(ctx context.Context) (_ Stats, unsettled bool, _ error) {
+	s, quiet, _, err := p.waitQuiet(ctx, time.Second, 20*time.Second)
+	return s, !quiet, err
+}
+
+// drain waits until the controller has been quiet (quiescentStats' rule) for the given time, at
+// most four times as long, and returns the CPU it used per second meanwhile: its idle rate.
+func (p *controllerProcess) drain(ctx context.Context, quiet time.Duration) (float64, error) {
+	_, ok, idle, err := p.waitQuiet(ctx, quiet, 4*quiet)
+	if err != nil || !ok {
+		return 0, cmp.Or(err, fmt.Errorf("the controller was not quiet for %s within %s", quiet, 4*quiet))
+	}
+	return idle, nil
+}
+
+// waitQuiet polls the controller's stats every second until it has sent no request and used less
+// than idleCPU of CPU a second for the duration quiet, or until limit. It returns the last stats,
+// whether it was quiet and, if so, the CPU seconds it used per second while quiet.
+func (p *controllerProcess) waitQuiet(ctx context.Context, quiet, limit time.Duration) (Stats, bool, float64, error) {
 	var last Stats
 	if err := p.call(ctx, "/stats", &last); err != nil {
-		return Stats{}, err
+		return Stats{}, false, 0, err
 	}
-	for range 20 {
+	quietFor, quietCPU := time.Duration(0), 0.0
+	for waited := time.Duration(0); waited < limit; waited += time.Second {
 		select {
 		case <-ctx.Done():
-			return Stats{}, ctx.Err()
+			return Stats{}, false, 0, ctx.Err()
 		case <-time.After(time.Second):
 		}
 		var s Stats
 		if err := p.call(ctx, "/stats", &s); err != nil {
-			return Stats{}, err
+			return Stats{}, false, 0, err
 		}
-		if total(s.Requests, nil) == total(last.Requests, nil) && s.CPUSeconds-last.CPUSeconds < idleCPU {
-			return s, nil
+		if used := s.CPUSeconds - last.CPUSeconds; total(s.Requests, nil) == total(last.Requests, nil) && used < idleCPU {
+			quietFor, quietCPU = quietFor+time.Second, quietCPU+used
+		} else {
+			quietFor, quietCPU = 0, 0
 		}
 		last = s
+		if quietFor >= quiet {
+			return last, true, quietCPU / quietFor.Seconds(), nil
+		}
 	}
-	return last, nil
+	return last, false, 0, nil
 }
 
 // idleCPU is the CPU a controller with nothing to do may use in a second (garbage collection,

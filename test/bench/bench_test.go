@@ -108,7 +108,12 @@ func TestSmoke(t *testing.T) {
 			g.Expect(r.Mark.Done).To(Equal(2))
 			g.Expect(r.Mark.Wrong).To(BeZero())
 			g.Expect(r.Recover.Done).To(Equal(2))
-			g.Expect(r.Heartbeat.Changed).To(Equal(20))
+			g.Expect(r.Single.Stats.Reconciles).To(BeNumerically(">", 0))
+			if v.System == "capr" {
+				// A heartbeat starts no round (CAPI's predicate lets it through).
+				g.Expect(r.Heartbeat.Stats.Reconciles).To(BeZero())
+				g.Expect(r.Heartbeat.Stats.Requests).To(BeEmpty())
+			}
 			g.Expect(r.Single.Done).To(Equal(1))
 			g.Expect(r.Single.Wrong).To(BeZero())
 			g.Expect(total(r.Mark.Stats.Requests, isWrite)).To(BeNumerically(">", 0))

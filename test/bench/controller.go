@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/capr-io/capr/controllers"
@@ -52,6 +53,9 @@ type Stats struct {
 	CPUSeconds     float64            `json:"cpuSeconds"`
 	// PeakHeapBytes is the highest live heap (runtime/metrics heap objects) sampled every 10 ms.
 	PeakHeapBytes uint64 `json:"peakHeapBytes"`
+	// Reconciles counts the health-check controller's reconciles (controller-runtime's
+	// reconcile_total of CAPR's capr-machinehealthcheck or CAPI's machinehealthcheck).
+	Reconciles int `json:"reconciles"`
 }
 
 // ControllerMain runs the controller selected by the environment until SIGTERM and returns the
@@ -242,6 +246,7 @@ type statsServer struct {
 	base      map[string]int
 	baseLat   map[string]float64
 	baseCPU   float64
+	baseRec   int
 	peakHeap  uint64
 	profiling bool
 }
@@ -285,6 +290,29 @@ func (s *statsServer) sampleHeap(ctx context.Context) {
 	}
 }
 
+// healthCheckReconciles sums controller-runtime's reconcile_total (every result) of the
+// health-check controller, whichever system runs.
+func healthCheckReconciles() int {
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		return 0
+	}
+	n := 0.0
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && (l.GetValue() == "capr-machinehealthcheck" || l.GetValue() == "machinehealthcheck") {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return int(n)
+}
+
 func cpuSeconds() float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -300,6 +328,7 @@ func (s *statsServer) reset(w http.ResponseWriter, _ *http.Request) {
 	defer s.mu.Unlock()
 	s.base, s.baseLat = s.counter.snapshot()
 	s.baseCPU = cpuSeconds()
+	s.baseRec = healthCheckReconciles()
 	s.peakHeap = heapBytes()
 	if path := os.Getenv(envCPUProfile); path != "" && !s.profiling {
 		f, err := os.Create(path)
@@ -322,7 +351,8 @@ func (s *statsServer) stats(w http.ResponseWriter, _ *http.Request) {
 		pprof.StopCPUProfile()
 	}
 	now, lat := s.counter.snapshot()
-	out := Stats{Requests: map[string]int{}, LatencySeconds: map[string]float64{}, CPUSeconds: cpuSeconds() - s.baseCPU, PeakHeapBytes: s.peakHeap}
+	out := Stats{Requests: map[string]int{}, LatencySeconds: map[string]float64{}, CPUSeconds: cpuSeconds() - s.baseCPU, PeakHeapBytes: s.peakHeap,
+		Reconciles: healthCheckReconciles() - s.baseRec}
 	for k, v := range now {
 		if d := v - s.base[k]; d > 0 {
 			out.Requests[k] = d

@@ -63,6 +63,9 @@ func Table(results []*Result) string {
 		{"mark: API server + etcd CPU (s)", func(r *Result) (float64, string) {
 			return r.Mark.ServerCPUSeconds, fmt.Sprintf("%.2f", r.Mark.ServerCPUSeconds)
 		}},
+		{"mark: health-check reconciles", func(r *Result) (float64, string) {
+			return float64(r.Mark.Stats.Reconciles), fmt.Sprintf("%d", r.Mark.Stats.Reconciles)
+		}},
 		{"mark: peak heap (MiB)", func(r *Result) (float64, string) { return mib(r.Mark.Stats.PeakHeapBytes) }},
 		{"recover: last mark cleared (s)", func(r *Result) (float64, string) { return markedOrNot(r.Recover, r.Recover.Max) }},
 		{"recover: p50 (s)", func(r *Result) (float64, string) { return secs(r.Recover.P50) }},
@@ -70,20 +73,27 @@ func Table(results []*Result) string {
 		{"recover: CPU (s)", func(r *Result) (float64, string) {
 			return r.Recover.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Recover.Stats.CPUSeconds)
 		}},
-		{"heartbeat of every Node: CPU (s)", func(r *Result) (float64, string) {
-			return r.Heartbeat.Stats.CPUSeconds, fmt.Sprintf("%.2f", r.Heartbeat.Stats.CPUSeconds)
+		{"heartbeat of every Node: CPU above idle (s)", func(r *Result) (float64, string) {
+			return ran(r.Heartbeat, r.Heartbeat.Stats.CPUSeconds, "%.2f")
+		}},
+		{"heartbeat of every Node: health-check reconciles", func(r *Result) (float64, string) {
+			return ran(r.Heartbeat, float64(r.Heartbeat.Stats.Reconciles), "%.0f")
 		}},
 		{"heartbeat of every Node: requests", func(r *Result) (float64, string) {
-			n := total(r.Heartbeat.Stats.Requests, nil)
-			return float64(n), fmt.Sprintf("%d", n)
+			return ran(r.Heartbeat, float64(total(r.Heartbeat.Stats.Requests, nil)), "%.0f")
 		}},
-		{"one Node: marked after (s)", func(r *Result) (float64, string) { return markedOrNot(r.Single, r.Single.Max) }},
-		{"one Node: CPU (s)", func(r *Result) (float64, string) {
-			return r.Single.Stats.CPUSeconds, fmt.Sprintf("%.3f", r.Single.Stats.CPUSeconds)
+		{"one Node: marked after (s)", func(r *Result) (float64, string) {
+			if r.Single.Changed == 0 {
+				return 0, "-"
+			}
+			return markedOrNot(r.Single, r.Single.Max)
+		}},
+		{"one Node: CPU (s)", func(r *Result) (float64, string) { return ran(r.Single, r.Single.Stats.CPUSeconds, "%.3f") }},
+		{"one Node: health-check reconciles", func(r *Result) (float64, string) {
+			return ran(r.Single, float64(r.Single.Stats.Reconciles), "%.0f")
 		}},
 		{"one Node: requests", func(r *Result) (float64, string) {
-			n := total(r.Single.Stats.Requests, nil)
-			return float64(n), fmt.Sprintf("%d", n)
+			return ran(r.Single, float64(total(r.Single.Stats.Requests, nil)), "%.0f")
 		}},
 		{"setup: every target healthy (s)", func(r *Result) (float64, string) { return secs(r.Setup) }},
 	}
@@ -129,6 +139,17 @@ func Table(results []*Result) string {
 	}
 	for _, c := range cols {
 		r := byName[c]
+		for _, ph := range []struct {
+			name  string
+			phase Phase
+		}{{"mark", r.Mark}, {"recover", r.Recover}, {"heartbeat", r.Heartbeat}, {"one Node", r.Single}} {
+			if ph.phase.Unsettled {
+				fmt.Fprintf(&b, "- %s: the controller was still busy 20 s after the %s batch; its counts and CPU are cut there\n", c, ph.name)
+			}
+		}
+		if r.Single.Wrong > 0 {
+			fmt.Fprintf(&b, "- %s: %d Machines marked in the one-Node phase that were not flipped\n", c, r.Single.Wrong)
+		}
 		if r.Mark.Overran {
 			fmt.Fprintf(&b, "- %s: the Node batch (%.2f s) overran the expiry instant; latencies are from the batch's end\n", c, r.Mark.BatchDuration.Seconds())
 		}
@@ -144,6 +165,14 @@ func markedOrNot(ph Phase, d time.Duration) (float64, string) {
 		return d.Seconds(), fmt.Sprintf("%d/%d after %.0f s", ph.Done, ph.Changed, d.Seconds())
 	}
 	return d.Seconds(), fmt.Sprintf("%.2f", d.Seconds())
+}
+
+// ran formats v for a phase that ran, "-" for one that did not (an earlier phase did not finish).
+func ran(ph Phase, v float64, format string) (float64, string) {
+	if ph.Changed == 0 {
+		return 0, "-"
+	}
+	return v, fmt.Sprintf(format, v)
 }
 
 func mib(b uint64) (float64, string) {
