@@ -192,12 +192,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	restricted, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded, now)
+	restricted, requestChanged, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded, now)
 	r.updateStatus(mhc, rd, lim, restricted)
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
 	requeue := sooner(rd.requeueAfter(cfg), templatesRetry)
+	if requestChanged {
+		requeue = sooner(requeue, requestChangedRequeue)
+	}
 	if lim.cooldownEnds > 0 {
 		requeue = sooner(requeue, lim.cooldownEnds+requeueMargin)
 	}
@@ -402,22 +405,28 @@ func (w *writeSlots) get() chan struct{} {
 // requests, each pass at most maxParallelWrites at once: a Machine's request is only written
 // after its own mark, and the marks, which are the health check's answer, are not queued behind
 // the requests and the remediator's reaction to them. It returns how many unhealthy targets were
-// refused a request by the limits.
+// refused a request by the limits, and whether a withdrawal met a request newer than the cache's
+// (errRequestChanged: the round is to run again soon).
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
-	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, error) {
+	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, bool, error) {
 	requests, err := r.listRequests(ctx, mhc)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	var (
-		mu         sync.Mutex
-		errs       []error
-		restricted int
+		mu             sync.Mutex
+		errs           []error
+		restricted     int
+		requestChanged bool
 	)
 	fail := func(err error) {
 		mu.Lock()
+		defer mu.Unlock()
+		if errors.Is(err, errRequestChanged) {
+			requestChanged = true
+			return
+		}
 		errs = append(errs, err)
-		mu.Unlock()
 	}
 	var work []int
 	for i, t := range rd.targets {
@@ -478,7 +487,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			fail(err)
 		}
 	})
-	return restricted, kerrors.NewAggregate(errs)
+	return restricted, requestChanged, kerrors.NewAggregate(errs)
 }
 
 // needsWrite reports whether applying the evaluation may write anything for the Machine: a

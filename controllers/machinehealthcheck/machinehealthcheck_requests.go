@@ -2,9 +2,11 @@ package machinehealthcheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -188,6 +190,16 @@ func (r *Reconciler) requestFromTemplate(ctx context.Context, mhc *caprv1.Machin
 	return obj, nil
 }
 
+// errRequestChanged says that a withdrawal met a newer version of the request than the cache had.
+// It is not a failure: the round looks again after requestChangedRequeue, without the work queue's
+// growing per-item backoff (a remediator records every new request as Pending soon after it is
+// created, so during a recovery many withdrawals meet it).
+var errRequestChanged = errors.New("the request changed since it was read")
+
+// requestChangedRequeue is how soon a round that met a changed request runs again: the cache
+// receives the new version within milliseconds.
+const requestChangedRequeue = 100 * time.Millisecond
+
 // withdrawRequest deletes the request of a Machine that no longer needs it (why says why), but only a request this
 // health check created and only while nothing irreversible was done: a MachineRemediation that left
 // Pending is completed even if the Machine recovers (its etcd member may already be gone). The delete
@@ -209,8 +221,9 @@ func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHea
 	case apierrors.IsNotFound(err):
 		return nil
 	case apierrors.IsConflict(err):
-		// It changed (a remediator may have started it): look again on the next reconcile.
-		return fmt.Errorf("remediation request %s changed while being withdrawn: %w", m.Name, err)
+		// It changed (a remediator may have started it, or only recorded it Pending after the
+		// cache was read): look again once the cache has the new version.
+		return fmt.Errorf("remediation request %s changed while being withdrawn: %w", m.Name, errRequestChanged)
 	default:
 		return fmt.Errorf("withdrawing remediation request %s: %w", m.Name, err)
 	}

@@ -1,12 +1,19 @@
 package machinehealthcheck
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -71,4 +78,34 @@ func TestFinishedWithMachineKept(t *testing.T) {
 			NewWithT(t).Expect(finishedWithMachineKept(tt.mr, tt.m)).To(Equal(tt.want))
 		})
 	}
+}
+
+// A withdrawal refused because the request changed since the cache read it (the remediator
+// recorded it Pending) is not a failed round: the round runs again shortly, and the work queue's
+// per-item backoff, which grows with every failure in a row, never delays the next one. During a
+// recovery of many Machines this conflict is common.
+func TestWithdrawalMeetingANewerRequestRequeuesWithoutFailing(t *testing.T) {
+	g := NewWithT(t)
+	scheme := runtime.NewScheme()
+	g.Expect(caprv1.AddToScheme(scheme)).To(Succeed())
+	mhc := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Name: "hc", Namespace: "ns"}}
+	m := machine()
+	m.Namespace = "ns"
+	request := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: "ns",
+		Labels: map[string]string{HealthCheckLabel: mhc.Name}}}
+	deletes := 0
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(request).WithInterceptorFuncs(interceptor.Funcs{
+		Delete: func(context.Context, client.WithWatch, client.Object, ...client.DeleteOption) error {
+			deletes++ // what the API server answers when the precondition's resourceVersion is old
+			return apierrors.NewConflict(caprv1.GroupVersion.WithResource("machineremediations").GroupResource(), m.Name, errors.New("the object has been modified"))
+		},
+	}).Build()
+	r := &Reconciler{Client: c}
+
+	restricted, requestChanged, err := r.applyMarksAndRequests(context.Background(), &clusterv1.Cluster{}, mhc, defaultConfig(),
+		&round{}, limits{}, []*clusterv1.Machine{m}, now)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(requestChanged).To(BeTrue())
+	g.Expect(restricted).To(BeZero())
+	g.Expect(deletes).To(Equal(1))
 }
