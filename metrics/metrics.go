@@ -22,6 +22,9 @@ var (
 	healthCheckUnhealthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "capr_machinehealthcheck_unhealthy", Help: "Targets of a health check currently marked unhealthy.",
 	}, []string{"namespace", "name"})
+	healthCheckEvaluated = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capr_machinehealthcheck_targets_evaluated_total", Help: "Targets evaluated by health-check rounds, by pass: full (every target) or changed (those changed since the last round, and those unhealthy or with a timeout running).",
+	}, []string{"namespace", "name", "pass"})
 	marks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capr_machinehealthcheck_marks_total", Help: "Machines marked unhealthy, by the mark's reason.",
 	}, []string{"namespace", "name", "reason"})
@@ -55,7 +58,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(healthCheckTargets, healthCheckUnhealthy, marks, shortCircuits, remediationsStarted,
+	ctrlmetrics.Registry.MustRegister(healthCheckTargets, healthCheckUnhealthy, healthCheckEvaluated, marks, shortCircuits, remediationsStarted,
 		remediationsFinished, stepDuration, etcdCallDuration, etcdCallErrors, fencingDuration, lockWaits)
 }
 
@@ -65,11 +68,23 @@ func HealthCheckRound(namespace, name string, targets, unhealthy int) {
 	healthCheckUnhealthy.WithLabelValues(namespace, name).Set(float64(unhealthy))
 }
 
+// Passes of a health-check round (label pass of capr_machinehealthcheck_targets_evaluated_total).
+const (
+	PassFull    = "full"
+	PassChanged = "changed"
+)
+
+// HealthCheckEvaluated records the targets a health-check round evaluated, in a pass of kind pass.
+func HealthCheckEvaluated(namespace, name, pass string, targets int) {
+	healthCheckEvaluated.WithLabelValues(namespace, name, pass).Add(float64(targets))
+}
+
 // HealthCheckDeleted drops a deleted health check's series.
 func HealthCheckDeleted(namespace, name string) {
 	labels := prometheus.Labels{"namespace": namespace, "name": name}
 	healthCheckTargets.DeletePartialMatch(labels)
 	healthCheckUnhealthy.DeletePartialMatch(labels)
+	healthCheckEvaluated.DeletePartialMatch(labels)
 	marks.DeletePartialMatch(labels)
 	shortCircuits.DeletePartialMatch(labels)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -84,6 +85,7 @@ type Reconciler struct {
 	firstConnection firstConnections
 	templates       templateChecks
 	writes          writeSlots
+	memories        memories
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -110,6 +112,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	mhc := &caprv1.MachineHealthCheck{}
 	if err := r.Client.Get(ctx, req.NamespacedName, mhc); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.memories.forget(req.NamespacedName) // also when its finalizer was removed by hand
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineHealthCheck: %w", err)
@@ -172,7 +175,20 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if wait != nil {
 		return *wait, nil
 	}
-	targets, excluded, err := r.getTargets(ctx, remote, mhc)
+	key := client.ObjectKeyFromObject(mhc)
+	valid := memoryKey{uid: mhc.UID, generation: mhc.Generation, facts: facts}
+	mem, work, full := r.memories.begin(key, valid, now)
+	// The etcd member check observes every control-plane target's member, and etcd is polled, not
+	// watched: such a health check always runs full passes.
+	full = full || cfg.etcdMemberTimeout > 0
+	finished := false
+	defer func() {
+		if !finished {
+			// What a round that did not finish wrote is not known: the next one starts over.
+			r.memories.invalidate(key)
+		}
+	}()
+	obs, err := r.observe(ctx, cluster, mhc, remote, cfg, facts, mem, valid, work, full, now)
 	if err != nil {
 		if remote != nil && isUnreachable(err) {
 			r.setUnreachable(mhc, err)
@@ -180,14 +196,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		}
 		return ctrl.Result{}, err
 	}
-	var cp *unstructured.Unstructured
-	var cpErr error
-	if hasControlPlaneTarget(targets) {
-		cp, cpErr = r.controlPlaneObject(ctx, cluster)
-	}
-	etcdState := r.observeEtcd(ctx, cluster, cfg, facts, targets, etcdutil.PlacementOf(cp), now)
+	rd, excluded, etcdState, cp, cpErr := obs.rd, obs.excluded, obs.etcd, obs.cp, obs.cpErr
 
-	rd := evaluateAll(targets, cfg, facts, now)
 	lim, err := r.decideLimits(mhc, rd, etcdState, cp, cpErr, now)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -197,7 +207,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
+	// A withdrawal that met a newer request is tried again in the next round, from a full pass.
+	finished = !requestChanged
 	requeue := sooner(rd.requeueAfter(cfg), templatesRetry)
+	requeue = sooner(requeue, fullPassInterval)
 	if requestChanged {
 		requeue = sooner(requeue, requestChangedRequeue)
 	}
@@ -290,36 +303,45 @@ func hasControlPlaneTarget(targets []target) bool {
 	return false
 }
 
-// round is the evaluation of every target of one reconcile, with the counts the limits need.
+// round is what one reconcile evaluated, with the counts the limits and the status need. In a full
+// pass targets are every target; in a round from memory (machinehealthcheck_memory.go) they are only
+// those evaluated, and the counts and names are over every target all the same.
 type round struct {
 	targets []target
 	evals   []evaluation
-	healthy int
+	// total is how many targets the health check has, healthy how many of them are healthy.
+	total, healthy int
 	// cpTargets and cpNotHealthy count the control-plane targets, and those not healthy;
 	// cpStarting those not healthy only because they have no Node yet.
 	cpTargets, cpNotHealthy, cpStarting int
-	// next > 0 is when the first running timeout expires.
+	// names are every target's name and unhealthy those of the unhealthy targets, sorted.
+	names, unhealthy []string
+	// next > 0 is when the first running timeout of the targets evaluated expires.
 	next time.Duration
 }
 
 // evaluateAll evaluates every target at time now.
 func evaluateAll(targets []target, cfg checkConfig, facts clusterFacts, now time.Time) *round {
+	rd := evaluateSome(targets, cfg, facts, now)
+	var n counts
+	for i, t := range targets {
+		n.add(rememberedOf(t, rd.evals[i]), 1)
+		if rd.evals[i].verdict == verdictUnhealthy {
+			rd.unhealthy = append(rd.unhealthy, t.machine.Name)
+		}
+	}
+	rd.total, rd.healthy, rd.cpTargets, rd.cpNotHealthy, rd.cpStarting = len(targets), n.healthy, n.cpTargets, n.cpNotHealthy, n.cpStarting
+	rd.names = targetNames(targets)
+	sort.Strings(rd.unhealthy)
+	return rd
+}
+
+// evaluateSome evaluates the given targets at time now, without the counts.
+func evaluateSome(targets []target, cfg checkConfig, facts clusterFacts, now time.Time) *round {
 	rd := &round{targets: targets, evals: make([]evaluation, len(targets))}
 	for i, t := range targets {
 		ev := evaluate(t, cfg, facts, now)
 		rd.evals[i] = ev
-		if ev.verdict == verdictHealthy {
-			rd.healthy++
-		}
-		if util.IsControlPlaneMachine(t.machine) {
-			rd.cpTargets++
-			if ev.verdict != verdictHealthy {
-				rd.cpNotHealthy++
-			}
-			if ev.verdict == verdictPending && !t.machine.Status.NodeRef.IsDefined() {
-				rd.cpStarting++
-			}
-		}
 		if ev.nextCheck > 0 && (rd.next == 0 || ev.nextCheck < rd.next) {
 			rd.next = ev.nextCheck
 		}
@@ -345,22 +367,10 @@ func (rd *round) requeueAfter(cfg checkConfig) time.Duration {
 	return next
 }
 
-// unhealthyNames are the names of the unhealthy targets, sorted.
-func (rd *round) unhealthyNames() []string {
-	var names []string
-	for i, t := range rd.targets {
-		if rd.evals[i].verdict == verdictUnhealthy {
-			names = append(names, t.machine.Name)
-		}
-	}
-	sort.Strings(names)
-	return names
-}
-
 // decideLimits applies triggerIf to all targets and, when there are control-plane targets, the
 // control-plane limit (of cp, or cpErr why it could not be read) and the etcd quorum to them.
 func (r *Reconciler) decideLimits(mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum, cp *unstructured.Unstructured, cpErr error, now time.Time) (limits, error) {
-	expected := len(rd.targets)
+	expected := rd.total
 	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-rd.healthy)
 	if err != nil {
 		return limits{}, err
@@ -532,17 +542,17 @@ func forEachParallel(n int, sem chan struct{}, fn func(i int)) {
 
 // updateStatus reports the round in the health check's status.
 func (r *Reconciler) updateStatus(mhc *caprv1.MachineHealthCheck, rd *round, lim limits, restricted int) {
-	mhc.Status.ExpectedMachines = ptr.To(int32(len(rd.targets)))
+	mhc.Status.ExpectedMachines = ptr.To(int32(rd.total))
 	mhc.Status.CurrentHealthy = ptr.To(int32(rd.healthy))
-	mhc.Status.Targets = targetNames(rd.targets)
-	mhc.Status.UnhealthyMachines = rd.unhealthyNames()
+	mhc.Status.Targets = slices.Clone(rd.names)
+	mhc.Status.UnhealthyMachines = rd.unhealthy
 	mhc.Status.ControlPlaneUnhealthyLimit = nil
 	if rd.cpTargets > 0 && lim.controlPlane.limit >= 0 {
 		mhc.Status.ControlPlaneUnhealthyLimit = ptr.To(int32(lim.controlPlane.limit))
 	}
 	r.setRemediationAllowed(mhc, lim, restricted)
 	r.setStormCooldown(mhc, lim.storm)
-	metrics.HealthCheckRound(mhc.Namespace, mhc.Name, len(rd.targets), len(mhc.Status.UnhealthyMachines))
+	metrics.HealthCheckRound(mhc.Namespace, mhc.Name, rd.total, len(mhc.Status.UnhealthyMachines))
 }
 
 // setStormCooldown sets StormCooldown (removed when no cooldown is configured), with an event when
@@ -603,6 +613,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		return kerrors.NewAggregate(errs)
 	}
 	r.reported.forget(mhc.UID)
+	r.memories.forget(client.ObjectKeyFromObject(mhc))
 	metrics.HealthCheckDeleted(mhc.Namespace, mhc.Name)
 	r.templates.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)
@@ -656,6 +667,49 @@ func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change
 	}
 }
 
+// observation is what a round read and evaluated.
+type observation struct {
+	rd       *round
+	excluded []*clusterv1.Machine
+	cp       *unstructured.Unstructured
+	cpErr    error
+	etcd     etcdQuorum
+}
+
+// observe reads and evaluates the targets. A full pass reads and evaluates every target (and etcd)
+// and rebuilds the memory; otherwise only the Machines in work are read and evaluated (changed since
+// the last round, or watched: machinehealthcheck_memory.go), and the counts come from the memory.
+func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, remote client.Client, cfg checkConfig,
+	facts clusterFacts, mem *memory, valid memoryKey, work []string, full bool, now time.Time) (observation, error) {
+	var o observation
+	if full {
+		targets, excluded, err := r.getTargets(ctx, remote, mhc)
+		if err != nil {
+			return o, err
+		}
+		if hasControlPlaneTarget(targets) {
+			o.cp, o.cpErr = r.controlPlaneObject(ctx, cluster)
+		}
+		o.etcd = r.observeEtcd(ctx, cluster, cfg, facts, targets, etcdutil.PlacementOf(o.cp), now)
+		o.rd, o.excluded = evaluateAll(targets, cfg, facts, now), excluded
+		mem.reset(o.rd, valid, now)
+		metrics.HealthCheckEvaluated(mhc.Namespace, mhc.Name, metrics.PassFull, len(targets))
+		return o, nil
+	}
+	targets, excluded, gone, err := r.getSomeTargets(ctx, remote, mhc, work)
+	if err != nil {
+		return o, err
+	}
+	o.rd, o.excluded = evaluateSome(targets, cfg, facts, now), excluded
+	mem.update(targets, o.rd.evals, gone)
+	mem.summarize(o.rd)
+	if o.rd.cpTargets > 0 {
+		o.cp, o.cpErr = r.controlPlaneObject(ctx, cluster)
+	}
+	metrics.HealthCheckEvaluated(mhc.Namespace, mhc.Name, metrics.PassChanged, len(targets))
+	return o, nil
+}
+
 // getTargets lists the Machines selected by the health check and reads their Nodes. Selected
 // Machines with CAPI's paused or skip-remediation annotation are not targets: they are returned as
 // excluded.
@@ -678,21 +732,65 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 			excluded = append(excluded, m)
 			continue
 		}
-		t := target{machine: m}
-		if remote != nil && m.Status.NodeRef.IsDefined() {
-			node := &corev1.Node{}
-			if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node, noCopy); err != nil {
-				if !apierrors.IsNotFound(err) {
-					return nil, nil, fmt.Errorf("reading Node %s of Machine %s: %w", m.Status.NodeRef.Name, m.Name, err)
-				}
-				t.nodeMissing = true
-			} else {
-				t.node = node
-			}
+		t, err := r.readTarget(ctx, remote, m)
+		if err != nil {
+			return nil, nil, err
 		}
 		targets = append(targets, t)
 	}
 	return targets, excluded, nil
+}
+
+// getSomeTargets reads the named Machines as getTargets does: the targets among them, those
+// excluded, and the names of all that are no target (gone, not selected, or excluded).
+func (r *Reconciler) getSomeTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck, names []string) (targets []target, excluded []*clusterv1.Machine, gone []string, _ error) {
+	selector, err := machineSelector(mhc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for _, name := range names {
+		m := &clusterv1.Machine{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: mhc.Namespace, Name: name}, m, noCopy); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return nil, nil, nil, fmt.Errorf("reading Machine %s: %w", name, err)
+			}
+			gone = append(gone, name)
+			continue
+		}
+		if !selector.Matches(labels.Set(m.Labels)) {
+			gone = append(gone, name)
+			continue
+		}
+		if annotations.HasPaused(m) || annotations.HasSkipRemediation(m) {
+			excluded = append(excluded, m)
+			gone = append(gone, name)
+			continue
+		}
+		t, err := r.readTarget(ctx, remote, m)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		targets = append(targets, t)
+	}
+	return targets, excluded, gone, nil
+}
+
+// readTarget reads the Node of a target Machine (none while the workload cluster is not reached).
+func (r *Reconciler) readTarget(ctx context.Context, remote client.Client, m *clusterv1.Machine) (target, error) {
+	t := target{machine: m}
+	if remote == nil || !m.Status.NodeRef.IsDefined() {
+		return t, nil
+	}
+	node := &corev1.Node{}
+	if err := remote.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node, noCopy); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return t, fmt.Errorf("reading Node %s of Machine %s: %w", m.Status.NodeRef.Name, m.Name, err)
+		}
+		t.nodeMissing = true
+	} else {
+		t.node = node
+	}
+	return t, nil
 }
 
 // noCopy reads from a cache without a deep copy; the object must not be modified.

@@ -122,16 +122,35 @@ func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster str
 	return out
 }
 
+// machineChangedFor records Machine m as changed for each health check that selects it (its next round
+// evaluates it, machinehealthcheck_memory.go) and returns those health checks.
+func (r *Reconciler) machineChangedFor(ctx context.Context, m *clusterv1.Machine) []reconcile.Request {
+	out := r.healthChecksFor(ctx, m.Namespace, m.Spec.ClusterName, m)
+	for _, req := range out {
+		r.memories.changed(req.NamespacedName, m.Name)
+	}
+	return out
+}
+
+// machineToHealthChecks maps a Machine event to its health checks. An update is mapped for the old
+// and the new Machine, so a Machine no longer selected is recorded as changed too.
 func (r *Reconciler) machineToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
 	m, ok := o.(*clusterv1.Machine)
 	if !ok {
 		return nil
 	}
-	return r.healthChecksFor(ctx, m.Namespace, m.Spec.ClusterName, m)
+	return r.machineChangedFor(ctx, m)
 }
 
+// clusterToHealthChecks maps a Cluster event (or a connection change of its workload cluster) to its
+// health checks, whose next round is a full pass: what a round reads of the Cluster applies to every
+// target.
 func (r *Reconciler) clusterToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
-	return r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
+	out := r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
+	for _, req := range out {
+		r.memories.invalidate(req.NamespacedName)
+	}
+	return out
 }
 
 func (r *Reconciler) requestToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
@@ -139,7 +158,7 @@ func (r *Reconciler) requestToHealthChecks(ctx context.Context, o client.Object)
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(o), m, noCopy); err != nil {
 		return nil
 	}
-	return r.healthChecksFor(ctx, m.Namespace, m.Spec.ClusterName, m)
+	return r.machineChangedFor(ctx, m)
 }
 
 // watchClusterNodes watches the workload cluster's Nodes; only changes of what the health check
@@ -180,7 +199,7 @@ func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.Obje
 	}
 	var out []reconcile.Request
 	for i := range machines.Items {
-		out = append(out, r.healthChecksFor(ctx, cluster.Namespace, cluster.Name, &machines.Items[i])...)
+		out = append(out, r.machineChangedFor(ctx, &machines.Items[i])...)
 	}
 	return out
 }

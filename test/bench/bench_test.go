@@ -113,6 +113,8 @@ func TestSmoke(t *testing.T) {
 				// A heartbeat starts no round (CAPI's predicate lets it through).
 				g.Expect(r.Heartbeat.Stats.Reconciles).To(BeZero())
 				g.Expect(r.Heartbeat.Stats.Requests).To(BeEmpty())
+				// One changed Node is evaluated without the other 19 targets.
+				g.Expect(r.Single.Stats.TargetsEvaluated).To(And(BeNumerically(">", 0), BeNumerically("<", 20)))
 			}
 			g.Expect(r.Single.Done).To(Equal(1))
 			g.Expect(r.Single.Wrong).To(BeZero())

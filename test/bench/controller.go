@@ -56,6 +56,9 @@ type Stats struct {
 	// Reconciles counts the health-check controller's reconciles (controller-runtime's
 	// reconcile_total of CAPR's capr-machinehealthcheck or CAPI's machinehealthcheck).
 	Reconciles int `json:"reconciles"`
+	// TargetsEvaluated counts the targets CAPR's health-check rounds evaluated
+	// (capr_machinehealthcheck_targets_evaluated_total, every pass); CAPI has no such count.
+	TargetsEvaluated int `json:"targetsEvaluated"`
 }
 
 // ControllerMain runs the controller selected by the environment until SIGTERM and returns the
@@ -247,6 +250,7 @@ type statsServer struct {
 	baseLat   map[string]float64
 	baseCPU   float64
 	baseRec   int
+	baseEval  int
 	peakHeap  uint64
 	profiling bool
 }
@@ -293,24 +297,42 @@ func (s *statsServer) sampleHeap(ctx context.Context) {
 // healthCheckReconciles sums controller-runtime's reconcile_total (every result) of the
 // health-check controller, whichever system runs.
 func healthCheckReconciles() int {
+	return int(sumCounter("controller_runtime_reconcile_total", func(name, value string) bool {
+		return name == "controller" && (value == "capr-machinehealthcheck" || value == "machinehealthcheck")
+	}))
+}
+
+// targetsEvaluated sums capr_machinehealthcheck_targets_evaluated_total (0 in CAPI's process).
+func targetsEvaluated() int {
+	return int(sumCounter("capr_machinehealthcheck_targets_evaluated_total", nil))
+}
+
+// sumCounter sums the series of counter family whose labels include one that match accepts (every
+// series when match is nil).
+func sumCounter(family string, match func(name, value string) bool) float64 {
 	families, err := crmetrics.Registry.Gather()
 	if err != nil {
 		return 0
 	}
 	n := 0.0
 	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
+		if f.GetName() != family {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			if match == nil {
+				n += m.GetCounter().GetValue()
+				continue
+			}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && (l.GetValue() == "capr-machinehealthcheck" || l.GetValue() == "machinehealthcheck") {
+				if match(l.GetName(), l.GetValue()) {
 					n += m.GetCounter().GetValue()
+					break
 				}
 			}
 		}
 	}
-	return int(n)
+	return n
 }
 
 func cpuSeconds() float64 {
@@ -329,6 +351,7 @@ func (s *statsServer) reset(w http.ResponseWriter, _ *http.Request) {
 	s.base, s.baseLat = s.counter.snapshot()
 	s.baseCPU = cpuSeconds()
 	s.baseRec = healthCheckReconciles()
+	s.baseEval = targetsEvaluated()
 	s.peakHeap = heapBytes()
 	if path := os.Getenv(envCPUProfile); path != "" && !s.profiling {
 		f, err := os.Create(path)
@@ -352,7 +375,7 @@ func (s *statsServer) stats(w http.ResponseWriter, _ *http.Request) {
 	}
 	now, lat := s.counter.snapshot()
 	out := Stats{Requests: map[string]int{}, LatencySeconds: map[string]float64{}, CPUSeconds: cpuSeconds() - s.baseCPU, PeakHeapBytes: s.peakHeap,
-		Reconciles: healthCheckReconciles() - s.baseRec}
+		Reconciles: healthCheckReconciles() - s.baseRec, TargetsEvaluated: targetsEvaluated() - s.baseEval}
 	for k, v := range now {
 		if d := v - s.base[k]; d > 0 {
 			out.Requests[k] = d

@@ -66,6 +66,12 @@ func Table(results []*Result) string {
 		{"mark: health-check reconciles", func(r *Result) (float64, string) {
 			return float64(r.Mark.Stats.Reconciles), fmt.Sprintf("%d", r.Mark.Stats.Reconciles)
 		}},
+		{"mark: targets evaluated (CAPR's count)", func(r *Result) (float64, string) {
+			if r.Config.Variant.System != "capr" {
+				return 0, "-"
+			}
+			return float64(r.Mark.Stats.TargetsEvaluated), fmt.Sprintf("%d", r.Mark.Stats.TargetsEvaluated)
+		}},
 		{"mark: peak heap (MiB)", func(r *Result) (float64, string) { return mib(r.Mark.Stats.PeakHeapBytes) }},
 		{"recover: last mark cleared (s)", func(r *Result) (float64, string) { return markedOrNot(r.Recover, r.Recover.Max) }},
 		{"recover: p50 (s)", func(r *Result) (float64, string) { return secs(r.Recover.P50) }},
@@ -91,6 +97,12 @@ func Table(results []*Result) string {
 		{"one Node: CPU (s)", func(r *Result) (float64, string) { return ran(r.Single, r.Single.Stats.CPUSeconds, "%.3f") }},
 		{"one Node: health-check reconciles", func(r *Result) (float64, string) {
 			return ran(r.Single, float64(r.Single.Stats.Reconciles), "%.0f")
+		}},
+		{"one Node: targets evaluated (CAPR's count)", func(r *Result) (float64, string) {
+			if r.Config.Variant.System != "capr" {
+				return 0, "-"
+			}
+			return ran(r.Single, float64(r.Single.Stats.TargetsEvaluated), "%.0f")
 		}},
 		{"one Node: requests", func(r *Result) (float64, string) {
 			return ran(r.Single, float64(total(r.Single.Stats.Requests, nil)), "%.0f")

@@ -21,9 +21,11 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/kubeconfig"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
+	"github.com/capr-io/capr/metrics"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -1028,4 +1030,68 @@ func TestMarkAndClearKeepOtherConditionsAndAnnotations(t *testing.T) {
 	m = getMachine(g, f.ns, "sick")
 	g.Expect(conditions.Get(m, "example.com/Other")).To(HaveField("Reason", "ByOthers"))
 	g.Expect(m.Annotations).To(HaveKeyWithValue("example.com/other", "kept"))
+}
+
+// A round started by one changed Node evaluates what changed, not every target: after the first
+// rounds (full passes) no round evaluates the whole fleet again, and marking one Machine out of 20
+// costs fewer target evaluations than one full pass.
+func TestAChangedNodeIsEvaluatedWithoutEveryTarget(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	const n = 20
+	for i := range n {
+		f.machine(g, fmt.Sprintf("m%02d", i))
+	}
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(n)))
+		for i := range n {
+			_, cond := markOf(g, f.ns, fmt.Sprintf("m%02d", i))
+			g.Expect(cond).NotTo(BeNil())
+			g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+		}
+	}, eventually, poll).Should(Succeed())
+	// The first rounds are full passes, and so is the one after the ClusterCache connects: wait until
+	// none has run for 2 s.
+	var full, changed float64
+	g.Eventually(func(g Gomega) {
+		full = evaluated(g, f.ns, metrics.PassFull)
+		g.Consistently(func(g Gomega) {
+			g.Expect(evaluated(g, f.ns, metrics.PassFull)).To(Equal(full))
+		}, 2*time.Second, poll).Should(Succeed())
+	}, eventually, poll).Should(Succeed())
+	g.Expect(full).To(BeNumerically(">=", n), "the first round evaluates every target")
+	changed = evaluated(g, f.ns, metrics.PassChanged)
+
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m07", corev1.ConditionFalse)).To(Succeed())
+	g.Eventually(func() bool { return remediationExists(f.ns, "m07") }, eventually, poll).Should(BeTrue())
+	g.Eventually(func(g Gomega) {
+		g.Expect(getHealthCheck(g, f.ns).Status.UnhealthyMachines).To(Equal([]string{"m07"}))
+	}, eventually, poll).Should(Succeed())
+
+	g.Expect(evaluated(g, f.ns, metrics.PassFull)).To(Equal(full), "a full pass ran for one changed Node")
+	g.Expect(evaluated(g, f.ns, metrics.PassChanged)-changed).To(And(BeNumerically(">=", 2), BeNumerically("<", n)),
+		"targets evaluated from the Node's change to the request (its change, its expiry, its mark, its request)")
+}
+
+// evaluated is capr_machinehealthcheck_targets_evaluated_total of the health check "hc" in ns for pass.
+func evaluated(g Gomega, ns, pass string) float64 {
+	families, err := ctrlmetrics.Registry.Gather()
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, mf := range families {
+		if mf.GetName() != "capr_machinehealthcheck_targets_evaluated_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] == ns && labels["name"] == "hc" && labels["pass"] == pass {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
