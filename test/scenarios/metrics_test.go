@@ -35,6 +35,7 @@ func TestMetricsDuringARemediation(t *testing.T) {
 		text := scrape(g, addr)
 		g.Expect(metric(text, "capr_machinehealthcheck_targets", hc)).To(Equal(3.0))
 		g.Expect(metric(text, "capr_machinehealthcheck_unhealthy", hc)).To(Equal(0.0))
+		g.Expect(metric(text, "capr_machinehealthcheck_targets_evaluated_total", with(hc, "pass", "full"))).To(BeNumerically(">=", 3))
 	}, time.Minute, 200*time.Millisecond).Should(Succeed())
 
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
