@@ -89,8 +89,17 @@ func rememberedOf(t target, ev evaluation) remembered {
 func (ms *memories) changed(key types.NamespacedName, name string) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	if mem := ms.m[key]; mem != nil {
-		mem.dirty[name] = struct{}{}
+	mem := ms.m[key]
+	if mem == nil || mem.stale {
+		return
+	}
+	mem.dirty[name] = struct{}{}
+	if len(mem.dirty) > len(mem.targets) {
+		// More changed than there are targets (e.g. Machines replaced while no round runs, the
+		// health check paused or its workload cluster unreachable): a full pass costs no more, and
+		// the set stops growing.
+		mem.dirty = map[string]struct{}{}
+		mem.stale = true
 	}
 }
 
@@ -99,6 +108,16 @@ func (ms *memories) invalidate(key types.NamespacedName) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	if mem := ms.m[key]; mem != nil {
+		mem.stale = true
+	}
+}
+
+// invalidateAll makes every health check's next round a full pass (a watch event that could not be
+// mapped to its health checks).
+func (ms *memories) invalidateAll() {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, mem := range ms.m {
 		mem.stale = true
 	}
 }

@@ -110,10 +110,17 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		}
 		obj = mr
 	}
-	obj.SetLabels(mergeLabels(obj.GetLabels(), map[string]string{
+	labels := map[string]string{
 		clusterv1.ClusterNameLabel: mhc.Spec.ClusterName,
 		HealthCheckLabel:           mhc.Name,
-	}))
+	}
+	if v, ok := mhc.Labels[clusterv1.WatchLabel]; ok {
+		// With --watch-filter every controller only sees objects labelled with its value: the
+		// request must carry the health check's, or no remediator (nor this health check's watch)
+		// would ever see it.
+		labels[clusterv1.WatchLabel] = v
+	}
+	obj.SetLabels(mergeLabels(obj.GetLabels(), labels))
 	obj.SetOwnerReferences([]metav1.OwnerReference{machineOwnerRef(m)})
 
 	if err := r.Client.Create(ctx, obj); err != nil {

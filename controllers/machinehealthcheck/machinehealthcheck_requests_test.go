@@ -109,3 +109,35 @@ func TestWithdrawalMeetingANewerRequestRequeuesWithoutFailing(t *testing.T) {
 	g.Expect(restricted).To(BeZero())
 	g.Expect(deletes).To(Equal(1))
 }
+
+// With --watch-filter, CAPR's controllers only see objects that carry the filter's label: a request
+// created for a health check that carries it carries it too, or no remediator would ever see it.
+func TestRequestCarriesTheHealthChecksWatchFilterLabel(t *testing.T) {
+	for _, filter := range []string{"", "team-a"} {
+		t.Run("filter="+filter, func(t *testing.T) {
+			g := NewWithT(t)
+			scheme := runtime.NewScheme()
+			g.Expect(caprv1.AddToScheme(scheme)).To(Succeed())
+			mhc := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Name: "hc", Namespace: "ns"}}
+			mhc.Spec.ClusterName = "c1"
+			if filter != "" {
+				mhc.Labels = map[string]string{clusterv1.WatchLabel: filter}
+			}
+			m := machine()
+			m.Namespace = "ns"
+			r := &Reconciler{Client: fake.NewClientBuilder().WithScheme(scheme).Build()}
+
+			created, err := r.ensureRequest(context.Background(), mhc, m, evaluation{verdict: verdictUnhealthy, reason: "UnhealthyNode"}, nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(created).To(BeTrue())
+			mr := &caprv1.MachineRemediation{}
+			g.Expect(r.Client.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: m.Name}, mr)).To(Succeed())
+			g.Expect(mr.Labels).To(HaveKeyWithValue(HealthCheckLabel, "hc"))
+			if filter == "" {
+				g.Expect(mr.Labels).NotTo(HaveKey(clusterv1.WatchLabel))
+			} else {
+				g.Expect(mr.Labels).To(HaveKeyWithValue(clusterv1.WatchLabel, filter))
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -42,7 +43,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToHealthChecks)).
 		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.requestToHealthChecks),
 			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
-		WatchesRawSource(r.ClusterCache.GetClusterSource("capr-machinehealthcheck", r.clusterToHealthChecks)).
+		WatchesRawSource(r.ClusterCache.GetClusterSource("capr-machinehealthcheck", r.connectionToHealthChecks)).
 		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue)).
 		WithOptions(options).
 		Build(r)
@@ -103,6 +104,7 @@ func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster str
 	list := &caprv1.MachineHealthCheckList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing MachineHealthChecks for a watch event")
+		r.memories.invalidateAll() // the change cannot be recorded where it belongs
 		return nil
 	}
 	var out []reconcile.Request
@@ -142,10 +144,17 @@ func (r *Reconciler) machineToHealthChecks(ctx context.Context, o client.Object)
 	return r.machineChangedFor(ctx, m)
 }
 
-// clusterToHealthChecks maps a Cluster event (or a connection change of its workload cluster) to its
-// health checks, whose next round is a full pass: what a round reads of the Cluster applies to every
-// target.
+// clusterToHealthChecks maps a Cluster event to its health checks. It does not make their next round a
+// full pass: CAPI updates a Cluster's status whenever its Machines change, and what a round reads of
+// the Cluster is either part of what the memory is valid for (its facts, memoryKey), or read in every
+// round (paused, the control-plane object).
 func (r *Reconciler) clusterToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
+}
+
+// connectionToHealthChecks maps a change of the ClusterCache's connection to a workload cluster to its
+// health checks, whose next round is a full pass: the Nodes may have changed while it was lost.
+func (r *Reconciler) connectionToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
 	out := r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
 	for _, req := range out {
 		r.memories.invalidate(req.NamespacedName)
@@ -156,6 +165,10 @@ func (r *Reconciler) clusterToHealthChecks(ctx context.Context, o client.Object)
 func (r *Reconciler) requestToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
 	m := &clusterv1.Machine{}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(o), m, noCopy); err != nil {
+		if !apierrors.IsNotFound(err) { // a request of a Machine that is gone changes no target
+			ctrl.LoggerFrom(ctx).Error(err, "Reading the Machine of a remediation request for a watch event")
+			r.memories.invalidateAll()
+		}
 		return nil
 	}
 	return r.machineChangedFor(ctx, m)
@@ -195,6 +208,7 @@ func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.Obje
 		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name},
 		client.MatchingFields{index.MachineNodeNameField: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing Machines for a Node event")
+		r.memories.invalidateAll() // the change cannot be recorded where it belongs
 		return nil
 	}
 	var out []reconcile.Request

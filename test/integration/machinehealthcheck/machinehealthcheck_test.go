@@ -1067,12 +1067,36 @@ func TestAChangedNodeIsEvaluatedWithoutEveryTarget(t *testing.T) {
 	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m07", corev1.ConditionFalse)).To(Succeed())
 	g.Eventually(func() bool { return remediationExists(f.ns, "m07") }, eventually, poll).Should(BeTrue())
 	g.Eventually(func(g Gomega) {
-		g.Expect(getHealthCheck(g, f.ns).Status.UnhealthyMachines).To(Equal([]string{"m07"}))
+		hc := getHealthCheck(g, f.ns)
+		g.Expect(hc.Status.UnhealthyMachines).To(Equal([]string{"m07"}))
+		// The counts of the targets not evaluated come from memory.
+		g.Expect(hc.Status.ExpectedMachines).To(HaveValue(BeEquivalentTo(n)))
+		g.Expect(hc.Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(n - 1)))
+		g.Expect(hc.Status.Targets).To(HaveLen(n))
 	}, eventually, poll).Should(Succeed())
-
 	g.Expect(evaluated(g, f.ns, metrics.PassFull)).To(Equal(full), "a full pass ran for one changed Node")
 	g.Expect(evaluated(g, f.ns, metrics.PassChanged)-changed).To(And(BeNumerically(">=", 2), BeNumerically("<", n)),
 		"targets evaluated from the Node's change to the request (its change, its expiry, its mark, its request)")
+
+	// CAPI updates the Cluster's status whenever its Machines change: that alone is no reason for a
+	// full pass (what a round reads of the Cluster is read afresh, or part of the memory's key).
+	cluster := &clusterv1.Cluster{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(f.cluster), cluster)).To(Succeed())
+	conditions.Set(cluster, metav1.Condition{Type: clusterv1.ClusterWorkersAvailableCondition, Status: metav1.ConditionFalse, Reason: "SomeWorkersUnavailable"})
+	g.Expect(k8sClient.Status().Update(ctx, cluster)).To(Succeed())
+
+	// Healthy again, from memory too: the mark is cleared and the Pending request withdrawn.
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m07", corev1.ConditionTrue)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, cond := markOf(g, f.ns, "m07")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(remediationExists(f.ns, "m07")).To(BeFalse())
+		hc := getHealthCheck(g, f.ns)
+		g.Expect(hc.Status.UnhealthyMachines).To(BeEmpty())
+		g.Expect(hc.Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(n)))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(evaluated(g, f.ns, metrics.PassFull)).To(Equal(full), "a full pass ran for the Cluster's update or the recovery")
 }
 
 // evaluated is capr_machinehealthcheck_targets_evaluated_total of the health check "hc" in ns for pass.
