@@ -14,8 +14,9 @@ import (
 // watch events came in since. A round that starts from it reads and evaluates the changed Machines
 // and those it must look at every round (unhealthy, or with a timeout running), instead of every
 // target. Anything it cannot account for makes the next round a full pass, which rebuilds it:
-// a new or changed spec, a change of the Cluster, a failed round, a restart (memory is lost), and
-// at least every fullPassInterval, in case a watch event was missed.
+// a new or changed spec, other Cluster facts, a (re)connection to the workload cluster, a failed
+// round, a watch event that could not be mapped, a restart (memory is lost), and at least every
+// fullPassInterval, in case a watch event was missed.
 
 // fullPassInterval bounds how long rounds run from memory alone before a full pass.
 const fullPassInterval = 5 * time.Minute
