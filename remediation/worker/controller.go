@@ -135,12 +135,12 @@ func ownedByWorker(mr *caprv1.MachineRemediation, m *clusterv1.Machine, machineG
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
 // patch → delete / Machine gone / running / pending.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
-	mr := &caprv1.MachineRemediation{}
-	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, r.releaseOrphanedHook(ctx, req.NamespacedName)
-		}
-		return ctrl.Result{}, fmt.Errorf("reading MachineRemediation: %w", err)
+	mr, err := r.readRequest(ctx, req.NamespacedName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if mr == nil {
+		return ctrl.Result{}, r.releaseOrphanedHook(ctx, req.NamespacedName)
 	}
 	machine, machineGone, err := r.readMachine(ctx, client.ObjectKeyFromObject(mr))
 	if err != nil {
@@ -218,10 +218,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	return r.reconcilePending(ctx, s)
 }
 
+// readRequest reads the request live: its status is the record of what was done, and a step must
+// never be decided from a copy older than this remediator's last write. A request the cache does
+// not have is not read live: it is gone (its delete event, and the requeues still queued for it, end
+// here without a request to the API server), or so new that its create event is still on its way
+// and reconciles it then. It returns nil when the request does not exist.
+func (r *Reconciler) readRequest(ctx context.Context, key client.ObjectKey) (*caprv1.MachineRemediation, error) {
+	mr := &caprv1.MachineRemediation{}
+	err := r.Client.Get(ctx, key, mr)
+	if err == nil {
+		err = r.APIReader.Get(ctx, key, mr)
+	}
+	switch {
+	case err == nil:
+		return mr, nil
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("reading MachineRemediation: %w", err)
+	}
+}
+
 // releaseOrphanedHook removes a fence-before-delete hook whose MachineRemediation no longer exists
 // (its finalizer removed by hand, or CAPR stopped mid-way and the request deleted): nothing would
 // ever fence the Machine, and the hook would hold its deletion forever. Requests are named after
-// their Machine, which the hook's value names; the request was just read live as not found.
+// their Machine, which the hook's value names. The request is confirmed gone live before the hook
+// is removed: the cache may not have it yet.
 func (r *Reconciler) releaseOrphanedHook(ctx context.Context, key client.ObjectKey) error {
 	m := &clusterv1.Machine{}
 	if err := r.Client.Get(ctx, key, m); err != nil {
@@ -229,6 +251,12 @@ func (r *Reconciler) releaseOrphanedHook(ctx context.Context, key client.ObjectK
 	}
 	if m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation] != key.Name {
 		return nil
+	}
+	if err := r.APIReader.Get(ctx, key, &caprv1.MachineRemediation{}); !apierrors.IsNotFound(err) {
+		if err != nil {
+			return fmt.Errorf("reading MachineRemediation: %w", err)
+		}
+		return nil // it exists: its create event reconciles it
 	}
 	_, removed, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, key)
 	if removed {

@@ -177,9 +177,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.Recover.Changed == 0 || res.Recover.Done < res.Recover.Changed {
 		return res, nil // the later phases start from a healthy fleet
 	}
-	// Work deferred from the phases before (CAPI's 15 s rate limit, the worker remediator's 15 s
-	// requeues of the withdrawn requests) must not be charged to the next phase.
-	idle, err := proc.drain(ctx, deferredWork)
+	// Work deferred from the phases before (CAPI's 15 s rate limit) must not be charged to the next
+	// phase.
+	idle, err := proc.drain(ctx, cfg.Variant.deferral())
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	logf("%s: heartbeats of %d Nodes, controller CPU %.2f s", cfg.Variant.Name, res.Heartbeat.Changed, res.Heartbeat.Stats.CPUSeconds)
-	if _, err := proc.drain(ctx, deferredWork); err != nil {
+	if _, err := proc.drain(ctx, cfg.Variant.deferral()); err != nil {
 		return nil, err
 	}
 	if res.Single, err = f.markPhase(ctx, obs, proc, []int{singleNode}); err != nil {
@@ -466,6 +466,18 @@ func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess, idl
 // event asked for: CAPI's ReconcilerRateLimiting (15 s per health check) and the worker
 // remediator's requeue of a waiting request (15 s).
 const deferredWork = 16 * time.Second
+
+// deferral is how long a controller must have been quiet before the next phase starts. CAPR defers
+// no work from one phase to the next: the worker remediator's 15 s requeues of the requests the
+// recovery withdrew find them gone from its cache and send nothing (remediation/worker
+// readRequest). CAPI is given deferredWork, rate limited or not. Work deferred all the same would
+// land in the next phase and show in its rows (the heartbeat phase still waits deferredWork).
+func (v Variant) deferral() time.Duration {
+	if v.System == "capr" {
+		return 3 * time.Second
+	}
+	return deferredWork
+}
 
 func (f *fleet) names(idx []int) []string {
 	out := make([]string, len(idx))

@@ -6,6 +6,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -34,7 +36,9 @@ var (
 	ctx       = context.Background()
 	// workloadClusters is the manager's ClusterCache (realFencingWorker waits for its connection).
 	workloadClusters clustercache.ClusterCache
-	backend          = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
+	// notFound counts the manager's requests the API server answered 404, by method and path.
+	notFound = &notFoundCounter{counts: map[string]int{}}
+	backend  = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
 )
 
 // testBackend is a fencing backend that confirms a node only once a test says so, and records what
@@ -119,6 +123,35 @@ func (f *routingFencer) Unfence(ctx context.Context, req fencing.Request) error 
 	return f.pick(req).Unfence(ctx, req)
 }
 
+// notFoundCounter counts, at the manager's transport, the requests answered 404 Not Found.
+type notFoundCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *notFoundCounter) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if err == nil && resp.StatusCode == http.StatusNotFound {
+			c.mu.Lock()
+			c.counts[req.Method+" "+req.URL.Path]++
+			c.mu.Unlock()
+		}
+		return resp, err
+	})
+}
+
+// of returns how many requests of the method to the path were answered 404.
+func (c *notFoundCounter) of(method, path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[method+" "+path]
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -139,7 +172,9 @@ func run(m *testing.M) int {
 
 	mgrCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	mgr, err := ctrl.NewManager(testEnv.ManagerConfig, ctrl.Options{
+	mgrConfig := rest.CopyConfig(testEnv.ManagerConfig)
+	mgrConfig.Wrap(notFound.wrap)
+	mgr, err := ctrl.NewManager(mgrConfig, ctrl.Options{
 		Scheme:  testEnv.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache:   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),

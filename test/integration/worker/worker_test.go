@@ -1,6 +1,8 @@
 package worker_test
 
 import (
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -191,6 +193,25 @@ func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {
 			g.Expect(mr.Status.Worker).NotTo(BeNil()) // the role is recorded: it stays a worker request
 		}
 	}, quiet, poll).Should(Succeed())
+}
+
+// TestADeletedRequestIsNotReadLive: the reconciles a request's deletion starts (its delete event,
+// the requeue still queued for it) find it gone from the cache and send the API server nothing
+// (no live read answered 404). A wave of withdrawn requests costs the API server no reads.
+func TestADeletedRequestIsNotReadLive(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	m := f.machine(g, "gone")
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
+	g.Eventually(func(g Gomega) {
+		reason, _ := progressing(g, f.ns, m.Name)
+		g.Expect(reason).To(Equal(caprv1.MachineRemediationNoRemediatorReason))
+	}, eventually, poll).Should(Succeed())
+
+	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, m.Name))).To(Succeed())
+	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, m.Name) }, eventually, poll).Should(BeFalse())
+	path := fmt.Sprintf("/apis/%s/namespaces/%s/machineremediations/%s", caprv1.GroupVersion.String(), f.ns, m.Name)
+	g.Consistently(func() int { return notFound.of(http.MethodGet, path) }, quiet, poll).Should(BeZero())
 }
 
 // TestMaxInFlightOneAtATime: nothing starts while the Cluster is paused; then, with maxInFlight 1,
