@@ -26,6 +26,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -66,6 +68,9 @@ type Config struct {
 	Workers int
 	// CPUProfile, when set, receives a CPU profile of the controller process during the mark phase.
 	CPUProfile string
+	// ServerProfile, when set, receives a CPU profile of kube-apiserver (etcd not included) over the
+	// first serverProfileWindow after the mark phase's expiry: where the API server's time goes.
+	ServerProfile string
 	// Log receives progress lines.
 	Log func(format string, args ...any)
 }
@@ -201,6 +206,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 // fleet is one namespace with a Cluster, its Machines and Nodes and the health checks.
 type fleet struct {
 	c       client.Client
+	server  *rest.Config // cluster-admin, for the API server's profile
 	cfg     Config
 	ns      string
 	cluster *clusterv1.Cluster
@@ -215,7 +221,7 @@ func newFleet(ctx context.Context, env *capienv.Environment, c client.Client, cf
 	if err != nil {
 		return nil, err
 	}
-	f := &fleet{c: c, cfg: cfg, ns: ns}
+	f := &fleet{c: c, server: env.Config, cfg: cfg, ns: ns}
 	f.cluster = capienv.NewCluster(ns, "c1", clusterv1.ContractVersionedObjectReference{})
 	if err := c.Create(ctx, f.cluster); err != nil {
 		return nil, fmt.Errorf("creating Cluster: %w", err)
@@ -376,6 +382,12 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 		return Phase{}, err
 	}
 	ph := Phase{Changed: len(flipped), BatchDuration: time.Since(begin), Overran: time.Now().After(expiry), Expiry: expiry}
+	profiled := make(chan error, 1)
+	if f.cfg.ServerProfile != "" && len(flipped) > 1 {
+		go func() { profiled <- f.profileServer(ctx, expiry) }()
+	} else {
+		profiled <- nil
+	}
 	ref := expiry
 	if ph.Overran {
 		ref = time.Now()
@@ -387,7 +399,37 @@ func (f *fleet) markPhase(ctx context.Context, obs *observer, proc *controllerPr
 	}
 	ph.Requested, ph.LastRequest = obs.lastRequest(ref)
 	ph.ServerCPUSeconds = serverCPU() - server
+	if err := <-profiled; err != nil {
+		return Phase{}, err
+	}
 	return ph, nil
+}
+
+// serverProfileWindow is how long the API server's CPU profile of the mark phase lasts: at the
+// default sizes, about CAPR's time to the last mark.
+const serverProfileWindow = 2 * time.Second
+
+// profileServer writes a CPU profile of kube-apiserver (its /debug/pprof, on by default) over the
+// serverProfileWindow that starts at the instant the timeouts expire.
+func (f *fleet) profileServer(ctx context.Context, start time.Time) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(start)):
+	}
+	cs, err := kubernetes.NewForConfig(f.server)
+	if err != nil {
+		return fmt.Errorf("creating a client for the API server's profile: %w", err)
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", strconv.Itoa(int(serverProfileWindow/time.Second))).DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the API server's CPU profile: %w", err)
+	}
+	if err := os.WriteFile(f.cfg.ServerProfile, raw, 0o600); err != nil {
+		return fmt.Errorf("writing the API server's CPU profile: %w", err)
+	}
+	return nil
 }
 
 // recoverPhase turns the same Nodes Ready again and measures from the start of that batch until

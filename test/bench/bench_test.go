@@ -36,7 +36,8 @@ const workers = 10
 // to test/bench/results/<date>-<cores>cpu.md. Sizes: BENCH_SIZES (default 500,2000); shapes:
 // BENCH_SHAPES, "one" (one health check over all Machines) and/or "many" (N/100 health checks);
 // BENCH_VARIANTS restricts the variants (e.g. "CAPR unlimited,CAPI unlimited"); BENCH_PROFILE_DIR
-// receives a CPU profile of each controller process during its mark phase.
+// receives a CPU profile of each controller process during its mark phase, and one of kube-apiserver
+// over the first two seconds after the mark phase's expiry (<variant>-<N>-<health checks>-apiserver.pprof).
 func BenchmarkHealthCheck(b *testing.B) {
 	sizes := intList(b, envOr("BENCH_SIZES", defaultSizes))
 	shapes := strings.Split(envOr("BENCH_SHAPES", "one"), ",")
@@ -64,7 +65,8 @@ func BenchmarkHealthCheck(b *testing.B) {
 						if err := os.MkdirAll(dir, 0o755); err != nil {
 							b.Fatalf("BENCH_PROFILE_DIR: %v", err)
 						}
-						cfg.CPUProfile = filepath.Join(dir, fmt.Sprintf("%s-%d-%d.pprof", strings.ReplaceAll(v.Name, " ", "-"), n, hcs))
+						base := filepath.Join(dir, fmt.Sprintf("%s-%d-%d", strings.ReplaceAll(v.Name, " ", "-"), n, hcs))
+						cfg.CPUProfile, cfg.ServerProfile = base+".pprof", base+"-apiserver.pprof"
 					}
 					r, err := Run(ctx, cfg)
 					if err != nil {
