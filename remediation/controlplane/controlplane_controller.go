@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -361,36 +360,13 @@ func pausedBy(s *scope) string {
 	return ""
 }
 
-// persist writes what changed in the MachineRemediation since it was read (metadata, then status),
-// with optimistic locking: a write based on an outdated view fails instead of undoing a newer one.
+// persist writes what changed in the MachineRemediation since it was read (remediation.Persist).
 // Steps call it before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	s.mr.Status.ObservedGeneration = s.mr.Generation
 	remediation.SyncBlockMove(s.mr)
-	if !equality.Semantic.DeepEqual(s.base.ObjectMeta, s.mr.ObjectMeta) {
-		// The reply carries the stored status, not the one this reconcile decided: keep ours.
-		status := s.mr.Status.DeepCopy()
-		if err := r.Client.Patch(ctx, s.mr, client.MergeFromWithOptions(s.base, client.MergeFromWithOptimisticLock{})); err != nil {
-			if apierrors.IsNotFound(err) && !s.base.DeletionTimestamp.IsZero() {
-				return nil // the last finalizer was removed: the object is gone
-			}
-			return fmt.Errorf("writing MachineRemediation metadata: %w", err)
-		}
-		s.mr.Status = *status
-		s.base.ObjectMeta = *s.mr.ObjectMeta.DeepCopy()
-		if !s.mr.DeletionTimestamp.IsZero() && len(s.mr.Finalizers) == 0 {
-			return nil // deleted by this write
-		}
-	}
-	if !equality.Semantic.DeepEqual(s.base.Status, s.mr.Status) {
-		status := s.mr.Status.DeepCopy()
-		if err := r.Client.Status().Patch(ctx, s.mr, client.MergeFromWithOptions(s.base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return fmt.Errorf("writing MachineRemediation status: %w", err)
-		}
-		s.mr.Status = *status
-	}
-	s.base = s.mr.DeepCopy()
-	return nil
+	_, err := remediation.Persist(ctx, r.Client, s.base, s.mr)
+	return err
 }
 
 // firstCandidate returns which of the cluster's pending control-plane remediations goes first.

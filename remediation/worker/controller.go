@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/paused"
 	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -123,7 +122,8 @@ type scope struct {
 	machine     *clusterv1.Machine
 	machineGone bool
 	cluster     *clusterv1.Cluster
-	patch       *patch.Helper
+	// base is the request as last read or written; persist sends the difference.
+	base *caprv1.MachineRemediation
 }
 
 // ownedByWorker reports whether the request is this remediator's: the control-plane remediator's
@@ -132,7 +132,7 @@ func ownedByWorker(mr *caprv1.MachineRemediation, m *clusterv1.Machine, machineG
 	return mr.Status.ControlPlane == nil && controlplane.IsWorkerRequest(mr, m, machineGone)
 }
 
-// Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
+// Reconcile follows the CAPI skeleton: get → Machine and Cluster → base for the patch → paused → deferred
 // patch → delete / Machine gone / running / pending.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	mr, err := r.readRequest(ctx, req.NamespacedName)
@@ -170,9 +170,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	log = log.WithValues("Cluster", klog.KObj(cluster))
 	ctx = ctrl.LoggerInto(ctx, log)
 
-	if s.patch, err = patch.NewHelper(mr, r.Client); err != nil {
-		return ctrl.Result{}, fmt.Errorf("creating patch helper: %w", err)
-	}
+	s.base = mr.DeepCopy()
 	if !annotations.IsPaused(cluster, mr) {
 		// Not paused: the condition EnsurePausedCondition would write in a patch of its own (and then
 		// return to wait for the update event) goes out with this reconcile's other changes (persist).
@@ -183,9 +181,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	defer func() {
 		if err := r.persist(ctx, s); err != nil {
-			if apierrors.IsNotFound(err) && !mr.DeletionTimestamp.IsZero() && len(mr.Finalizers) == 0 {
-				return // the last finalizer was removed: the object is gone
-			}
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
@@ -294,29 +289,17 @@ func clusterNameOf(s *scope) string {
 	return s.mr.Labels[clusterv1.ClusterNameLabel]
 }
 
-// persist writes what changed since the patch helper was made, then starts a new one. Steps call it
-// before issuing an action, so that the action is recorded before it happens.
+// persist writes what changed in the request since it was read (remediation.Persist). Steps call
+// it before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
 	s.mr.Status.ObservedGeneration = s.mr.Generation
 	remediation.SyncBlockMove(s.mr)
-	if err := s.patch.Patch(ctx, s.mr, patch.WithOwnedConditions{Conditions: []string{
-		caprv1.MachineRemediationProgressingCondition, caprv1.MachineRemediationSucceededCondition, clusterv1.PausedCondition,
-	}}); err != nil {
-		return fmt.Errorf("writing MachineRemediation: %w", err)
-	}
-	if !s.mr.DeletionTimestamp.IsZero() && len(s.mr.Finalizers) == 0 {
-		return nil
-	}
-	h, err := patch.NewHelper(s.mr, r.Client)
-	if err != nil {
-		return fmt.Errorf("creating patch helper: %w", err)
-	}
-	s.patch = h
-	return nil
+	_, err := remediation.Persist(ctx, r.Client, s.base, s.mr)
+	return err
 }
 
 // removeFinalizer lets a finished request (or one whose Cluster is gone) go; it is called before
-// the patch helper exists.
+// persist's base exists.
 func (r *Reconciler) removeFinalizer(ctx context.Context, mr *caprv1.MachineRemediation) error {
 	base := mr.DeepCopy()
 	if !controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer) {

@@ -36,8 +36,8 @@ var (
 	ctx       = context.Background()
 	// workloadClusters is the manager's ClusterCache (realFencingWorker waits for its connection).
 	workloadClusters clustercache.ClusterCache
-	// notFound counts the manager's requests the API server answered 404, by method and path.
-	notFound = &notFoundCounter{counts: map[string]int{}}
+	// requests counts the manager's requests by method and path.
+	requests = &requestCounter{counts: map[string]int{}, notFound: map[string]int{}}
 	backend  = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
 )
 
@@ -123,29 +123,39 @@ func (f *routingFencer) Unfence(ctx context.Context, req fencing.Request) error 
 	return f.pick(req).Unfence(ctx, req)
 }
 
-// notFoundCounter counts, at the manager's transport, the requests answered 404 Not Found.
-type notFoundCounter struct {
-	mu     sync.Mutex
-	counts map[string]int
+// requestCounter counts, at the manager's transport, the requests by method and path, and those
+// answered 404 Not Found.
+type requestCounter struct {
+	mu               sync.Mutex
+	counts, notFound map[string]int
 }
 
-func (c *notFoundCounter) wrap(rt http.RoundTripper) http.RoundTripper {
+func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
+		key := req.Method + " " + req.URL.Path
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.counts[key]++
 		if err == nil && resp.StatusCode == http.StatusNotFound {
-			c.mu.Lock()
-			c.counts[req.Method+" "+req.URL.Path]++
-			c.mu.Unlock()
+			c.notFound[key]++
 		}
 		return resp, err
 	})
 }
 
-// of returns how many requests of the method to the path were answered 404.
-func (c *notFoundCounter) of(method, path string) int {
+// of returns how many requests of the method to the path the manager sent.
+func (c *requestCounter) of(method, path string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.counts[method+" "+path]
+}
+
+// notFoundOf returns how many requests of the method to the path were answered 404.
+func (c *requestCounter) notFoundOf(method, path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.notFound[method+" "+path]
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -173,7 +183,7 @@ func run(m *testing.M) int {
 	mgrCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	mgrConfig := rest.CopyConfig(testEnv.ManagerConfig)
-	mgrConfig.Wrap(notFound.wrap)
+	mgrConfig.Wrap(requests.wrap)
 	mgr, err := ctrl.NewManager(mgrConfig, ctrl.Options{
 		Scheme:  testEnv.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},

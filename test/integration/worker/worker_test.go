@@ -145,8 +145,7 @@ func TestOrphanedHookIsReleased(t *testing.T) {
 	g := NewWithT(t)
 	f := waitingForFencing(t, g)
 	g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
-	// The remediator may still be writing the request (CAPI's patch helper writes conditions before
-	// the rest of the status, util/patch Helper.Patch): retry on conflicts, as kubectl edit does.
+	// The remediator may still be writing the request: retry on conflicts, as kubectl edit does.
 	mr := &caprv1.MachineRemediation{}
 	g.Eventually(func(g Gomega) {
 		mr = getRemediation(g, f.ns, "w1")
@@ -178,7 +177,7 @@ func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {
 			g.Expect(msg).To(ContainSubstring(why))
 			g.Expect(msg).To(ContainSubstring("never deleted"))
 			g.Expect(eventReasons(g, f.ns, name)).To(ContainElement("NoRemediator"))
-			// Written in the same patch as the condition, after it (util/patch writes conditions first).
+			// Written in the same status patch as the condition (remediation.Persist).
 			mr := getRemediation(g, f.ns, name)
 			g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
 			g.Expect(mr.Status.Worker).NotTo(BeNil())
@@ -200,18 +199,41 @@ func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {
 // (no live read answered 404). A wave of withdrawn requests costs the API server no reads.
 func TestADeletedRequestIsNotReadLive(t *testing.T) {
 	g := NewWithT(t)
-	f := newFixture(t, g, nil)
-	m := f.machine(g, "gone")
-	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
-	g.Eventually(func(g Gomega) {
-		reason, _ := progressing(g, f.ns, m.Name)
-		g.Expect(reason).To(Equal(caprv1.MachineRemediationNoRemediatorReason))
-	}, eventually, poll).Should(Succeed())
-
+	f, m := unreplacedRequest(t, g, "gone")
 	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, m.Name))).To(Succeed())
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, m.Name) }, eventually, poll).Should(BeFalse())
-	path := fmt.Sprintf("/apis/%s/namespaces/%s/machineremediations/%s", caprv1.GroupVersion.String(), f.ns, m.Name)
-	g.Consistently(func() int { return notFound.of(http.MethodGet, path) }, quiet, poll).Should(BeZero())
+	g.Consistently(func() int { return requests.notFoundOf(http.MethodGet, requestPath(f.ns, m.Name)) }, quiet, poll).Should(BeZero())
+}
+
+// TestANewRequestIsRecordedInOneWrite: the remediator records what it found out about a new
+// request (phase, role, the Progressing and Paused conditions) in one status write, not one for the
+// conditions and one for the rest.
+func TestANewRequestIsRecordedInOneWrite(t *testing.T) {
+	g := NewWithT(t)
+	f, m := unreplacedRequest(t, g, "new")
+	path := requestPath(f.ns, m.Name)
+	g.Consistently(func() int { return requests.of(http.MethodPatch, path) + requests.of(http.MethodPatch, path+"/status") }, quiet, poll).Should(Equal(1))
+}
+
+// unreplacedRequest creates a Machine that nothing replaces (no MachineSet) and its request, and
+// waits until the remediator has recorded it: Pending, a worker request, NoRemediator, not paused.
+func unreplacedRequest(t *testing.T, g *WithT, name string) (*fixture, *clusterv1.Machine) {
+	t.Helper()
+	f := newFixture(t, g, nil)
+	m := f.machine(g, name)
+	f.request(g, m, nil, caprv1.MachineRemediationSourceHealthCheck)
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, f.ns, m.Name)
+		g.Expect(conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationNoRemediatorReason))
+		g.Expect(conditions.IsFalse(mr, clusterv1.PausedCondition)).To(BeTrue())
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
+		g.Expect(mr.Status.Worker).NotTo(BeNil())
+	}, eventually, poll).Should(Succeed())
+	return f, m
+}
+
+func requestPath(ns, name string) string {
+	return fmt.Sprintf("/apis/%s/namespaces/%s/machineremediations/%s", caprv1.GroupVersion.String(), ns, name)
 }
 
 // TestMaxInFlightOneAtATime: nothing starts while the Cluster is paused; then, with maxInFlight 1,
