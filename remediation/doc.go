@@ -2,5 +2,6 @@
 // control-plane remediator (remediation/controlplane) with its control-plane provider adapters, the
 // worker remediator (remediation/worker), the escalation chain both run (remediation/escalation),
 // and the storage-fencing interface and backends (remediation/fencing). This package itself holds
-// what both remediators apply to every request they write (SyncBlockMove).
+// what both remediators apply to every request they write (SyncBlockMove) and how they write it
+// (Persist).
 package remediation
