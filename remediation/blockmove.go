@@ -12,7 +12,7 @@ import (
 // done, the replicas to return to): moved mid-flight it could not be finished or undone. With the
 // annotation, move waits for it after pausing the Cluster (mover.go, waitReadyForMove); CAPR stops on
 // a paused Cluster, so the move gives up with an error naming the request and leaves the source
-// Cluster paused — unpause it and move once no remediation runs. Both remediators call it before
+// Cluster paused — unpause it and move once no remediation runs. Persist calls it before
 // every write, so the annotation never outlives the Running phase.
 func SyncBlockMove(mr *caprv1.MachineRemediation) {
 	_, has := mr.Annotations[clusterctlv1.BlockMoveAnnotation]

@@ -17,11 +17,13 @@ import (
 // fails with a conflict instead of undoing a newer one, and the reconcile starts again from a fresh
 // read. The status is one request, where CAPI's patch helper sends the conditions and the rest of
 // the status separately (util/patch Helper.Patch): a request's status is written only by the
-// remediator that owns it, which reads it live first. Both remediators call it (after
-// SyncBlockMove, with status.observedGeneration set) before issuing an action, so that the action is
-// recorded before it happens. It returns gone when the write removed the last finalizer of a
-// deleted request. base is updated to what was written.
+// remediator that owns it, which reads it live first. It sets status.observedGeneration and the
+// block-move annotation (SyncBlockMove) first. Both remediators call it before issuing an action,
+// so that the action is recorded before it happens. It returns gone when the write removed the last
+// finalizer of a deleted request. base is updated to what was written.
 func Persist(ctx context.Context, c client.Client, base, mr *caprv1.MachineRemediation) (gone bool, _ error) {
+	mr.Status.ObservedGeneration = mr.Generation
+	SyncBlockMove(mr)
 	if !equality.Semantic.DeepEqual(base.ObjectMeta, mr.ObjectMeta) {
 		// The reply carries the stored status, not the one this reconcile decided: keep ours.
 		status := mr.Status.DeepCopy()

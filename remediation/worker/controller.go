@@ -292,8 +292,6 @@ func clusterNameOf(s *scope) string {
 // persist writes what changed in the request since it was read (remediation.Persist). Steps call
 // it before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
-	s.mr.Status.ObservedGeneration = s.mr.Generation
-	remediation.SyncBlockMove(s.mr)
 	_, err := remediation.Persist(ctx, r.Client, s.base, s.mr)
 	return err
 }
