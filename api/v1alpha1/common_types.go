@@ -4,13 +4,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Annotations of the mark (written by controllers/machinehealthcheck) and of the control-plane
-// sequence (written by remediation/controlplane). Each has one codec, in annotation_codecs.go.
+// Annotations of a remediation request (written by a person or another tool) and of the
+// control-plane sequence (written by remediation/controlplane). Each has one codec, in
+// annotation_codecs.go.
 const (
-	// UnhealthyAnnotation is the mark the health checker writes on an unhealthy Machine. Its value is
-	// a JSON record {reason, message, since, checker} (see MarkRecord). A person may write it by hand
-	// with a checker other than a MachineHealthCheck's name to request remediation; the health checker
-	// never clears a mark it did not write.
+	// UnhealthyAnnotation on a Machine requests its remediation, like CAPI's
+	// cluster.x-k8s.io/remediate-machine, with a reason: a health check over the Machine marks it at
+	// once with reason ManualRequest and never removes the annotation. Its value is a JSON record
+	// {reason, message, since, checker} (see MarkRecord), or any text, kept as the message. The
+	// health checker's own mark is the MachineCAPRHealthCheckSucceededCondition at False, one write;
+	// CAPR before that wrote this annotation too, with the health check's name as checker, and such an
+	// annotation is removed when the Machine is healthy again.
 	UnhealthyAnnotation = "remediation.cluster.x-k8s.io/unhealthy"
 
 	// RemediationRecordAnnotation is set on the replacement Machine created by a control-plane remediation.
@@ -55,8 +59,8 @@ type MarkRecord struct {
 	Message string `json:"message,omitempty"`
 	// Since is when the Machine was first found unhealthy (RFC 3339).
 	Since metav1.Time `json:"since,omitempty"`
-	// Checker is "<namespace>/<name>" of the MachineHealthCheck that wrote the mark, or anything else
-	// (e.g. "manual") for a mark written by a person.
+	// Checker is who wrote the annotation: anything (e.g. "manual") for a person's request, or
+	// "<namespace>/<name>" of a MachineHealthCheck for an annotation an earlier CAPR wrote as its mark.
 	Checker string `json:"checker,omitempty"`
 }
 

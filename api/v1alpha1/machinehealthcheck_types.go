@@ -404,8 +404,10 @@ type MachineHealthCheckStatus struct {
 // +kubebuilder:printcolumn:name="Paused",type="string",JSONPath=".status.conditions[?(@.type==\"Paused\")].status",priority=10
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 
-// MachineHealthCheck checks the Machines of one Cluster and marks the unhealthy ones (annotation
-// remediation.cluster.x-k8s.io/unhealthy and condition remediation.cluster.x-k8s.io/HealthCheckSucceeded).
+// MachineHealthCheck checks the Machines of one Cluster and marks the unhealthy ones (condition
+// remediation.cluster.x-k8s.io/HealthCheckSucceeded at False). A Machine annotated
+// remediation.cluster.x-k8s.io/unhealthy or cluster.x-k8s.io/remediate-machine by a person is marked
+// at once.
 // It never deletes anything: when remediation is allowed it creates a MachineRemediation per marked
 // Machine, which CAPR's remediators act on.
 type MachineHealthCheck struct {

@@ -202,7 +202,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	restricted, requestChanged, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded, now)
+	restricted, requestChanged, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded)
 	r.updateStatus(mhc, rd, lim, restricted)
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
@@ -418,7 +418,7 @@ func (w *writeSlots) get() chan struct{} {
 // refused a request by the limits, and whether a withdrawal met a request newer than the cache's
 // (errRequestChanged: the round is to run again soon).
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
-	rd *round, lim limits, excluded []*clusterv1.Machine, now time.Time) (int, bool, error) {
+	rd *round, lim limits, excluded []*clusterv1.Machine) (int, bool, error) {
 	requests, err := r.listRequests(ctx, mhc)
 	if err != nil {
 		return 0, false, err
@@ -447,7 +447,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	marked, changes, requested := make([]bool, len(work)), make([]markChange, len(work)), make([]bool, len(work))
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
-		written, change, err := r.applyMark(ctx, t.machine, ev, cfg.checker, now)
+		written, change, err := r.applyMark(ctx, t.machine, ev, cfg.checker)
 		if err != nil {
 			fail(err)
 			return
@@ -512,7 +512,7 @@ func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests ma
 		if _, ok := requests[m.Name]; ok {
 			return true
 		}
-		if _, ok := ownMark(m, checker); ok {
+		if hasOwnAnnotation(m, checker) {
 			return true
 		}
 		return !hasSameCondition(m, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition,
@@ -586,6 +586,12 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		client.MatchingLabels{clusterv1.ClusterNameLabel: mhc.Spec.ClusterName}); err != nil {
 		return fmt.Errorf("listing Machines: %w", err)
 	}
+	// The mark (a condition) does not name its health check: it is this one's on the Machines it
+	// selects. A selector that no longer parses selects none of them.
+	selector, err := machineSelector(mhc)
+	if err != nil {
+		selector = labels.Nothing()
+	}
 	requests, err := r.listRequests(ctx, mhc)
 	if err != nil {
 		return err
@@ -593,7 +599,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	var errs []error
 	for i := range machines.Items {
 		m := &machines.Items[i]
-		if _, ok := ownMark(m, checker); ok {
+		if hasOwnAnnotation(m, checker) || (selector.Matches(labels.Set(m.Labels)) && isMarked(m, checker)) {
 			after := m.DeepCopy()
 			delete(after.Annotations, caprv1.UnhealthyAnnotation)
 			conditions.Delete(after, caprv1.MachineCAPRHealthCheckSucceededCondition)
@@ -627,9 +633,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 // reports it.
 // The Machine read from the cache is never modified (it is read without a copy, see getTargets):
 // the written copy is returned instead.
-func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string, now time.Time) (*clusterv1.Machine, markChange, error) {
+func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string) (*clusterv1.Machine, markChange, error) {
 	after := m.DeepCopy()
-	change := applyMark(after, ev, checker, now)
+	change := applyMark(after, ev, checker)
 	if change == markUnchanged {
 		return m, markUnchanged, nil
 	}

@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,13 +30,22 @@ const (
 	markCleared
 )
 
-// applyMark sets the mark (annotation + condition) of a Machine from its evaluation, in memory, and
-// says what changed. Pending targets keep whatever they have: a timeout still running neither marks
-// nor clears. Marks written by someone else are never touched.
-func applyMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time) markChange {
+// applyMark sets the mark of a Machine from its evaluation, in memory, and says what changed.
+// Pending targets keep whatever they have: a timeout still running neither marks nor clears.
+//
+// The mark is the condition MachineCAPRHealthCheckSucceededCondition at False: its reason and
+// message say what failed and its lastTransitionTime since when. It is one write to the Machine's
+// status, as CAPI's MachineHealthCheck's mark is (its HealthCheckSucceeded and OwnerRemediated
+// conditions, sigs.k8s.io/cluster-api core/reconcilers/machinehealthcheck
+// machinehealthcheck_targets.go). The UnhealthyAnnotation is not written: it is how a person or
+// another tool requests remediation (evaluate), and this health check never touches one it did not
+// write. One carrying this health check's name was written by an earlier CAPR, whose mark was the
+// annotation and the condition; it still counts as this health check's mark and is removed when the
+// mark clears.
+func applyMark(m *clusterv1.Machine, ev evaluation, checker string) markChange {
 	switch ev.verdict {
 	case verdictUnhealthy:
-		return setMark(m, ev, checker, now)
+		return setMark(m, ev, checker)
 	case verdictHealthy:
 		return clearMark(m, checker)
 	default:
@@ -45,45 +53,21 @@ func applyMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Tim
 	}
 }
 
-func setMark(m *clusterv1.Machine, ev evaluation, checker string, now time.Time) markChange {
-	// The two halves are written by two requests (patchMark): after a crash or a failed write between
-	// them the Machine has only one. A Machine counts as already marked only with our annotation (or,
-	// under someone else's annotation, with the condition), so that completing a half mark still says
-	// so once (event and metric), and the annotation's since takes the condition's time.
-	_, foreign := foreignMark(m, checker)
-	current, own := ownMark(m, checker)
-	cond := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
-	condFalse := cond != nil && cond.Status == metav1.ConditionFalse
-	wasMarked := own || (foreign && condFalse)
-	changed := false
-
-	// The annotation is ours to write unless a person (or another tool) wrote it.
-	if !foreign {
-		since := metav1.NewTime(now.UTC().Truncate(time.Second))
-		switch {
-		case own && !current.Since.IsZero():
-			since = current.Since
-		case condFalse:
-			since = cond.LastTransitionTime
-		}
-		rec := caprv1.MarkRecord{Reason: ev.reason, Message: ev.message, Since: since, Checker: checker}
-		if value, err := rec.Marshal(); err == nil && m.Annotations[caprv1.UnhealthyAnnotation] != value {
-			changed = annotations.AddAnnotations(m, map[string]string{caprv1.UnhealthyAnnotation: value}) || changed
-		}
-	}
-	changed = setCondition(m, metav1.Condition{
+func setMark(m *clusterv1.Machine, ev evaluation, checker string) markChange {
+	wasMarked := isMarked(m, checker)
+	changed := setCondition(m, metav1.Condition{
 		Type:    caprv1.MachineCAPRHealthCheckSucceededCondition,
 		Status:  metav1.ConditionFalse,
 		Reason:  ev.reason,
 		Message: ev.message,
-	}) || changed
+	})
 	return transition(changed, wasMarked, markUpdated, markSet)
 }
 
 func clearMark(m *clusterv1.Machine, checker string) markChange {
 	wasMarked := isMarked(m, checker)
 	changed := false
-	if _, ok := ownMark(m, checker); ok {
+	if hasOwnAnnotation(m, checker) {
 		delete(m.Annotations, caprv1.UnhealthyAnnotation)
 		changed = true
 	}
@@ -118,10 +102,10 @@ func transition(changed, wasMarked bool, ifWasMarked, ifWasNot markChange) markC
 	}
 }
 
-// isMarked reports whether the Machine carries this health check's mark (its annotation, or our
-// condition at False).
+// isMarked reports whether the Machine carries this health check's mark: the condition at False, or
+// the annotation an earlier CAPR wrote with it.
 func isMarked(m *clusterv1.Machine, checker string) bool {
-	if _, ok := ownMark(m, checker); ok {
+	if hasOwnAnnotation(m, checker) {
 		return true
 	}
 	c := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
@@ -133,28 +117,26 @@ func hasSameCondition(m *clusterv1.Machine, want metav1.Condition) bool {
 	return c != nil && c.Status == want.Status && c.Reason == want.Reason && c.Message == want.Message
 }
 
-// ownMark returns the mark on the Machine when it was written by checker.
-func ownMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool) {
+// hasOwnAnnotation reports whether the Machine carries the annotation written by checker (an earlier
+// CAPR: see applyMark).
+func hasOwnAnnotation(m *clusterv1.Machine, checker string) bool {
 	value, ok := m.Annotations[caprv1.UnhealthyAnnotation]
 	if !ok {
-		return nil, false
+		return false
 	}
 	rec, err := caprv1.MarkRecordFromAnnotation(value)
-	if err != nil || rec.Checker != checker {
-		return nil, false
-	}
-	return rec, true
+	return err == nil && rec.Checker == checker
 }
 
 // markFieldManager is the field manager of the mark's condition (server-side apply).
 const markFieldManager = "capr-machinehealthcheck"
 
-// patchMark writes what changed of the Machine's mark, the annotation and the condition at once:
-// neither request carries a resourceVersion, so they cannot conflict with each other, and a mark
-// costs one round trip, not two. The annotation is a JSON merge patch of that one key. The condition
-// is applied server-side as the one entry of status.conditions (a list map keyed by type) that
-// CAPR's health check owns, so that CAPI's conditions on the same Machine are never overwritten and
-// no read is needed first. A crash between the two leaves a half mark that the next round completes.
+// patchMark writes what changed of the Machine's mark: the condition, applied server-side as the
+// one entry of status.conditions (a list map keyed by type) that CAPR's health check owns, so that
+// CAPI's conditions on the same Machine are never overwritten and no read is needed first; and,
+// when a mark clears, the annotation an earlier CAPR wrote (a JSON merge patch of that one key, sent
+// at the same time: neither request carries a resourceVersion, so they cannot conflict). A crash
+// between the two leaves that annotation, which the next round removes.
 func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
 	var (
 		wg                sync.WaitGroup

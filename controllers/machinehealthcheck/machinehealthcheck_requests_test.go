@@ -103,7 +103,7 @@ func TestWithdrawalMeetingANewerRequestRequeuesWithoutFailing(t *testing.T) {
 	r := &Reconciler{Client: c}
 
 	restricted, requestChanged, err := r.applyMarksAndRequests(context.Background(), &clusterv1.Cluster{}, mhc, defaultConfig(),
-		&round{}, limits{}, []*clusterv1.Machine{m}, now)
+		&round{}, limits{}, []*clusterv1.Machine{m})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(requestChanged).To(BeTrue())
 	g.Expect(restricted).To(BeZero())

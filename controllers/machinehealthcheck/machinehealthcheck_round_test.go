@@ -78,7 +78,7 @@ func TestNeedsWriteSkipsOnlyUnchangedTargets(t *testing.T) {
 			ev := evaluation{verdict: tt.verdict, reason: "r", message: "m"}
 			g.Expect(needsWrite(tt.m, ev, checker, tt.requests)).To(Equal(tt.want))
 			if !tt.want {
-				g.Expect(applyMark(tt.m.DeepCopy(), ev, checker, now)).To(Equal(markUnchanged))
+				g.Expect(applyMark(tt.m.DeepCopy(), ev, checker)).To(Equal(markUnchanged))
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -166,31 +167,34 @@ func TestApplyMark(t *testing.T) {
 	g := NewWithT(t)
 	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Ready=False"}
 	m := machine()
+	mark := func() *metav1.Condition { return conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition) }
 
-	g.Expect(applyMark(m, unhealthy, "ns/hc", now)).To(Equal(markSet))
-	rec, ok := ownMark(m, "ns/hc")
-	g.Expect(ok).To(BeTrue())
-	g.Expect(rec.Since.UTC().Format(time.RFC3339)).To(Equal(now.UTC().Format(time.RFC3339)))
-	// Same verdict later: nothing to write, since is kept.
-	g.Expect(applyMark(m, unhealthy, "ns/hc", now.Add(time.Minute))).To(Equal(markUnchanged))
-	// New reason: updated, since kept.
-	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason, message: "gone"}, "ns/hc", now.Add(time.Minute))).To(Equal(markUpdated))
-	rec, _ = ownMark(m, "ns/hc")
-	g.Expect(rec.Since.UTC().Format(time.RFC3339)).To(Equal(now.UTC().Format(time.RFC3339)))
+	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markSet))
+	g.Expect(mark()).To(HaveField("Status", metav1.ConditionFalse))
+	g.Expect(mark().Reason).To(Equal(unhealthy.reason))
+	g.Expect(mark().Message).To(Equal(unhealthy.message))
+	g.Expect(m.Annotations).NotTo(HaveKey(caprv1.UnhealthyAnnotation), "the mark is the condition alone: one write")
+	since := metav1.NewTime(now.Add(-time.Hour))
+	mark().LastTransitionTime = since
+	// Same verdict later: nothing to write.
+	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markUnchanged))
+	// New reason: updated, since (the condition's lastTransitionTime) kept.
+	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason, message: "gone"}, "ns/hc")).To(Equal(markUpdated))
+	g.Expect(mark().Reason).To(Equal(caprv1.MachineCAPRHealthCheckNodeDeletedReason))
+	g.Expect(mark().LastTransitionTime.Time).To(BeTemporally("==", since.Time))
 	// Pending leaves the mark alone.
-	g.Expect(applyMark(m, evaluation{verdict: verdictPending}, "ns/hc", now)).To(Equal(markUnchanged))
+	g.Expect(applyMark(m, evaluation{verdict: verdictPending}, "ns/hc")).To(Equal(markUnchanged))
 	// Healthy clears it.
-	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc", now)).To(Equal(markCleared))
-	_, ok = ownMark(m, "ns/hc")
-	g.Expect(ok).To(BeFalse())
-	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc", now)).To(Equal(markUnchanged))
+	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc")).To(Equal(markCleared))
+	g.Expect(mark()).To(HaveField("Status", metav1.ConditionTrue))
+	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc")).To(Equal(markUnchanged))
 
-	// Someone else's mark is never rewritten nor cleared.
+	// Someone else's annotation is never rewritten nor cleared.
 	foreign := machine(func(m *clusterv1.Machine) {
 		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
 	})
-	applyMark(foreign, unhealthy, "ns/hc", now)
-	applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc", now)
+	applyMark(foreign, unhealthy, "ns/hc")
+	applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")
 	g.Expect(foreign.Annotations[caprv1.UnhealthyAnnotation]).To(Equal(`{"reason":"ManualRequest","checker":"alice"}`))
 }
 

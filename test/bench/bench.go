@@ -585,22 +585,19 @@ const (
 )
 
 // stateOf reads a Machine's health-check state as the system under test writes it: CAPI's
-// HealthCheckSucceeded condition, or CAPR's mark (annotation and condition; the condition is
-// written last).
+// HealthCheckSucceeded condition, or CAPR's remediation.cluster.x-k8s.io/HealthCheckSucceeded.
 func stateOf(system string, m *clusterv1.Machine) (machineState, bool) {
 	condType := clusterv1.MachineHealthCheckSucceededCondition
 	if system == "capr" {
 		condType = caprv1.MachineCAPRHealthCheckSucceededCondition
 	}
 	c := conditions.Get(m, condType)
-	if c == nil {
-		return 0, false
-	}
-	_, annotated := m.Annotations[caprv1.UnhealthyAnnotation]
 	switch {
-	case c.Status == metav1.ConditionTrue && (system == "capi" || !annotated):
+	case c == nil:
+		return 0, false
+	case c.Status == metav1.ConditionTrue:
 		return stateHealthy, true
-	case c.Status == metav1.ConditionFalse && (system == "capi" || annotated):
+	case c.Status == metav1.ConditionFalse:
 		return stateMarked, true
 	}
 	return 0, false

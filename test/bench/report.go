@@ -44,6 +44,10 @@ func Table(results []*Result) string {
 	}
 	isEvent := func(k string) bool { return strings.HasSuffix(k, " events") && isWrite(k) }
 	nonEventWrite := func(k string) bool { return isWrite(k) && !isEvent(k) }
+	machineWrite := func(k string) bool {
+		_, resource, _ := strings.Cut(k, " ")
+		return isWrite(k) && (resource == "machines" || strings.HasPrefix(resource, "machines/"))
+	}
 	rows := []row{
 		{"mark: last Machine (s)", func(r *Result) (float64, string) { return markedOrNot(r.Mark, r.Mark.Max) }},
 		{"mark: last remediation requested (s)", func(r *Result) (float64, string) {
@@ -55,6 +59,7 @@ func Table(results []*Result) string {
 		{"mark: p50 (s)", func(r *Result) (float64, string) { return secs(r.Mark.P50) }},
 		{"mark: p99 (s)", func(r *Result) (float64, string) { return secs(r.Mark.P99) }},
 		{"mark: writes per mark, events excluded", func(r *Result) (float64, string) { return perChange(r.Mark, nonEventWrite) }},
+		{"mark: Machine writes per mark", func(r *Result) (float64, string) { return perChange(r.Mark, machineWrite) }},
 		{"mark: event writes per mark", func(r *Result) (float64, string) { return perChange(r.Mark, isEvent) }},
 		{"mark: requests per mark, all verbs", func(r *Result) (float64, string) { return perChange(r.Mark, nil) }},
 		{"mark: CPU (s)", func(r *Result) (float64, string) {

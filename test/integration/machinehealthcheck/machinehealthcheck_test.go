@@ -166,15 +166,22 @@ func getMachine(g Gomega, ns, name string) *clusterv1.Machine {
 	return m
 }
 
-// markOf returns the Machine's mark record (nil when not marked) and its condition.
+// markOf returns the Machine's mark (nil when not marked) and the health check's condition. The
+// mark is the record of the annotation when a person wrote one (a request), else the condition at
+// False read as a record (since is its lastTransitionTime): the health checker writes only the
+// condition.
 func markOf(g Gomega, ns, name string) (*caprv1.MarkRecord, *metav1.Condition) {
 	m := getMachine(g, ns, name)
-	var rec *caprv1.MarkRecord
+	cond := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
 	if v, ok := m.Annotations[caprv1.UnhealthyAnnotation]; ok {
-		rec = &caprv1.MarkRecord{}
+		rec := &caprv1.MarkRecord{}
 		g.Expect(json.Unmarshal([]byte(v), rec)).To(Succeed())
+		return rec, cond
 	}
-	return rec, conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
+	if cond == nil || cond.Status != metav1.ConditionFalse {
+		return nil, cond
+	}
+	return &caprv1.MarkRecord{Reason: cond.Reason, Message: cond.Message, Since: cond.LastTransitionTime}, cond
 }
 
 func remediationExists(ns, name string) bool {
@@ -250,8 +257,8 @@ func TestMarksUnhealthyMachineAndRequestsRemediation(t *testing.T) {
 		rec, cond := markOf(g, f.ns, "sick")
 		g.Expect(rec).NotTo(BeNil())
 		g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
-		g.Expect(rec.Checker).To(Equal(f.ns + "/hc"))
 		g.Expect(rec.Since.IsZero()).To(BeFalse())
+		g.Expect(getMachine(g, f.ns, "sick").Annotations).NotTo(HaveKey(caprv1.UnhealthyAnnotation), "the mark is the condition alone")
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
 		g.Expect(cond.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"fmt"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -8,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	capienv "github.com/capr-io/capr/test/envtest"
@@ -26,7 +28,7 @@ func TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced(t *testing.T) {
 
 	g.Eventually(func(g Gomega) {
 		for _, name := range []string{"w1", "w2"} {
-			g.Expect(getMachine(g, f.ns, name).Annotations).To(HaveKey(caprv1.UnhealthyAnnotation))
+			g.Expect(conditions.IsFalse(getMachine(g, f.ns, name), caprv1.MachineCAPRHealthCheckSucceededCondition)).To(BeTrue())
 		}
 	}, eventually, poll).Should(Succeed())
 	g.Consistently(func(g Gomega) {
@@ -45,6 +47,29 @@ func TestHealthCheckMarksWorkerWithinTriggerIfAndItIsReplaced(t *testing.T) {
 		g.Expect(machineExists(g, f.ns, name)).To(BeTrue())
 		g.Expect(remediationExists(g, f.ns, name)).To(BeFalse())
 	}
+}
+
+// TestAMarkIsOneMachineWrite: the health checker marks a Machine with one write, its condition in
+// the status (as CAPI's MachineHealthCheck does), and no annotation. triggerIf allows no
+// remediation, so that nothing else in the manager writes the Machine.
+func TestAMarkIsOneMachineWrite(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	f.workerWithNode(g, "w", corev1.ConditionTrue)
+	f.caprHealthCheck(g, &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(0))})
+	path := fmt.Sprintf("/apis/%s/namespaces/%s/machines/w", clusterv1.GroupVersion.String(), f.ns)
+	writes := func() int { return requests.writesTo(path) }
+	g.Eventually(func(g Gomega) {
+		g.Expect(conditions.IsTrue(getMachine(g, f.ns, "w"), caprv1.MachineCAPRHealthCheckSucceededCondition)).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(writes, quiet, poll).Should(Equal(1), "reporting the Machine healthy is one write")
+
+	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.node("w"), corev1.ConditionFalse)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(conditions.IsFalse(getMachine(g, f.ns, "w"), caprv1.MachineCAPRHealthCheckSucceededCondition)).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+	g.Consistently(writes, quiet, poll).Should(Equal(2), "the mark is one more write")
+	g.Expect(getMachine(g, f.ns, "w").Annotations).NotTo(HaveKey(caprv1.UnhealthyAnnotation))
 }
 
 // caprHealthCheck creates CAPR's MachineHealthCheck over the pool (Node not Ready for 1 s).

@@ -144,11 +144,16 @@ func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	})
 }
 
-// of returns how many requests of the method to the path the manager sent.
-func (c *requestCounter) of(method, path string) int {
+// writesTo returns how many writes (PATCH or PUT) the manager sent to the object at path and to its
+// status.
+func (c *requestCounter) writesTo(path string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.counts[method+" "+path]
+	n := 0
+	for _, method := range []string{http.MethodPatch, http.MethodPut} {
+		n += c.counts[method+" "+path] + c.counts[method+" "+path+"/status"]
+	}
+	return n
 }
 
 // notFoundOf returns how many requests of the method to the path were answered 404.

@@ -297,11 +297,7 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 		for _, v := range victims {
 			m := &clusterv1.Machine{}
 			if _, ok := marked[v]; !ok && d.sb.Client.Get(ctx, client.ObjectKey{Namespace: d.wc.Namespace, Name: v}, m) == nil {
-				if rec, ok := m.Annotations[caprv1.UnhealthyAnnotation]; ok {
-					mark, err := caprv1.MarkRecordFromAnnotation(rec)
-					if err != nil {
-						mark = &caprv1.MarkRecord{Reason: "(unreadable mark)", Message: err.Error()}
-					}
+				if mark := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition); mark != nil && mark.Status == metav1.ConditionFalse {
 					marked[v] = time.Now()
 					d.say("DETECTED and MARKED %s: %s (%s)", v, mark.Reason, mark.Message)
 				}
