@@ -29,8 +29,9 @@ const EventCreated = "EscalationCreated"
 // maxRequeue bounds the wait between two looks at a step (watches bring the remediator back sooner).
 const maxRequeue = 15 * time.Second
 
-// Marked reports whether the Machine still carries a health mark: CAPR's annotation or condition, or
-// CAPI's HealthCheckSucceeded=False (a request from CAPI's MachineHealthCheck).
+// Marked reports whether the Machine still carries a health mark: CAPR's condition at False, the
+// unhealthy annotation (a person's request, or the mark of an earlier CAPR), or CAPI's
+// HealthCheckSucceeded=False (a request from CAPI's MachineHealthCheck).
 func Marked(m *clusterv1.Machine) bool {
 	if _, ok := m.Annotations[caprv1.UnhealthyAnnotation]; ok {
 		return true
