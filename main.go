@@ -62,9 +62,9 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.healthAddr, "health-addr", ":9440", "Address the health and readiness probes bind to.")
 	fs.DurationVar(&o.syncPeriod, "sync-period", 10*time.Minute, "Minimum interval at which watched objects are reconciled again.")
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", controllers.DefaultKubeAPIQPS,
-		"Maximum queries per second from the controllers to the management cluster's API server (CAPI's managers' default); negative: no client-side limit.")
+		"Maximum queries per second from the controllers to the management cluster's API server, per resource type; negative: no client-side limit, the API server's Priority and Fairness limits the manager (CAPI's managers: 100).")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", controllers.DefaultKubeAPIBurst,
-		"Maximum burst of queries from the controllers to the management cluster's API server (CAPI's managers' default).")
+		"Maximum burst of queries from the controllers to the management cluster's API server, per resource type, when --kube-api-qps is not negative (CAPI's managers: 200).")
 	fs.IntVar(&o.healthCheckConcurrency, "machinehealthcheck-concurrency", 10, "Number of MachineHealthChecks reconciled at once.")
 	fs.IntVar(&o.clusterCacheConcurrency, "clustercache-concurrency", 100, "Number of Clusters whose workload-cluster connections are reconciled at once.")
 	fs.Float32Var(&o.clusterCacheQPS, "clustercache-client-qps", 20, "Maximum queries per second to each workload cluster.")

@@ -24,10 +24,16 @@ import (
 // ControllerName is the name CAPR's manager uses for its informers, user agent and events.
 const ControllerName = "capr-manager"
 
-// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the manager's client-side rate limit towards the
-// management cluster's API server, CAPI's managers' defaults (--kube-api-qps, --kube-api-burst).
+// DefaultKubeAPIQPS and DefaultKubeAPIBurst are the defaults of the manager's client-side rate limit
+// towards the management cluster's API server (--kube-api-qps, --kube-api-burst). A negative QPS is
+// no client-side limit: the API server's Priority and Fairness limits the manager instead, as
+// controller-runtime's config.GetConfig defaults to since v0.21. The limit would bind in exactly one
+// case, a storm of marks: a client-side limit of QPS q and burst b spends at least (n-b)/q seconds on
+// n marks of one write each (CAPI's 100/200: 8 s for 1,000 Machines), while the health checker
+// already bounds its writes in flight (writeSlots) and steady state sends nothing. The burst is
+// CAPI's managers' 200, so that --kube-api-qps=100 alone sets CAPI's managers' limit.
 const (
-	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIQPS   = -1
 	DefaultKubeAPIBurst = 200
 )
 

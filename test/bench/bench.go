@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net/http"
 	"os"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	v1beta1conditions "sigs.k8s.io/cluster-api/util/conditions/deprecated/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -49,18 +51,27 @@ type Variant struct {
 	Burst int
 	// RateLimiting is CAPI's ReconcilerRateLimiting (15 s per MachineHealthCheck).
 	RateLimiting bool
+	// Extra variants run only when BENCH_VARIANTS names them.
+	Extra bool
 }
 
-// Variants are the shipped defaults of both systems and both with every limit off.
+// Unlimited reports whether the variant has neither a client-side limit nor CAPI's rate limiting.
+func (v Variant) Unlimited() bool { return v.QPS < 0 && !v.RateLimiting }
+
+// Variants are the shipped defaults of both systems and CAPI with every limit off; CAPR's defaults
+// set no limit (controllers.DefaultKubeAPIQPS), so they are also CAPR unlimited. The extra variant
+// is CAPR with CAPI's managers' client-side limit.
 var Variants = []Variant{
 	{Name: "CAPI defaults", System: "capi", QPS: 100, Burst: 200, RateLimiting: true},
 	{Name: "CAPI unlimited", System: "capi", QPS: -1, Burst: 0},
 	{Name: "CAPR defaults", System: "capr", QPS: controllers.DefaultKubeAPIQPS, Burst: controllers.DefaultKubeAPIBurst},
-	{Name: "CAPR unlimited", System: "capr", QPS: -1, Burst: 0},
+	{Name: "CAPR at 100 QPS", System: "capr", QPS: 100, Burst: 200, Extra: true},
 }
 
 // Config is one run: a fleet shape and a variant.
 type Config struct {
+	// Image is the fleet the run starts from (a copy of it); nil builds one for this run alone.
+	Image        *FleetImage
 	Machines     int
 	HealthChecks int // Machines are split evenly over this many health checks
 	Variant      Variant
@@ -125,13 +136,35 @@ const (
 	fleetWorkers = 16
 )
 
-// Run creates a fresh envtest API server and fleet, starts the controller process, and measures.
+// Run starts a fresh envtest API server on a copy of the fleet image (built here when cfg.Image is
+// nil), starts the controller process, and measures.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
-	logf := cfg.Log
-	if logf == nil {
-		logf = func(string, ...any) {}
+	logf := func(string, ...any) {}
+	if cfg.Log != nil {
+		began := time.Now()
+		logf = func(format string, args ...any) {
+			cfg.Log("[%6.1fs] "+format, append([]any{time.Since(began).Seconds()}, args...)...)
+		}
 	}
-	env, err := capienv.Start(capienv.Options{})
+	image := cfg.Image
+	if image == nil {
+		built, err := BuildFleetImage(ctx, cfg.Machines, cfg.HealthChecks)
+		if err != nil {
+			return nil, err
+		}
+		defer built.Remove()
+		image = built
+	}
+	if image.Machines != cfg.Machines || image.HealthChecks != cfg.HealthChecks {
+		return nil, fmt.Errorf("the fleet image has %d Machines in %d pools, the run wants %d in %d", image.Machines, image.HealthChecks,
+			cfg.Machines, cfg.HealthChecks)
+	}
+	data, err := image.copy()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = os.RemoveAll(data) }()
+	env, err := capienv.Start(capienv.Options{EtcdDataDir: data})
 	if err != nil {
 		return nil, err
 	}
@@ -141,12 +174,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-
-	f, err := newFleet(ctx, env, c, cfg)
+	f, err := openFleet(ctx, env, c, cfg, image)
 	if err != nil {
 		return nil, err
 	}
-	logf("%s: fleet of %d Machines in %d health check(s) created", cfg.Variant.Name, cfg.Machines, cfg.HealthChecks)
+	logf("%s: API server started on the fleet image (%d Machines), %d health check(s) created", cfg.Variant.Name, cfg.Machines, cfg.HealthChecks)
 
 	obs, err := newObserver(ctx, env, f.ns, cfg.Variant.System)
 	if err != nil {
@@ -216,26 +248,77 @@ func machineName(i int) string { return fmt.Sprintf("m-%05d", i) }
 
 func (f *fleet) nodeName(i int) string { return f.ns + "-" + machineName(i) }
 
-func newFleet(ctx context.Context, env *capienv.Environment, c client.Client, cfg Config) (*fleet, error) {
-	ns, err := capienv.CreateNamespace(ctx, c, "bench")
-	if err != nil {
-		return nil, err
-	}
-	f := &fleet{c: c, server: env.Config, cfg: cfg, ns: ns}
-	f.cluster = capienv.NewCluster(ns, "c1", clusterv1.ContractVersionedObjectReference{})
-	if err := c.Create(ctx, f.cluster); err != nil {
-		return nil, fmt.Errorf("creating Cluster: %w", err)
-	}
-	if err := capienv.SetClusterReady(ctx, c, f.cluster, capienv.ControlPlaneInitialized); err != nil {
-		return nil, err
+// openFleet connects to the fleet an image holds, on an API server started on a copy of it: the
+// workload cluster's kubeconfig Secret points at this API server, and the variant's health checks are
+// created.
+func openFleet(ctx context.Context, env *capienv.Environment, c client.Client, cfg Config, image *FleetImage) (*fleet, error) {
+	f := &fleet{c: c, server: env.Config, cfg: cfg, ns: image.namespace, cluster: &clusterv1.Cluster{}}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: image.namespace, Name: image.cluster}, f.cluster); err != nil {
+		return nil, fmt.Errorf("reading the fleet's Cluster: %w", err)
 	}
 	if err := capienv.CreateKubeconfigSecret(ctx, c, env.Config, f.cluster); err != nil {
 		return nil, err
 	}
+	for i := range cfg.HealthChecks {
+		if err := c.Create(ctx, f.healthCheck(i)); err != nil {
+			return nil, fmt.Errorf("creating health check: %w", err)
+		}
+	}
+	return f, nil
+}
+
+// FleetImage is a fleet built once into an etcd data directory: a Cluster, its Machines in pools
+// (one per health check) and their Nodes, every one healthy, and no health check. Every run starts its
+// own API server on a copy of the directory, so each variant meets the same fresh fleet and the
+// fleet is written once per shape instead of once per variant (at N=10,000, 40,000 writes).
+type FleetImage struct {
+	Machines, HealthChecks int
+	dir                    string
+	namespace, cluster     string
+}
+
+// BuildFleetImage starts an API server whose etcd keeps its data, creates the fleet and stops it.
+func BuildFleetImage(ctx context.Context, machines, healthChecks int) (_ *FleetImage, reterr error) {
+	dir, err := os.MkdirTemp("", "capr-bench-fleet-")
+	if err != nil {
+		return nil, fmt.Errorf("creating the fleet image's directory: %w", err)
+	}
+	image := &FleetImage{Machines: machines, HealthChecks: healthChecks, dir: filepath.Join(dir, "etcd")}
+	defer func() {
+		if reterr != nil {
+			image.Remove()
+		}
+	}()
+	env, err := capienv.Start(capienv.Options{EtcdDataDir: image.dir})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := env.Stop(); err != nil && reterr == nil {
+			reterr = fmt.Errorf("stopping the API server of the fleet image: %w", err)
+		}
+	}()
+	env.Config.QPS, env.Config.Burst = -1, 0
+	c, err := client.New(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	if image.namespace, err = capienv.CreateNamespace(ctx, c, "bench"); err != nil {
+		return nil, err
+	}
+	cluster := capienv.NewCluster(image.namespace, "c1", clusterv1.ContractVersionedObjectReference{})
+	image.cluster = cluster.Name
+	if err := c.Create(ctx, cluster); err != nil {
+		return nil, fmt.Errorf("creating Cluster: %w", err)
+	}
+	if err := capienv.SetClusterReady(ctx, c, cluster, capienv.ControlPlaneInitialized); err != nil {
+		return nil, err
+	}
+	f := &fleet{ns: image.namespace}
 	healthySince := time.Now().Add(-time.Hour)
-	err = parallel(cfg.Machines, func(i int) error {
-		m := capienv.NewMachine(ns, f.cluster.Name, machineName(i))
-		m.Labels["pool"] = strconv.Itoa(i % cfg.HealthChecks)
+	err = parallel(machines, func(i int) error {
+		m := capienv.NewMachine(image.namespace, cluster.Name, machineName(i))
+		m.Labels["pool"] = strconv.Itoa(i % healthChecks)
 		if err := c.Create(ctx, m); err != nil {
 			return fmt.Errorf("creating Machine %s: %w", m.Name, err)
 		}
@@ -247,17 +330,60 @@ func newFleet(ctx context.Context, env *capienv.Environment, c client.Client, cf
 	if err != nil {
 		return nil, err
 	}
-	for i := range cfg.HealthChecks {
-		if err := c.Create(ctx, f.healthCheck(i)); err != nil {
-			return nil, fmt.Errorf("creating health check: %w", err)
-		}
+	return image, nil
+}
+
+// Remove deletes the image's directory.
+func (im *FleetImage) Remove() { _ = os.RemoveAll(filepath.Dir(im.dir)) }
+
+// copy copies the image's etcd data directory for one run and returns the copy's path.
+func (im *FleetImage) copy() (string, error) {
+	dst, err := os.MkdirTemp("", "capr-bench-etcd-")
+	if err != nil {
+		return "", fmt.Errorf("creating a directory for the run's etcd: %w", err)
 	}
-	return f, nil
+	err = filepath.WalkDir(im.dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(im.dir, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o700)
+		}
+		return copyFile(path, target)
+	})
+	if err != nil {
+		_ = os.RemoveAll(dst)
+		return "", fmt.Errorf("copying the fleet image %s: %w", im.dir, err)
+	}
+	return dst, nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // setMachineNodeHealthy sets the Machine's nodeRef and InfrastructureReady as CAPI's Machine
-// controller would, plus both systems' "health check succeeded" conditions, so that neither
-// controller has to write every Machine once at start (the start is not what is measured).
+// controller would, plus both systems' "health check succeeded" conditions (CAPI's in v1beta2 and
+// v1beta1), so that neither controller has to write every Machine once at start (the start is not
+// what is measured).
 func setMachineNodeHealthy(ctx context.Context, c client.Client, m *clusterv1.Machine, node string) error {
 	base := m.DeepCopy()
 	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: node}
@@ -266,6 +392,9 @@ func setMachineNodeHealthy(ctx context.Context, c client.Client, m *clusterv1.Ma
 		Reason: clusterv1.MachineHealthCheckSucceededReason})
 	conditions.Set(m, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineCAPRHealthCheckSucceededReason})
+	// CAPI's MachineHealthCheck also keeps the deprecated v1beta1 condition of a healthy target
+	// (patchHealthyTargets); without it, it writes every Machine once at start.
+	v1beta1conditions.MarkTrue(m, clusterv1.MachineHealthCheckSucceededV1Beta1Condition)
 	if err := c.Status().Patch(ctx, m, client.MergeFrom(base)); err != nil {
 		return fmt.Errorf("setting nodeRef of Machine %s: %w", m.Name, err)
 	}
@@ -463,7 +592,7 @@ const singleNode = 1
 
 // heartbeatPhase refreshes the lastHeartbeatTime of every Node's Ready condition, nothing else (a
 // strategic merge patch keyed by condition type), as kubelets do, and measures what the controller
-// does about it. The phase waits deferredWork for a rate-limited controller, so its CPU is reported
+// does about it. The phase waits the variant's deferral before it waits for quiet, so its CPU is reported
 // above the controller's idle rate (CPU seconds per second, measured by drain just before).
 func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess, idle float64) (Phase, error) {
 	if err := proc.reset(ctx); err != nil {
@@ -494,7 +623,7 @@ func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess, idl
 	select {
 	case <-ctx.Done():
 		return Phase{}, ctx.Err()
-	case <-time.After(deferredWork):
+	case <-time.After(f.cfg.Variant.deferral()):
 	}
 	if ph.Stats, ph.Unsettled, err = proc.quiescentStats(ctx); err != nil {
 		return Phase{}, err
@@ -509,16 +638,18 @@ func (f *fleet) heartbeatPhase(ctx context.Context, proc *controllerProcess, idl
 // remediator's requeue of a waiting request (15 s).
 const deferredWork = 16 * time.Second
 
-// deferral is how long a controller must have been quiet before the next phase starts. CAPR defers
-// no work from one phase to the next: the worker remediator's 15 s requeues of the requests the
-// recovery withdrew find them gone from its cache and send nothing (remediation/worker
-// readRequest). CAPI is given deferredWork, rate limited or not. Work deferred all the same would
-// land in the next phase and show in its rows (the heartbeat phase still waits deferredWork).
+// deferral is how long a controller must have been quiet before the next phase starts, and how long
+// the heartbeat phase waits before it waits for quiet: deferredWork for CAPI's rate limiting (15 s
+// per health check), 3 s otherwise. Neither CAPI without its rate limiting nor CAPR defers work
+// from one phase to the next: CAPI requeues a health check only for a timeout still running (none
+// after a recovery), and the worker remediator's 15 s requeues of the requests the recovery withdrew
+// find them gone from its cache and send nothing (remediation/worker readRequest). Work deferred
+// all the same would land in the next phase and show in its rows.
 func (v Variant) deferral() time.Duration {
-	if v.System == "capr" {
-		return 3 * time.Second
+	if v.RateLimiting {
+		return deferredWork
 	}
-	return deferredWork
+	return 3 * time.Second
 }
 
 func (f *fleet) names(idx []int) []string {

@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	_ "net/http/pprof" //nolint:gosec // the controller process serves pprof on 127.0.0.1 for profiling benchmark runs
 	"os"
@@ -200,7 +203,8 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
-// requestKey is "verb resource[/subresource]" of a Kubernetes API request, e.g. "patch machines/status".
+// requestKey is "verb resource[/subresource]" of a Kubernetes API request, e.g. "patch machines/status";
+// an event write also names the controller that reports it, "create events (capr-machinehealthcheck)".
 func requestKey(req *http.Request) string {
 	path := strings.Trim(req.URL.Path, "/")
 	seg := strings.Split(path, "/")
@@ -238,8 +242,52 @@ func requestKey(req *http.Request) string {
 	case http.MethodPut:
 		verb = "update"
 	}
-	return verb + " " + resource
+	key := verb + " " + resource
+	if resource == "events" && (verb == "create" || verb == "patch") {
+		if by := eventReporter(req); by != "" {
+			key += " (" + by + ")"
+		}
+	}
+	return key
 }
+
+// eventReporter is the controller that reports an event being written (events.k8s.io/v1
+// reportingController, or core/v1 source.component), read from a copy of the request body: JSON,
+// or a protobuf body that names one of the known reporters. Empty when the body does not say (an
+// aggregating patch).
+func eventReporter(req *http.Request) string {
+	if req.GetBody == nil {
+		return ""
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return ""
+	}
+	defer func() { _ = body.Close() }()
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		return ""
+	}
+	var ev struct {
+		ReportingController string `json:"reportingController"`
+		Source              struct {
+			Component string `json:"component"`
+		} `json:"source"`
+	}
+	if json.Unmarshal(raw, &ev) == nil {
+		return cmp.Or(ev.ReportingController, ev.Source.Component)
+	}
+	for _, name := range knownReporters {
+		if bytes.Contains(raw, []byte(name)) {
+			return name
+		}
+	}
+	return ""
+}
+
+// knownReporters are the event reporters of both systems (CAPR's recorders, CAPI's
+// MachineHealthCheck controller), longest first so that none is taken for a prefix of another.
+var knownReporters = []string{"capr-controlplane-remediation", "machinehealthcheck-controller", "capr-worker-remediation", "capr-machinehealthcheck"}
 
 // statsServer serves /stats, /reset and /debug/pprof.
 type statsServer struct {

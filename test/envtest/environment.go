@@ -16,6 +16,7 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -72,6 +73,10 @@ type Options struct {
 	// WithoutManagerIdentity installs CAPR's CRDs but no manager identity or role (ManagerConfig is
 	// nil), for tests that install CAPR's RBAC from the rendered components themselves.
 	WithoutManagerIdentity bool
+	// EtcdDataDir is where etcd keeps its data, left in place by Stop; when it already holds the data
+	// of an earlier API server, the new one starts with those objects (CRDs and the manager's roles
+	// are installed again over them). Empty: a temporary directory, removed by Stop.
+	EtcdDataDir string
 }
 
 // ModuleRoot returns the root of the CAPR module (the directory holding go.mod).
@@ -183,6 +188,9 @@ func Start(opts Options) (*Environment, error) {
 		// The data is thrown away: do not wait for the API server to drain long-running watches.
 		ControlPlaneStopTimeout: 5 * time.Second,
 		Scheme:                  scheme,
+	}
+	if opts.EtcdDataDir != "" {
+		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: opts.EtcdDataDir}
 	}
 	if opts.CAPIWebhooks {
 		if env.WebhookInstallOptions, err = capiWebhookInstallOptions(capiDir); err != nil {
@@ -298,7 +306,9 @@ func bindManagerRole(c client.Client, file, name string) error {
 	if name != "" {
 		role.Name = name
 	}
-	if err := c.Create(ctx, role); err != nil {
+	// AlreadyExists: an API server started on an earlier one's etcd data (Options.EtcdDataDir), whose
+	// role came from the same file.
+	if err := c.Create(ctx, role); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating the ClusterRole %s from %s: %w", role.Name, file, err)
 	}
 	binding := &rbacv1.ClusterRoleBinding{
@@ -306,7 +316,7 @@ func bindManagerRole(c client.Client, file, name string) error {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: ManagerUser}},
 	}
-	if err := c.Create(ctx, binding); err != nil {
+	if err := c.Create(ctx, binding); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("binding the ClusterRole %s: %w", role.Name, err)
 	}
 	return nil
