@@ -458,9 +458,11 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	// The events are recorded once every mark and request is written: the recorder sends them in
 	// the background, and they would otherwise compete with the remaining writes for the API server.
 	defer func() {
+		events := newRoundEvents(mhc, cfg.checker)
 		for k, i := range work {
-			r.markEvent(ctx, rd.targets[i].machine, changes[k], requested[k], rd.evals[i], cfg.checker)
+			r.markEvent(ctx, events, rd.targets[i].machine, changes[k], requested[k], rd.evals[i])
 		}
+		events.flush(r.recorder)
 	}()
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		if !marked[k] {
@@ -648,8 +650,11 @@ func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev eva
 	return after, change, nil
 }
 
-// markEvent logs a mark set or cleared, or a request created, and records one event on the Machine.
-func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change markChange, requested bool, ev evaluation, checker string) {
+// markEvent logs a mark set or cleared, or a request created, and records one event on the Machine
+// (past machineEventsPerRound of its kind in the round, one event on the health check for all the
+// others: roundEvents).
+func (r *Reconciler) markEvent(ctx context.Context, events *roundEvents, m *clusterv1.Machine, change markChange, requested bool, ev evaluation) {
+	checker := events.checker
 	switch {
 	case change == markSet:
 		ns, name, _ := strings.Cut(checker, "/")
@@ -661,15 +666,81 @@ func (r *Reconciler) markEvent(ctx context.Context, m *clusterv1.Machine, change
 		if requested {
 			outcome = "; remediation requested"
 		}
-		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkedUnhealthy, "HealthCheck",
+		events.add(r.recorder, m, caprv1.EventMachineMarkedUnhealthy, requested,
 			"Machine %s has been marked as unhealthy by %s: %s%s", m.Name, checker, ev.message, outcome)
 	case requested:
-		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventRemediationRequested, "HealthCheck",
+		events.add(r.recorder, m, caprv1.EventRemediationRequested, true,
 			"Remediation of Machine %s requested by %s: %s", m.Name, checker, ev.reason)
 	case change == markCleared:
 		ctrl.LoggerFrom(ctx).Info("Machine healthy again, mark cleared", "Machine", klog.KObj(m))
-		r.recorder.Eventf(m, nil, corev1.EventTypeNormal, caprv1.EventMachineMarkCleared, "HealthCheck",
+		events.add(r.recorder, m, caprv1.EventMachineMarkCleared, false,
 			"Machine %s is healthy again; mark by %s cleared", m.Name, checker)
+	}
+}
+
+// machineEventsPerRound is how many events of one reason (marked, remediation requested, cleared) a
+// round records on Machines. The others of a round are said in one event of that reason on the health
+// check, which counts and names them: the way client-go's EventCorrelator aggregates similar events
+// of one object, across the Machines of one health check. A storm of N marks then costs the API
+// server machineEventsPerRound+1 event writes instead of N, written right after the round's requests;
+// each Machine's condition still says why it is marked, and the log has a line per Machine.
+const machineEventsPerRound = 10
+
+// aggregatedNames is how many Machines an aggregated event names.
+const aggregatedNames = 20
+
+// roundEvents collects a round's events beyond machineEventsPerRound, by reason.
+type roundEvents struct {
+	mhc     *caprv1.MachineHealthCheck
+	checker string
+	sent    map[string]int
+	// more are the Machines of each reason past the limit, in the round's order, and requested how
+	// many of them had their remediation requested.
+	more      map[string][]string
+	requested map[string]int
+	reasons   []string
+}
+
+func newRoundEvents(mhc *caprv1.MachineHealthCheck, checker string) *roundEvents {
+	return &roundEvents{mhc: mhc, checker: checker, sent: map[string]int{}, more: map[string][]string{}, requested: map[string]int{}}
+}
+
+// add records an event of reason on Machine m, or keeps it for the aggregated event once the round
+// recorded machineEventsPerRound of that reason.
+func (e *roundEvents) add(rec events.EventRecorder, m *clusterv1.Machine, reason string, requested bool, format string, args ...any) {
+	if e.sent[reason] < machineEventsPerRound {
+		e.sent[reason]++
+		rec.Eventf(m, nil, corev1.EventTypeNormal, reason, "HealthCheck", format, args...)
+		return
+	}
+	if _, ok := e.more[reason]; !ok {
+		e.reasons = append(e.reasons, reason)
+	}
+	e.more[reason] = append(e.more[reason], m.Name)
+	if requested {
+		e.requested[reason]++
+	}
+}
+
+// flush records one event on the health check per reason that went past the limit.
+func (e *roundEvents) flush(rec events.EventRecorder) {
+	for _, reason := range e.reasons {
+		names := e.more[reason]
+		listed := strings.Join(names[:min(len(names), aggregatedNames)], ", ")
+		if len(names) > aggregatedNames {
+			listed += fmt.Sprintf(" and %d more", len(names)-aggregatedNames)
+		}
+		var what string
+		switch reason {
+		case caprv1.EventMachineMarkedUnhealthy:
+			what = fmt.Sprintf("marked as unhealthy (remediation requested for %d of them)", e.requested[reason])
+		case caprv1.EventRemediationRequested:
+			what = "requested for remediation"
+		default:
+			what = "healthy again, their marks cleared"
+		}
+		rec.Eventf(e.mhc, nil, corev1.EventTypeNormal, reason, "HealthCheck",
+			"%d more Machines %s by %s in this round, without an event of their own: %s", len(names), what, e.checker, listed)
 	}
 }
 

@@ -134,17 +134,19 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 
 // remediationsOfCluster returns the requests for the remediations of a cluster's Machines.
 func (r *Reconciler) remediationsOfCluster(ctx context.Context, namespace, clusterName, except string) []reconcile.Request {
+	// Read-only, and run for watch events: without copies.
 	list := &caprv1.MachineRemediationList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
-	for _, mr := range list.Items {
-		if mr.Name == except || terminal(&mr) {
+	for i := range list.Items {
+		mr := &list.Items[i]
+		if mr.Name == except || terminal(mr) {
 			continue
 		}
 		if (mr.Status.ControlPlane != nil && mr.Status.ControlPlane.ClusterName == clusterName) || mr.Labels[clusterv1.ClusterNameLabel] == clusterName {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&mr)})
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(mr)})
 		}
 	}
 	return out
@@ -210,14 +212,15 @@ func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object)
 		return []reconcile.Request{{NamespacedName: key}}
 	}
 	list := &caprv1.MachineRemediationList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace)); err != nil {
+	if err := r.Client.List(ctx, list, client.InNamespace(m.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
-	for _, mr := range list.Items {
+	for i := range list.Items {
+		mr := &list.Items[i]
 		if mr.Name == m.Name || (mr.Status.ControlPlane != nil && mr.Status.ControlPlane.ClusterName == m.Spec.ClusterName) ||
 			mr.Labels[clusterv1.ClusterNameLabel] == m.Spec.ClusterName {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&mr)})
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(mr)})
 		}
 	}
 	return out

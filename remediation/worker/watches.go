@@ -59,11 +59,13 @@ func (r *Reconciler) machineToRemediation(ctx context.Context, o client.Object) 
 // (or MachineSet): they may take the slot it frees.
 func (r *Reconciler) remediationToGroup(ctx context.Context, o client.Object) []reconcile.Request {
 	mr, ok := o.(*caprv1.MachineRemediation)
-	if !ok || mr.Status.Worker == nil {
-		return nil
+	if !ok || mr.Status.Worker == nil || mr.Status.Worker.MachineSet == "" {
+		return nil // in no group (sameGroup): it holds no slot
 	}
+	// Read-only, and run for every event of every request: without copies (a storm of N requests
+	// copied N requests per event, O(N²)).
 	list := &caprv1.MachineRemediationList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(mr.Namespace)); err != nil {
+	if err := r.Client.List(ctx, list, client.InNamespace(mr.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
@@ -90,7 +92,7 @@ func sameGroup(a, b *caprv1.WorkerRemediationStatus) bool {
 // clusterToRemediations maps a Cluster (pause transitions) to its unfinished worker requests.
 func (r *Reconciler) clusterToRemediations(ctx context.Context, o client.Object) []reconcile.Request {
 	list := &caprv1.MachineRemediationList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var out []reconcile.Request

@@ -34,9 +34,11 @@ const workers = 10
 // BenchmarkHealthCheck runs every variant on a fresh fleet per size and shape and writes the tables
 // to test/bench/results/<date>-<cores>cpu.md. Sizes: BENCH_SIZES (default 500,2000,10000); shapes:
 // BENCH_SHAPES, "one" (one health check over all Machines) and/or "many" (N/100 health checks);
-// BENCH_VARIANTS names the variants (default: every one but the extra; e.g. "CAPR defaults,CAPI unlimited,CAPR at 100 QPS"); BENCH_PROFILE_DIR
-// receives a CPU profile of each controller process during its mark phase, and one of kube-apiserver
-// over the first two seconds after the mark phase's expiry (<variant>-<N>-<health checks>-apiserver.pprof).
+// BENCH_VARIANTS names the variants (default: every one but the extra; e.g. "CAPR defaults,CAPI
+// unlimited,CAPR at 100 QPS"); BENCH_PROFILE_DIR receives a CPU profile of each controller process
+// over its mark phase (until the recovery starts), and one of kube-apiserver over the first two seconds after the mark
+// phase's expiry (<variant>-<N>-<health checks>-apiserver.pprof); BENCH_ALL_PHASES=1 runs the
+// heartbeat and one-Node phases for CAPI's defaults too (about a minute more per size).
 func BenchmarkHealthCheck(b *testing.B) {
 	sizes := intList(b, envOr("BENCH_SIZES", defaultSizes))
 	shapes := strings.Split(envOr("BENCH_SHAPES", "one"), ",")
@@ -48,6 +50,9 @@ func BenchmarkHealthCheck(b *testing.B) {
 	cmd := fmt.Sprintf("make bench BENCH_SIZES=%s BENCH_SHAPES=%s", envOr("BENCH_SIZES", defaultSizes), envOr("BENCH_SHAPES", "one"))
 	if v := os.Getenv("BENCH_VARIANTS"); v != "" {
 		cmd += fmt.Sprintf(" BENCH_VARIANTS=%q", v)
+	}
+	if os.Getenv("BENCH_ALL_PHASES") != "" {
+		cmd += " BENCH_ALL_PHASES=1"
 	}
 	fmt.Fprintf(&report, "Command: `%s`\n\n", cmd)
 	for range b.N {
@@ -66,7 +71,8 @@ func BenchmarkHealthCheck(b *testing.B) {
 				results := make([]*Result, 0, len(variants))
 				for _, v := range variants {
 					began := time.Now()
-					cfg := Config{Image: image, Machines: n, HealthChecks: hcs, Variant: v, Workers: workers, Log: progress}
+					cfg := Config{Image: image, Machines: n, HealthChecks: hcs, Variant: v, Workers: workers, Log: progress,
+						AllPhases: os.Getenv("BENCH_ALL_PHASES") != ""}
 					if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 						if err := os.MkdirAll(dir, 0o755); err != nil {
 							b.Fatalf("BENCH_PROFILE_DIR: %v", err)

@@ -127,6 +127,7 @@ func runController() error {
 		return err
 	}
 	fmt.Printf("BENCH_ADDR=%s\n", ln.Addr())
+	defer pprof.StopCPUProfile() // a run that ends before its second phase
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}
@@ -293,14 +294,14 @@ var knownReporters = []string{"capr-controlplane-remediation", "machinehealthche
 type statsServer struct {
 	counter *requestCounter
 
-	mu        sync.Mutex
-	base      map[string]int
-	baseLat   map[string]float64
-	baseCPU   float64
-	baseRec   int
-	baseEval  int
-	peakHeap  uint64
-	profiling bool
+	mu                  sync.Mutex
+	base                map[string]int
+	baseLat             map[string]float64
+	baseCPU             float64
+	baseRec             int
+	baseEval            int
+	peakHeap            uint64
+	profiling, profiled bool
 }
 
 func newStatsServer(c *requestCounter) *statsServer {
@@ -392,7 +393,8 @@ func cpuSeconds() float64 {
 }
 
 // reset starts a measurement: counts and CPU from now, peak heap from the current heap. With
-// CAPR_BENCH_CPUPROFILE set, the first reset also starts a CPU profile, written on the next /stats.
+// CAPR_BENCH_CPUPROFILE set, the first reset also starts a CPU profile, which the second one ends:
+// the whole mark phase, its settling included.
 func (s *statsServer) reset(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -401,7 +403,11 @@ func (s *statsServer) reset(w http.ResponseWriter, _ *http.Request) {
 	s.baseRec = healthCheckReconciles()
 	s.baseEval = targetsEvaluated()
 	s.peakHeap = heapBytes()
-	if path := os.Getenv(envCPUProfile); path != "" && !s.profiling {
+	switch path := os.Getenv(envCPUProfile); {
+	case s.profiling:
+		pprof.StopCPUProfile()
+		s.profiling, s.profiled = false, true
+	case path != "" && !s.profiled:
 		f, err := os.Create(path)
 		if err == nil {
 			err = pprof.StartCPUProfile(f)
@@ -418,9 +424,6 @@ func (s *statsServer) reset(w http.ResponseWriter, _ *http.Request) {
 func (s *statsServer) stats(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.profiling {
-		pprof.StopCPUProfile()
-	}
 	now, lat := s.counter.snapshot()
 	out := Stats{Requests: map[string]int{}, LatencySeconds: map[string]float64{}, CPUSeconds: cpuSeconds() - s.baseCPU, PeakHeapBytes: s.peakHeap,
 		Reconciles: healthCheckReconciles() - s.baseRec, TargetsEvaluated: targetsEvaluated() - s.baseEval}

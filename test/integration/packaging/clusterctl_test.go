@@ -106,6 +106,8 @@ func TestClusterctlInstallsCAPRAsAnAddonProvider(t *testing.T) {
 		"--etcd-dial-timeout-duration=10s",
 		"--etcd-call-timeout-duration=15s",
 		"--sync-period=10m",
+		"--kube-api-qps=-1",
+		"--kube-api-burst=200",
 	))
 }
 
