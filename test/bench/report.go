@@ -161,6 +161,10 @@ func Table(results []*Result) string {
 	}
 	b.WriteString("\nRequests during the one-Node phase:\n\n")
 	for _, c := range cols {
+		if byName[c].Single.Changed == 0 {
+			fmt.Fprintf(&b, "- %s: not run\n", c)
+			continue
+		}
 		fmt.Fprintf(&b, "- %s: %s\n", c, verbs(byName[c].Single.Stats))
 	}
 	for _, c := range cols {
