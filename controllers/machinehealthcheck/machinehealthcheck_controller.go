@@ -458,11 +458,11 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	// The events are recorded once every mark and request is written: the recorder sends them in
 	// the background, and they would otherwise compete with the remaining writes for the API server.
 	defer func() {
-		events := newRoundEvents(mhc, cfg.checker)
+		said := newRoundEvents(mhc, cfg.checker)
 		for k, i := range work {
-			r.markEvent(ctx, events, rd.targets[i].machine, changes[k], requested[k], rd.evals[i])
+			r.markEvent(ctx, said, rd.targets[i].machine, changes[k], requested[k], rd.evals[i])
 		}
-		events.flush(r.recorder)
+		said.flush(r.recorder)
 	}()
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		if !marked[k] {
@@ -653,8 +653,8 @@ func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev eva
 // markEvent logs a mark set or cleared, or a request created, and records one event on the Machine
 // (past machineEventsPerRound of its kind in the round, one event on the health check for all the
 // others: roundEvents).
-func (r *Reconciler) markEvent(ctx context.Context, events *roundEvents, m *clusterv1.Machine, change markChange, requested bool, ev evaluation) {
-	checker := events.checker
+func (r *Reconciler) markEvent(ctx context.Context, said *roundEvents, m *clusterv1.Machine, change markChange, requested bool, ev evaluation) {
+	checker := said.checker
 	switch {
 	case change == markSet:
 		ns, name, _ := strings.Cut(checker, "/")
@@ -666,14 +666,14 @@ func (r *Reconciler) markEvent(ctx context.Context, events *roundEvents, m *clus
 		if requested {
 			outcome = "; remediation requested"
 		}
-		events.add(r.recorder, m, caprv1.EventMachineMarkedUnhealthy, requested,
+		said.add(r.recorder, m, caprv1.EventMachineMarkedUnhealthy, requested,
 			"Machine %s has been marked as unhealthy by %s: %s%s", m.Name, checker, ev.message, outcome)
 	case requested:
-		events.add(r.recorder, m, caprv1.EventRemediationRequested, true,
+		said.add(r.recorder, m, caprv1.EventRemediationRequested, true,
 			"Remediation of Machine %s requested by %s: %s", m.Name, checker, ev.reason)
 	case change == markCleared:
 		ctrl.LoggerFrom(ctx).Info("Machine healthy again, mark cleared", "Machine", klog.KObj(m))
-		events.add(r.recorder, m, caprv1.EventMachineMarkCleared, false,
+		said.add(r.recorder, m, caprv1.EventMachineMarkCleared, false,
 			"Machine %s is healthy again; mark by %s cleared", m.Name, checker)
 	}
 }
