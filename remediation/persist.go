@@ -17,7 +17,8 @@ import (
 // fails with a conflict instead of undoing a newer one, and the reconcile starts again from a fresh
 // read. The status is one request, where CAPI's patch helper sends the conditions and the rest of
 // the status separately (util/patch Helper.Patch): a request's status is written only by the
-// remediator that owns it, which reads it live first. It sets status.observedGeneration and the
+// remediator that owns it, which decides from a copy no older than its own last write (read live,
+// or cached when SeenVersions knows it current). It sets status.observedGeneration and the
 // block-move annotation (SyncBlockMove) first. Both remediators call it before issuing an action,
 // so that the action is recorded before it happens. It returns gone when the write removed the last
 // finalizer of a deleted request. base is updated to what was written.

@@ -67,8 +67,9 @@ const (
 // Reconciler drives worker MachineRemediations.
 type Reconciler struct {
 	Client client.Client
-	// APIReader reads MachineRemediations live: a request's own durable state and the number of
-	// remediations in flight must never be read stale from a cache.
+	// APIReader reads MachineRemediations live: a request's own durable state (unless the cached
+	// copy is known to be current, readRequest) and the number of remediations in flight must never
+	// be read stale from a cache.
 	APIReader client.Reader
 	Fencer    fencing.Fencer
 
@@ -85,6 +86,8 @@ type Reconciler struct {
 	// one process decides).
 	admitMu  sync.Mutex
 	recorder events.EventRecorder
+	// seen tells readRequest when the cached copy of a request is as new as this remediator's view.
+	seen remediation.SeenVersions
 }
 
 // SetupWithManager registers the controller.
@@ -213,21 +216,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	return r.reconcilePending(ctx, s)
 }
 
-// readRequest reads the request live: its status is the record of what was done, and a step must
-// never be decided from a copy older than this remediator's last write. A request the cache does
-// not have is not read live: it is gone (its delete event, and the requeues still queued for it, end
-// here without a request to the API server), or so new that its create event is still on its way
-// and reconciles it then. It returns nil when the request does not exist.
+// readRequest reads the request from the cache when that copy is known to be no older than what
+// this remediator last wrote or read live (remediation.SeenVersions: its status is the record of
+// what was done, and a step must never be decided from an older copy), else live. A request the
+// cache does not have is not read live: it is gone (its delete event, and the requeues still
+// queued for it, end here without a request to the API server), or so new that its create event
+// is still on its way and reconciles it then. It returns nil when the request does not exist.
 func (r *Reconciler) readRequest(ctx context.Context, key client.ObjectKey) (*caprv1.MachineRemediation, error) {
 	mr := &caprv1.MachineRemediation{}
 	err := r.Client.Get(ctx, key, mr)
-	if err == nil {
-		err = r.APIReader.Get(ctx, key, mr)
+	if err == nil && !r.seen.Current(mr) {
+		if err = r.APIReader.Get(ctx, key, mr); err == nil {
+			r.seen.Saw(mr)
+		}
 	}
 	switch {
 	case err == nil:
 		return mr, nil
 	case apierrors.IsNotFound(err):
+		r.seen.Forget(key)
 		return nil, nil
 	default:
 		return nil, fmt.Errorf("reading MachineRemediation: %w", err)
@@ -292,7 +299,14 @@ func clusterNameOf(s *scope) string {
 // persist writes what changed in the request since it was read (remediation.Persist). Steps call
 // it before issuing an action, so that the action is recorded before it happens.
 func (r *Reconciler) persist(ctx context.Context, s *scope) error {
-	_, err := remediation.Persist(ctx, r.Client, s.base, s.mr)
+	read := s.mr.ResourceVersion
+	gone, err := remediation.Persist(ctx, r.Client, s.base, s.mr)
+	switch {
+	case gone:
+		r.seen.Forget(client.ObjectKeyFromObject(s.mr))
+	case s.mr.ResourceVersion != read:
+		r.seen.Saw(s.mr) // what was written, also when a later write of the two failed
+	}
 	return err
 }
 

@@ -89,8 +89,13 @@ func BenchmarkHealthCheck(b *testing.B) {
 					results = append(results, r)
 					b.ReportMetric(r.Mark.Max.Seconds(), fmt.Sprintf("s-last-mark-%d-%d-%s", n, hcs, strings.ReplaceAll(v.Name, " ", "-")))
 				}
+				floor, err := MeasureFloor(ctx, image)
 				image.Remove()
-				table := Table(results)
+				if err != nil {
+					b.Fatalf("N=%d: measuring the floor: %v", n, err)
+				}
+				progress("N=%d: floor %s by server-side apply, %s by merge patch", n, floor.Apply.Round(time.Millisecond), floor.MergePatch.Round(time.Millisecond))
+				table := Table(results) + "\n" + floor.Line(results)
 				fmt.Println("\n" + table)
 				report.WriteString(table + "\n")
 			}
@@ -141,6 +146,27 @@ func TestSmoke(t *testing.T) {
 			t.Log("\n" + Table([]*Result{r}))
 		})
 	}
+}
+
+// TestFloor measures the floor at N=20: both writes land on the Machines the mark phase flips (and
+// their neighbours), and the wall time and CPU are counted.
+func TestFloor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts envtest")
+	}
+	g := NewWithT(t)
+	ctx := context.Background()
+	image, err := BuildFleetImage(ctx, 20, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer image.Remove()
+	fl, err := MeasureFloor(ctx, image)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(fl.Writes).To(Equal(2))
+	g.Expect(fl.Apply).To(BeNumerically(">", 0))
+	g.Expect(fl.MergePatch).To(BeNumerically(">", 0))
+	g.Expect(fl.ApplyServerCPU + fl.MergePatchServerCPU).To(BeNumerically(">", 0))
+	line := fl.Line([]*Result{{Config: Config{Variant: Variants[2]}, Mark: Phase{Changed: 2, Done: 2, Max: 2 * min(fl.Apply, fl.MergePatch)}}})
+	g.Expect(line).To(ContainSubstring("CAPR defaults's last mark: 2.0× the floor"))
 }
 
 // progress prints a line on stderr as it happens (the testing package holds a benchmark's log until

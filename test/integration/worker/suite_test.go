@@ -156,6 +156,14 @@ func (c *requestCounter) writesTo(path string) int {
 	return n
 }
 
+// readsOf returns how many GETs the manager sent to the object at path (live reads: the cache lists
+// and watches).
+func (c *requestCounter) readsOf(path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[http.MethodGet+" "+path]
+}
+
 // notFoundOf returns how many requests of the method to the path were answered 404.
 func (c *requestCounter) notFoundOf(method, path string) int {
 	c.mu.Lock()

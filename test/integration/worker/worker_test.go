@@ -205,6 +205,34 @@ func TestADeletedRequestIsNotReadLive(t *testing.T) {
 	g.Consistently(func() int { return requests.notFoundOf(http.MethodGet, requestPath(f.ns, m.Name)) }, quiet, poll).Should(BeZero())
 }
 
+// TestARequestThisRemediatorWroteLastIsNotReadLive: a new request is decided from the cache (its
+// status is empty: nothing was recorded in it yet), and so is the reconcile its own first write
+// starts (the cache holds that write). Before, each read the request live: two reads per new request.
+func TestARequestThisRemediatorWroteLastIsNotReadLive(t *testing.T) {
+	g := NewWithT(t)
+	f, m := unreplacedRequest(t, g, "cached")
+	path := requestPath(f.ns, m.Name)
+	g.Expect(requests.writesTo(path)).To(Equal(1))
+	g.Consistently(func() int { return requests.readsOf(path) }, quiet, poll).Should(BeZero())
+}
+
+// TestARequestSomeoneElseWroteIsReadLive: once someone else writes the request (here a label, by
+// hand), its cached copy is no longer the one this remediator last wrote, and the reconcile that
+// write starts reads the request live before deciding.
+func TestARequestSomeoneElseWroteIsReadLive(t *testing.T) {
+	g := NewWithT(t)
+	f, m := unreplacedRequest(t, g, "edited")
+	path := requestPath(f.ns, m.Name)
+	g.Consistently(func() int { return requests.readsOf(path) }, quiet, poll).Should(BeZero())
+	mr := getRemediation(g, f.ns, m.Name)
+	base := mr.DeepCopy()
+	mr.Labels["edited-by"] = "hand"
+	g.Expect(k8sClient.Patch(ctx, mr, client.MergeFrom(base))).To(Succeed())
+	g.Eventually(func() int { return requests.readsOf(path) }, eventually, poll).Should(Equal(1))
+	// Read live once: the copy read is then the one seen last, and the cache's matches it.
+	g.Consistently(func() int { return requests.readsOf(path) }, quiet, poll).Should(Equal(1))
+}
+
 // TestANewRequestIsRecordedInOneWrite: the remediator records what it found out about a new
 // request (phase, role, the Progressing and Paused conditions) in one status write, not one for the
 // conditions and one for the rest.
