@@ -166,7 +166,7 @@ func TestFloor(t *testing.T) {
 	g.Expect(fl.MergePatch).To(BeNumerically(">", 0))
 	g.Expect(fl.ApplyServerCPU + fl.MergePatchServerCPU).To(BeNumerically(">", 0))
 	line := fl.Line([]*Result{{Config: Config{Variant: Variants[2]}, Mark: Phase{Changed: 2, Done: 2, Max: 2 * min(fl.Apply, fl.MergePatch)}}})
-	g.Expect(line).To(ContainSubstring("CAPR defaults's last mark: 2.0× the floor"))
+	g.Expect(line).To(ContainSubstring("Last mark, CAPR defaults: 2.0× the floor."))
 }
 
 // progress prints a line on stderr as it happens (the testing package holds a benchmark's log until

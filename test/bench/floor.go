@@ -150,7 +150,7 @@ func (fl Floor) Line(results []*Result) string {
 	floor := min(fl.Apply, fl.MergePatch)
 	for _, r := range results {
 		if r.Mark.Done == r.Mark.Changed && floor > 0 {
-			s += fmt.Sprintf(" %s's last mark: %.1f× the floor.", r.Config.Variant.Name, r.Mark.Max.Seconds()/floor.Seconds())
+			s += fmt.Sprintf(" Last mark, %s: %.1f× the floor.", r.Config.Variant.Name, r.Mark.Max.Seconds()/floor.Seconds())
 		}
 	}
 	return s + "\n"
