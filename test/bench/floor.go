@@ -35,7 +35,7 @@ type Floor struct {
 // MeasureFloor starts an API server on a copy of the image, watches Machines as a controller's cache
 // does (every write is also sent to a watcher), and writes a condition to the Machines the mark
 // phase flips: once by server-side apply, then, on as many other Machines, by merge patch.
-func MeasureFloor(ctx context.Context, image *FleetImage) (_ Floor, reterr error) {
+func MeasureFloor(ctx context.Context, image *FleetImage) (Floor, error) {
 	data, err := image.copy()
 	if err != nil {
 		return Floor{}, err
