@@ -7,8 +7,9 @@
 // (machinehealthcheck_targets.go); apply triggerIf, the quorum-safe control-plane limit and the etcd
 // quorum (machinehealthcheck_limits.go); write or clear the mark (machinehealthcheck_mark.go); create
 // one remediation request per marked Machine when remediation is allowed and withdraw Pending ones
-// that are no longer needed (machinehealthcheck_requests.go); and report in the status. What it
-// remembers between reconciles is in machinehealthcheck_memory.go and
+// that are no longer needed (machinehealthcheck_requests.go; the requests it created that its cache
+// does not show yet stand in for the cache's copies, machinehealthcheck_created.go); and report in
+// the status. What it remembers between reconciles is in machinehealthcheck_memory.go and
 // machinehealthcheck_transitions.go; losing it on a restart only makes the next round a full pass.
 // It never deletes a Machine.
 package machinehealthcheck

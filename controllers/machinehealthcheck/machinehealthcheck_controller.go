@@ -86,6 +86,7 @@ type Reconciler struct {
 	templates       templateChecks
 	writes          writeSlots
 	memories        memories
+	created         createdRequests
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -202,17 +203,20 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	restricted, requestChanged, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded)
-	r.updateStatus(mhc, rd, lim, restricted)
+	applied, applyErr := r.applyMarksAndRequests(ctx, cluster, mhc, cfg, rd, lim, excluded)
+	r.updateStatus(mhc, rd, lim, applied.restricted)
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
 	// A withdrawal that met a newer request is tried again in the next round, from a full pass.
-	finished = !requestChanged
+	finished = !applied.requestChanged
 	requeue := sooner(rd.requeueAfter(cfg), templatesRetry)
 	requeue = sooner(requeue, fullPassInterval)
-	if requestChanged {
+	if applied.requestChanged {
 		requeue = sooner(requeue, requestChangedRequeue)
+	}
+	if applied.standInEnds > 0 {
+		requeue = sooner(requeue, applied.standInEnds+requeueMargin)
 	}
 	if lim.cooldownEnds > 0 {
 		requeue = sooner(requeue, lim.cooldownEnds+requeueMargin)
@@ -409,19 +413,29 @@ func (w *writeSlots) get() chan struct{} {
 	return w.slots
 }
 
+// applyResult is what applyMarksAndRequests reports besides errors.
+type applyResult struct {
+	// restricted is how many unhealthy targets the limits refused a request.
+	restricted int
+	// requestChanged says a withdrawal met a request newer than the cache's (errRequestChanged:
+	// the round is to run again soon).
+	requestChanged bool
+	// standInEnds is how soon a created request the cache did not show yet stops standing in for
+	// it (listRequests), 0 for none: the round is to run again by then.
+	standInEnds time.Duration
+}
+
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
 // the limits allow and withdraws the Pending requests of targets that are healthy again and of
 // Machines no longer checked (skip-remediation, paused). It writes every mark first, then the
 // requests, each pass at most maxParallelWrites at once: a Machine's request is only written
 // after its own mark, and the marks, which are the health check's answer, are not queued behind
-// the requests and the remediator's reaction to them. It returns how many unhealthy targets were
-// refused a request by the limits, and whether a withdrawal met a request newer than the cache's
-// (errRequestChanged: the round is to run again soon).
+// the requests and the remediator's reaction to them.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
-	rd *round, lim limits, excluded []*clusterv1.Machine) (int, bool, error) {
-	requests, err := r.listRequests(ctx, mhc)
+	rd *round, lim limits, excluded []*clusterv1.Machine) (applyResult, error) {
+	requests, standInEnds, err := r.listRequests(ctx, mhc)
 	if err != nil {
-		return 0, false, err
+		return applyResult{}, err
 	}
 	var (
 		mu             sync.Mutex
@@ -499,7 +513,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			fail(err)
 		}
 	})
-	return restricted, requestChanged, kerrors.NewAggregate(errs)
+	return applyResult{restricted: restricted, requestChanged: requestChanged, standInEnds: standInEnds}, kerrors.NewAggregate(errs)
 }
 
 // needsWrite reports whether applying the evaluation may write anything for the Machine: a
@@ -594,7 +608,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	if err != nil {
 		selector = labels.Nothing()
 	}
-	requests, err := r.listRequests(ctx, mhc)
+	requests, _, err := r.listRequests(ctx, mhc)
 	if err != nil {
 		return err
 	}

@@ -42,34 +42,49 @@ func requestGVK(mhc *caprv1.MachineHealthCheck) (schema.GroupVersionKind, error)
 	return gv.WithKind(strings.TrimSuffix(ref.Kind, clusterv1.TemplateSuffix)), nil
 }
 
-// listRequests returns the remediation requests of the health check's kind in its namespace, by
-// name (= Machine name). One List per reconcile, from the cache for CAPR's own kind, instead of one
-// read per target.
-func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealthCheck) (map[string]client.Object, error) {
+// requestScopeOf is the kind and namespace of the health check's requests.
+func requestScopeOf(mhc *caprv1.MachineHealthCheck) (requestScope, error) {
 	gvk, err := requestGVK(mhc)
 	if err != nil {
-		return nil, err
+		return requestScope{}, err
+	}
+	return requestScope{kind: gvk.GroupKind().String(), namespace: mhc.Namespace}, nil
+}
+
+// listRequests returns the remediation requests of the health check's kind in its namespace, by
+// name (= Machine name). One List per reconcile, from the cache for CAPR's own kind, instead of one
+// read per target; the requests this process created that the cache does not show yet stand in for
+// the cache's copies (machinehealthcheck_created.go). It also returns how soon the earliest of those
+// stops standing in (0 for none): a round should run again by then.
+func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealthCheck) (map[string]client.Object, time.Duration, error) {
+	gvk, err := requestGVK(mhc)
+	if err != nil {
+		return nil, 0, err
+	}
+	scope, err := requestScopeOf(mhc)
+	if err != nil {
+		return nil, 0, err
 	}
 	out := map[string]client.Object{}
 	if gvk == caprv1.GroupVersion.WithKind("MachineRemediation") {
 		list := &caprv1.MachineRemediationList{}
 		if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
-			return nil, fmt.Errorf("listing MachineRemediations: %w", err)
+			return nil, 0, fmt.Errorf("listing MachineRemediations: %w", err)
 		}
 		for i := range list.Items {
 			out[list.Items[i].Name] = &list.Items[i]
 		}
-		return out, nil
+	} else {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
+			return nil, 0, fmt.Errorf("listing %s: %w", gvk.Kind, err)
+		}
+		for i := range list.Items {
+			out[list.Items[i].GetName()] = &list.Items[i]
+		}
 	}
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-	if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
-		return nil, fmt.Errorf("listing %s: %w", gvk.Kind, err)
-	}
-	for i := range list.Items {
-		out[list.Items[i].GetName()] = &list.Items[i]
-	}
-	return out, nil
+	return out, r.created.standIn(scope, out, time.Now()), nil
 }
 
 // ensureRequest creates the remediation request of an unhealthy Machine if it does not exist yet.
@@ -87,6 +102,10 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		}
 	}
 	gvk, err := requestGVK(mhc)
+	if err != nil {
+		return false, err
+	}
+	scope, err := requestScopeOf(mhc)
 	if err != nil {
 		return false, err
 	}
@@ -129,6 +148,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		}
 		return false, fmt.Errorf("creating %s for Machine %s: %w", gvk.Kind, m.Name, err)
 	}
+	r.created.created(scope, obj, time.Now())
 	ctrl.LoggerFrom(ctx).Info("Created remediation request", "kind", gvk.Kind, "Machine", klog.KObj(m))
 	return true, nil
 }
@@ -220,12 +240,18 @@ func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHea
 	if mr, ok := obj.(*caprv1.MachineRemediation); ok && mr.Status.Phase != "" && mr.Status.Phase != caprv1.MachineRemediationPhasePending {
 		return nil
 	}
-	err := r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})
+	scope, err := requestScopeOf(mhc)
+	if err != nil {
+		return err
+	}
+	err = r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})
 	switch {
 	case err == nil:
+		r.created.deleted(scope, m.Name)
 		ctrl.LoggerFrom(ctx).Info("Withdrew Pending remediation request", "Machine", klog.KObj(m), "why", why)
 		return nil
 	case apierrors.IsNotFound(err):
+		r.created.deleted(scope, m.Name)
 		return nil
 	case apierrors.IsConflict(err):
 		// It changed (a remediator may have started it, or only recorded it Pending after the

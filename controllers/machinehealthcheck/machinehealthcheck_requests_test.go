@@ -102,11 +102,11 @@ func TestWithdrawalMeetingANewerRequestRequeuesWithoutFailing(t *testing.T) {
 	}).Build()
 	r := &Reconciler{Client: c}
 
-	restricted, requestChanged, err := r.applyMarksAndRequests(context.Background(), &clusterv1.Cluster{}, mhc, defaultConfig(),
+	applied, err := r.applyMarksAndRequests(context.Background(), &clusterv1.Cluster{}, mhc, defaultConfig(),
 		&round{}, limits{}, []*clusterv1.Machine{m})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(requestChanged).To(BeTrue())
-	g.Expect(restricted).To(BeZero())
+	g.Expect(applied.requestChanged).To(BeTrue())
+	g.Expect(applied.restricted).To(BeZero())
 	g.Expect(deletes).To(Equal(1))
 }
 

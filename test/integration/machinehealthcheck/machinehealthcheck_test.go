@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1125,4 +1127,45 @@ func evaluated(g Gomega, ns, pass string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestARequestTheCacheDoesNotShowYetIsNotCreatedAgain: the round after the one that created a
+// request often runs before the manager's cache shows it (the mark just written is a Machine event),
+// and under load the cache lags for seconds: the health checker does not create the request again
+// (every such try was refused AlreadyExists, a wasted write per round). A request deleted before the
+// cache ever showed it is created again once the one created stops standing in for it.
+func TestARequestTheCacheDoesNotShowYetIsNotCreatedAgain(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	hidden.set(f.ns, "sick", true)
+	t.Cleanup(func() { hidden.set(f.ns, "sick", false) })
+	m := f.machine(g, "sick", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	f.healthCheck(g, nil)
+	creates := func() int {
+		return requests.Of(http.MethodPost, fmt.Sprintf("/apis/%s/namespaces/%s/machineremediations", caprv1.GroupVersion.String(), f.ns))
+	}
+	first := &caprv1.MachineRemediation{}
+	g.Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "sick"}, first) }, eventually, poll).Should(Succeed())
+	g.Eventually(creates, eventually, poll).Should(Equal(1))
+
+	// Rounds that evaluate the Machine again while the cache does not show its request.
+	rounds := func(g Gomega) float64 {
+		return evaluated(g, f.ns, metrics.PassFull) + evaluated(g, f.ns, metrics.PassChanged)
+	}
+	for i := range 3 {
+		before := rounds(g)
+		patchAnnotation(g, m, "example.com/touched", strconv.Itoa(i))
+		g.Eventually(rounds, eventually, poll).Should(BeNumerically(">", before))
+	}
+	g.Consistently(creates, 2*time.Second, poll).Should(Equal(1))
+
+	// Deleted before the cache showed it: created again, once the first stops standing in.
+	g.Expect(k8sClient.Delete(ctx, first)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "sick"}, mr)).To(Succeed())
+		g.Expect(mr.UID).NotTo(Equal(first.UID))
+	}, time.Minute, poll).Should(Succeed())
+	g.Expect(creates()).To(Equal(2))
 }

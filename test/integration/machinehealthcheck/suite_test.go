@@ -4,16 +4,21 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
@@ -23,7 +28,47 @@ var (
 	// k8sClient is an uncached client: tests observe the API server, not the manager's cache.
 	k8sClient client.Client
 	ctx       = context.Background()
+	// requests counts the manager's requests by method and path.
+	requests = capienv.NewRequestCounter()
+	// hidden are the MachineRemediations the manager's Lists do not show (a cache lagging behind).
+	hidden = &hiddenRequests{names: map[types.NamespacedName]bool{}}
 )
+
+// hiddenRequests makes the manager's cache lag for chosen MachineRemediations: its Lists leave them
+// out (its informers, Gets and watch events still have them).
+type hiddenRequests struct {
+	mu    sync.Mutex
+	names map[types.NamespacedName]bool
+}
+
+func (h *hiddenRequests) set(ns, name string, hide bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hide {
+		h.names[types.NamespacedName{Namespace: ns, Name: name}] = true
+	} else {
+		delete(h.names, types.NamespacedName{Namespace: ns, Name: name})
+	}
+}
+
+// laggingClient is the manager's client with hidden's MachineRemediations left out of its Lists.
+type laggingClient struct {
+	client.Client
+}
+
+func (c laggingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if l, ok := list.(*caprv1.MachineRemediationList); ok {
+		hidden.mu.Lock()
+		defer hidden.mu.Unlock()
+		l.Items = slices.DeleteFunc(l.Items, func(mr caprv1.MachineRemediation) bool {
+			return hidden.names[client.ObjectKeyFromObject(&mr)]
+		})
+	}
+	return nil
+}
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -42,11 +87,17 @@ func run(m *testing.M) int {
 
 	mgrCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	mgr, err := ctrl.NewManager(testEnv.ManagerConfig, ctrl.Options{
+	mgrConfig := rest.CopyConfig(testEnv.ManagerConfig)
+	mgrConfig.Wrap(requests.Wrap)
+	mgr, err := ctrl.NewManager(mgrConfig, ctrl.Options{
 		Scheme:  testEnv.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache:   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),
 		Client:  controllers.ManagerClientOptions(),
+		NewClient: func(config *rest.Config, options client.Options) (client.Client, error) {
+			c, err := client.New(config, options)
+			return laggingClient{Client: c}, err
+		},
 		// Tests end by stopping the manager. Under load an in-flight reconcile can outlast 2 s. Some
 		// calls are bounded by their own timeouts, not by the reconcile's context: the etcd dial's
 		// websocket and SPDY upgrades (cluster-api/controlplane/kubeadm/pkg/proxy) take none. (The

@@ -58,7 +58,7 @@ func TestAMarkIsOneMachineWrite(t *testing.T) {
 	f.workerWithNode(g, "w", corev1.ConditionTrue)
 	f.caprHealthCheck(g, &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(0))})
 	path := fmt.Sprintf("/apis/%s/namespaces/%s/machines/w", clusterv1.GroupVersion.String(), f.ns)
-	writes := func() int { return requests.writesTo(path) }
+	writes := func() int { return requests.WritesTo(path) }
 	g.Eventually(func(g Gomega) {
 		g.Expect(conditions.IsTrue(getMachine(g, f.ns, "w"), caprv1.MachineCAPRHealthCheckSucceededCondition)).To(BeTrue())
 	}, eventually, poll).Should(Succeed())

@@ -6,7 +6,6 @@ package worker_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -37,7 +36,7 @@ var (
 	// workloadClusters is the manager's ClusterCache (realFencingWorker waits for its connection).
 	workloadClusters clustercache.ClusterCache
 	// requests counts the manager's requests by method and path.
-	requests = &requestCounter{counts: map[string]int{}, notFound: map[string]int{}}
+	requests = capienv.NewRequestCounter()
 	backend  = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
 )
 
@@ -123,58 +122,6 @@ func (f *routingFencer) Unfence(ctx context.Context, req fencing.Request) error 
 	return f.pick(req).Unfence(ctx, req)
 }
 
-// requestCounter counts, at the manager's transport, the requests by method and path, and those
-// answered 404 Not Found.
-type requestCounter struct {
-	mu               sync.Mutex
-	counts, notFound map[string]int
-}
-
-func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
-	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
-		resp, err := rt.RoundTrip(req)
-		key := req.Method + " " + req.URL.Path
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.counts[key]++
-		if err == nil && resp.StatusCode == http.StatusNotFound {
-			c.notFound[key]++
-		}
-		return resp, err
-	})
-}
-
-// writesTo returns how many writes (PATCH or PUT) the manager sent to the object at path and to its
-// status.
-func (c *requestCounter) writesTo(path string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, method := range []string{http.MethodPatch, http.MethodPut} {
-		n += c.counts[method+" "+path] + c.counts[method+" "+path+"/status"]
-	}
-	return n
-}
-
-// readsOf returns how many GETs the manager sent to the object at path (live reads: the cache lists
-// and watches).
-func (c *requestCounter) readsOf(path string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.counts[http.MethodGet+" "+path]
-}
-
-// notFoundOf returns how many requests of the method to the path were answered 404.
-func (c *requestCounter) notFoundOf(method, path string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.notFound[method+" "+path]
-}
-
-type roundTripperFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripperFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -196,7 +143,7 @@ func run(m *testing.M) int {
 	mgrCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	mgrConfig := rest.CopyConfig(testEnv.ManagerConfig)
-	mgrConfig.Wrap(requests.wrap)
+	mgrConfig.Wrap(requests.Wrap)
 	mgr, err := ctrl.NewManager(mgrConfig, ctrl.Options{
 		Scheme:  testEnv.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},

@@ -202,7 +202,7 @@ func TestADeletedRequestIsNotReadLive(t *testing.T) {
 	f, m := unreplacedRequest(t, g, "gone")
 	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, m.Name))).To(Succeed())
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, m.Name) }, eventually, poll).Should(BeFalse())
-	g.Consistently(func() int { return requests.notFoundOf(http.MethodGet, requestPath(f.ns, m.Name)) }, quiet, poll).Should(BeZero())
+	g.Consistently(func() int { return requests.NotFoundOf(http.MethodGet, requestPath(f.ns, m.Name)) }, quiet, poll).Should(BeZero())
 }
 
 // TestARequestThisRemediatorWroteLastIsNotReadLive: a new request is decided from the cache (its
@@ -213,8 +213,8 @@ func TestARequestThisRemediatorWroteLastIsNotReadLive(t *testing.T) {
 	f, m := unreplacedRequest(t, g, "cached")
 	path := requestPath(f.ns, m.Name)
 	// The write is counted when its response has come back, which may be after the test saw it.
-	g.Eventually(func() int { return requests.writesTo(path) }, eventually, poll).Should(Equal(1))
-	g.Consistently(func() int { return requests.readsOf(path) }, quiet, poll).Should(BeZero())
+	g.Eventually(func() int { return requests.WritesTo(path) }, eventually, poll).Should(Equal(1))
+	g.Consistently(func() int { return requests.ReadsOf(path) }, quiet, poll).Should(BeZero())
 }
 
 // TestARequestSomeoneElseWroteIsReadLive: once someone else writes the request (here a label, by
@@ -224,14 +224,14 @@ func TestARequestSomeoneElseWroteIsReadLive(t *testing.T) {
 	g := NewWithT(t)
 	f, m := unreplacedRequest(t, g, "edited")
 	path := requestPath(f.ns, m.Name)
-	g.Consistently(func() int { return requests.readsOf(path) }, quiet, poll).Should(BeZero())
+	g.Consistently(func() int { return requests.ReadsOf(path) }, quiet, poll).Should(BeZero())
 	mr := getRemediation(g, f.ns, m.Name)
 	base := mr.DeepCopy()
 	mr.Labels["edited-by"] = "hand"
 	g.Expect(k8sClient.Patch(ctx, mr, client.MergeFrom(base))).To(Succeed())
-	g.Eventually(func() int { return requests.readsOf(path) }, eventually, poll).Should(Equal(1))
+	g.Eventually(func() int { return requests.ReadsOf(path) }, eventually, poll).Should(Equal(1))
 	// Read live once: the copy read is then the one seen last, and the cache's matches it.
-	g.Consistently(func() int { return requests.readsOf(path) }, quiet, poll).Should(Equal(1))
+	g.Consistently(func() int { return requests.ReadsOf(path) }, quiet, poll).Should(Equal(1))
 }
 
 // TestANewRequestIsRecordedInOneWrite: the remediator records what it found out about a new
@@ -242,8 +242,8 @@ func TestANewRequestIsRecordedInOneWrite(t *testing.T) {
 	f, m := unreplacedRequest(t, g, "new")
 	path := requestPath(f.ns, m.Name)
 	// The write is counted when its response has come back, which may be after the test saw it.
-	g.Eventually(func() int { return requests.writesTo(path) }, eventually, poll).Should(Equal(1))
-	g.Consistently(func() int { return requests.writesTo(path) }, quiet, poll).Should(Equal(1))
+	g.Eventually(func() int { return requests.WritesTo(path) }, eventually, poll).Should(Equal(1))
+	g.Consistently(func() int { return requests.WritesTo(path) }, quiet, poll).Should(Equal(1))
 }
 
 // unreplacedRequest creates a Machine that nothing replaces (no MachineSet) and its request, and
