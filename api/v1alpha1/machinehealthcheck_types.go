@@ -347,7 +347,10 @@ type EscalationStep struct {
 	TimeoutSeconds int32 `json:"timeoutSeconds"`
 }
 
-// MachineHealthCheckStatus mirrors CAPI's status plus the quorum-safe control-plane limit.
+// MachineHealthCheckStatus mirrors CAPI's status plus the quorum-safe control-plane limit. While
+// targets change one after another (a storm), the counts and lists (expectedMachines to
+// unhealthyMachines) are written at most once per second, the last change included; a change of a
+// condition is written at once.
 type MachineHealthCheckStatus struct {
 	// conditions: RemediationAllowed, WorkloadClusterReachable, StormCooldown, RemediationTemplatesValid, Paused.
 	// +optional

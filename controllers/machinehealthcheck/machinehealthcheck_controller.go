@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -87,6 +88,7 @@ type Reconciler struct {
 	writes          writeSlots
 	memories        memories
 	created         createdRequests
+	statusWrites    statusWrites
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -104,7 +106,7 @@ type EtcdMemberHealth struct {
 
 // Reconcile implements the reconcile skeleton: get → cluster → patch helper → paused → deferred
 // patch of owned conditions → reconcileNormal / reconcileDelete.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	defer func() {
 		if ctx.Err() != nil {
 			reterr = nil // shutting down: whoever runs next starts from the API's state
@@ -114,6 +116,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err := r.Client.Get(ctx, req.NamespacedName, mhc); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.memories.forget(req.NamespacedName) // also when its finalizer was removed by hand
+			r.statusWrites.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineHealthCheck: %w", err)
@@ -144,7 +147,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, err
 	}
 
+	before := mhc.Status.DeepCopy()
 	defer func() {
+		if reterr == nil && mhc.Generation == before.ObservedGeneration && countsOnly(before, &mhc.Status) {
+			if wait := r.statusWrites.wait(req.NamespacedName, time.Now()); wait > 0 {
+				keepCounts(&mhc.Status, before) // written by the round that runs then
+				res.RequeueAfter = sooner(res.RequeueAfter, wait)
+			}
+		}
+		statusChanged := mhc.Generation != before.ObservedGeneration || !equality.Semantic.DeepEqual(before, &mhc.Status)
 		opts := []patch.Option{patch.WithOwnedConditions{Conditions: []string{
 			caprv1.MachineHealthCheckPausedCondition, caprv1.MachineHealthCheckRemediationAllowedCondition, caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
 			caprv1.MachineHealthCheckStormCooldownCondition, caprv1.MachineHealthCheckRemediationTemplatesValidCondition,
@@ -154,6 +165,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		}
 		if err := helper.Patch(ctx, mhc, opts...); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, fmt.Errorf("patching MachineHealthCheck: %w", err)})
+		} else if statusChanged {
+			r.statusWrites.wrote(req.NamespacedName, time.Now())
 		}
 	}()
 
@@ -636,6 +649,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	}
 	r.reported.forget(mhc.UID)
 	r.memories.forget(client.ObjectKeyFromObject(mhc))
+	r.statusWrites.forget(client.ObjectKeyFromObject(mhc))
 	metrics.HealthCheckDeleted(mhc.Namespace, mhc.Name)
 	r.templates.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)

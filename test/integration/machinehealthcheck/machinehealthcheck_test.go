@@ -1169,3 +1169,52 @@ func TestARequestTheCacheDoesNotShowYetIsNotCreatedAgain(t *testing.T) {
 	}, time.Minute, poll).Should(Succeed())
 	g.Expect(creates()).To(Equal(2))
 }
+
+// TestStatusCountsAreWrittenAtMostOncePerSecond: while Nodes turn unhealthy one after another, each
+// starts a round whose counts differ; the health check writes its status at once for the first and
+// then at most once per second (statusWriteInterval), and the status ends right.
+func TestStatusCountsAreWrittenAtMostOncePerSecond(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	const n, flipped = 10, 6
+	for i := range n {
+		f.machine(g, fmt.Sprintf("m%02d", i))
+	}
+	// Timeouts long enough that nothing is marked: the rounds change counts only.
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		for i := range mhc.Spec.Checks.UnhealthyNodeConditions {
+			mhc.Spec.Checks.UnhealthyNodeConditions[i].TimeoutSeconds = ptr.To[int32](600)
+		}
+	})
+	g.Eventually(func(g Gomega) {
+		g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(n)))
+	}, eventually, poll).Should(Succeed())
+	statusWrites := func() int {
+		return requests.Of(http.MethodPatch, fmt.Sprintf("/apis/%s/namespaces/%s/machinehealthchecks/hc/status", caprv1.GroupVersion.String(), f.ns))
+	}
+	rounds := func(g Gomega) float64 {
+		return evaluated(g, f.ns, metrics.PassFull) + evaluated(g, f.ns, metrics.PassChanged)
+	}
+	// Wait until no write is due (the first rounds wrote the status).
+	var before int
+	g.Eventually(func(g Gomega) {
+		before = statusWrites()
+		g.Consistently(statusWrites, 2*time.Second, poll).Should(Equal(before))
+	}, eventually, poll).Should(Succeed())
+
+	start := time.Now()
+	for i := range flipped {
+		r := rounds(g)
+		g.Expect(capienv.SetNodeReady(ctx, k8sClient, fmt.Sprintf("%s-m%02d", f.ns, i), corev1.ConditionFalse)).To(Succeed())
+		g.Eventually(rounds, eventually, 10*time.Millisecond).Should(BeNumerically(">", r), "each Node's round")
+	}
+	elapsed := time.Since(start)
+	g.Eventually(func(g Gomega) {
+		g.Expect(getHealthCheck(g, f.ns).Status.CurrentHealthy).To(HaveValue(BeEquivalentTo(n - flipped)))
+	}, eventually, poll).Should(Succeed())
+	// The first change is written at once, then one per started second, the last one included.
+	g.Expect(statusWrites()-before).To(BeNumerically("<=", 2+int(elapsed/time.Second)),
+		"%d rounds in %s", flipped, elapsed)
+	g.Consistently(statusWrites, 2*time.Second, poll).Should(BeNumerically("<=", before+2+int(elapsed/time.Second)))
+}
