@@ -228,8 +228,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if applied.requestChanged {
 		requeue = sooner(requeue, requestChangedRequeue)
 	}
-	if applied.standInEnds > 0 {
-		requeue = sooner(requeue, applied.standInEnds+requeueMargin)
+	if applied.standIn {
+		requeue = sooner(requeue, standInRecheck)
 	}
 	if lim.cooldownEnds > 0 {
 		requeue = sooner(requeue, lim.cooldownEnds+requeueMargin)
@@ -433,9 +433,9 @@ type applyResult struct {
 	// requestChanged says a withdrawal met a request newer than the cache's (errRequestChanged:
 	// the round is to run again soon).
 	requestChanged bool
-	// standInEnds is how soon a created request the cache did not show yet stops standing in for
-	// it (listRequests), 0 for none: the round is to run again by then.
-	standInEnds time.Duration
+	// standIn says a created request the cache did not show yet stood in for it (listRequests):
+	// the round is to run again after standInRecheck.
+	standIn bool
 }
 
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
@@ -446,7 +446,7 @@ type applyResult struct {
 // the requests and the remediator's reaction to them.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine) (applyResult, error) {
-	requests, standInEnds, err := r.listRequests(ctx, mhc)
+	requests, standIn, err := r.listRequests(ctx, mhc)
 	if err != nil {
 		return applyResult{}, err
 	}
@@ -526,7 +526,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			fail(err)
 		}
 	})
-	return applyResult{restricted: restricted, requestChanged: requestChanged, standInEnds: standInEnds}, kerrors.NewAggregate(errs)
+	return applyResult{restricted: restricted, requestChanged: requestChanged, standIn: standIn}, kerrors.NewAggregate(errs)
 }
 
 // needsWrite reports whether applying the evaluation may write anything for the Machine: a

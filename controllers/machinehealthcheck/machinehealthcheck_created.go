@@ -22,6 +22,11 @@ import (
 // for at most this long.
 const createdRequestTimeout = 30 * time.Second
 
+// standInRecheck is how soon a round in which a created request stood in for the cache's copy runs
+// again. Scheduling the next look for the timeout instead would start a round 30 s after every
+// request created, when the cache has long shown it.
+const standInRecheck = time.Second
+
 // requestScope is one kind of remediation request in one namespace: what listRequests lists.
 type requestScope struct {
 	kind, namespace string
@@ -63,28 +68,26 @@ func (c *createdRequests) deleted(scope requestScope, name string) {
 // standIn adds to cached (the cache's requests of the scope, by name) every request created in the
 // scope that the cache does not show yet: missing, or another object of that name (an older one
 // this process deleted and replaced). A request the cache shows, and one past its timeout, is
-// forgotten. It returns how soon the earliest stand-in times out (0 when none stands in): the round
-// looks again then, in case the cache never shows it.
-func (c *createdRequests) standIn(scope requestScope, cached map[string]client.Object, now time.Time) time.Duration {
+// forgotten. It reports whether any request stands in: the round is to look again after
+// standInRecheck, until the cache shows it or it times out (a request deleted before the cache ever
+// showed it makes no watch event that would start a round).
+func (c *createdRequests) standIn(scope requestScope, cached map[string]client.Object, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var next time.Duration
+	used := false
 	maps.DeleteFunc(c.m[scope], func(name string, cr createdRequest) bool {
 		if obj, ok := cached[name]; ok && obj.GetUID() == cr.obj.GetUID() {
 			return true
 		}
-		left := cr.until.Sub(now)
-		if left <= 0 {
+		if !now.Before(cr.until) {
 			return true
 		}
 		cached[name] = cr.obj.DeepCopyObject().(client.Object)
-		if next == 0 || left < next {
-			next = left
-		}
+		used = true
 		return false
 	})
 	if len(c.m[scope]) == 0 {
 		delete(c.m, scope)
 	}
-	return next
+	return used
 }

@@ -28,13 +28,14 @@ func TestCreatedRequestsStandInUntilTheCacheShowsThem(t *testing.T) {
 		cached    client.Object // the cache's copy of m1, nil for none
 		at        time.Duration // after t0
 		wantUID   types.UID     // of m1 in the merged map, "" for none
-		wantEnds  time.Duration
-		wantAfter types.UID // of m1 in a second merge with an empty cache at the same instant
+		wantUsed  bool          // whether the created request stood in
+		wantAfter types.UID     // of m1 in a second merge with an empty cache at the same instant
 	}{
-		{name: "cache shows nothing yet", at: time.Second, wantUID: "new", wantEnds: createdRequestTimeout - time.Second, wantAfter: "new"},
+		{name: "cache shows nothing yet", at: time.Second, wantUID: "new", wantUsed: true, wantAfter: "new"},
 		{name: "cache shows it", cached: request("new"), at: time.Second, wantUID: "new", wantAfter: ""},
 		{name: "cache shows the older object it replaced", cached: request("old"), at: time.Second, wantUID: "new",
-			wantEnds: createdRequestTimeout - time.Second, wantAfter: "new"},
+			wantUsed: true, wantAfter: "new"},
+		{name: "just before the timeout", at: createdRequestTimeout - time.Millisecond, wantUID: "new", wantUsed: true, wantAfter: "new"},
 		{name: "timed out", at: createdRequestTimeout, wantUID: "", wantAfter: ""},
 		{name: "timed out, cache shows the older object", cached: request("old"), at: createdRequestTimeout, wantUID: "old", wantAfter: ""},
 		{name: "deleted by this process", then: func(c *createdRequests) { c.deleted(scope, "m1") }, at: time.Second, wantUID: "", wantAfter: ""},
@@ -54,9 +55,9 @@ func TestCreatedRequestsStandInUntilTheCacheShowsThem(t *testing.T) {
 			if tt.cached != nil {
 				cached["m1"] = tt.cached
 			}
-			ends := c.standIn(scope, cached, t0.Add(tt.at))
+			used := c.standIn(scope, cached, t0.Add(tt.at))
 			g.Expect(uidIn(cached, "m1")).To(Equal(tt.wantUID))
-			g.Expect(ends).To(Equal(tt.wantEnds))
+			g.Expect(used).To(Equal(tt.wantUsed))
 
 			again := map[string]client.Object{}
 			c.standIn(scope, again, t0.Add(tt.at))
@@ -74,7 +75,7 @@ func TestCreatedRequestsKeepScopesApart(t *testing.T) {
 	c.created(a, &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Name: "m1", Namespace: "a", UID: "u1"}}, now)
 	for _, other := range []requestScope{{kind: a.kind, namespace: "b"}, {kind: "Reboot.example.io", namespace: "a"}} {
 		cached := map[string]client.Object{}
-		g.Expect(c.standIn(other, cached, now)).To(BeZero())
+		g.Expect(c.standIn(other, cached, now)).To(BeFalse())
 		g.Expect(cached).To(BeEmpty())
 	}
 	cached := map[string]client.Object{}

@@ -54,22 +54,22 @@ func requestScopeOf(mhc *caprv1.MachineHealthCheck) (requestScope, error) {
 // listRequests returns the remediation requests of the health check's kind in its namespace, by
 // name (= Machine name). One List per reconcile, from the cache for CAPR's own kind, instead of one
 // read per target; the requests this process created that the cache does not show yet stand in for
-// the cache's copies (machinehealthcheck_created.go). It also returns how soon the earliest of those
-// stops standing in (0 for none): a round should run again by then.
-func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealthCheck) (map[string]client.Object, time.Duration, error) {
+// the cache's copies (machinehealthcheck_created.go). It also reports whether one did: the round is
+// to run again after standInRecheck.
+func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealthCheck) (map[string]client.Object, bool, error) {
 	gvk, err := requestGVK(mhc)
 	if err != nil {
-		return nil, 0, err
+		return nil, false, err
 	}
 	scope, err := requestScopeOf(mhc)
 	if err != nil {
-		return nil, 0, err
+		return nil, false, err
 	}
 	out := map[string]client.Object{}
 	if gvk == caprv1.GroupVersion.WithKind("MachineRemediation") {
 		list := &caprv1.MachineRemediationList{}
 		if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
-			return nil, 0, fmt.Errorf("listing MachineRemediations: %w", err)
+			return nil, false, fmt.Errorf("listing MachineRemediations: %w", err)
 		}
 		for i := range list.Items {
 			out[list.Items[i].Name] = &list.Items[i]
@@ -78,7 +78,7 @@ func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealth
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 		if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace)); err != nil {
-			return nil, 0, fmt.Errorf("listing %s: %w", gvk.Kind, err)
+			return nil, false, fmt.Errorf("listing %s: %w", gvk.Kind, err)
 		}
 		for i := range list.Items {
 			out[list.Items[i].GetName()] = &list.Items[i]
