@@ -328,7 +328,7 @@ func BuildFleetImage(ctx context.Context, machines, healthChecks int) (_ *FleetI
 	healthySince := time.Now().Add(-time.Hour)
 	err = parallel(machines, func(i int) error {
 		m := capienv.NewMachine(image.namespace, cluster.Name, machineName(i))
-		m.Labels["pool"] = strconv.Itoa(i % healthChecks)
+		m.Labels["pool"] = strconv.Itoa(poolOf(i, machines, healthChecks))
 		if err := c.Create(ctx, m); err != nil {
 			return fmt.Errorf("creating Machine %s: %w", m.Name, err)
 		}
@@ -492,13 +492,25 @@ func (f *fleet) healthCheck(i int) client.Object {
 	}
 }
 
-// flipSet is every tenth Machine (10 %, spread over every health check).
+// flipSet is every tenth Machine: 10 %, and 10 % of every health check's (poolOf).
 func (f *fleet) flipSet() []int {
+	return flipSet(f.cfg.Machines)
+}
+
+func flipSet(machines int) []int {
 	var out []int
-	for i := 0; i < f.cfg.Machines; i += 10 {
+	for i := 0; i < machines; i += 10 {
 		out = append(out, i)
 	}
 	return out
+}
+
+// poolOf is the pool (the health check) of Machine i: consecutive blocks of machines/healthChecks
+// Machines, so that every tenth Machine (flipSet) is every tenth of each pool. (Before 2026-11-27
+// the pool was i % healthChecks, which put every flipped Machine into the pools 0, 10, 20, …: with
+// N/100 health checks, a tenth of them had all their targets flipped and the others none.)
+func poolOf(i, machines, healthChecks int) int {
+	return i * healthChecks / machines
 }
 
 // markPhase turns the Nodes of flipped Ready=False with a lastTransitionTime chosen so that the

@@ -228,3 +228,24 @@ func selectVariants(tb testing.TB, names string) []Variant {
 	}
 	return selected
 }
+
+// TestFlipSetIsATenthOfEveryHealthCheck: the mark phase flips 10 % of the Machines, and 10 % of
+// each health check's, in both shapes at every default size.
+func TestFlipSetIsATenthOfEveryHealthCheck(t *testing.T) {
+	for _, machines := range []int{20, 500, 2000, 10000} {
+		for _, healthChecks := range []int{1, max(1, machines/100)} {
+			g := NewWithT(t)
+			targets, flipped := map[int]int{}, map[int]int{}
+			for i := range machines {
+				targets[poolOf(i, machines, healthChecks)]++
+			}
+			for _, i := range flipSet(machines) {
+				flipped[poolOf(i, machines, healthChecks)]++
+			}
+			g.Expect(targets).To(HaveLen(healthChecks), "N=%d, %d health checks", machines, healthChecks)
+			for pool, n := range targets {
+				g.Expect(flipped[pool]*10).To(Equal(n), "N=%d, %d health checks, pool %d", machines, healthChecks, pool)
+			}
+		}
+	}
+}
