@@ -9,7 +9,8 @@
 // one remediation request per marked Machine when remediation is allowed and withdraw Pending ones
 // that are no longer needed (machinehealthcheck_requests.go; the requests it created that its cache
 // does not show yet stand in for the cache's copies, machinehealthcheck_created.go); and report in
-// the status. What it remembers between reconciles is in machinehealthcheck_memory.go and
+// the status. A Machine marked in a round gets its request, and its event, in the health check's next
+// round, queued at once (machinehealthcheck_deferred.go). What it remembers between reconciles is in machinehealthcheck_memory.go and
 // machinehealthcheck_transitions.go; losing it on a restart only makes the next round a full pass.
 // It never deletes a Machine.
 package machinehealthcheck

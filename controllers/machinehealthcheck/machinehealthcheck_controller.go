@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -89,6 +90,7 @@ type Reconciler struct {
 	memories        memories
 	created         createdRequests
 	statusWrites    statusWrites
+	newMarks        newMarks
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -117,6 +119,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if apierrors.IsNotFound(err) {
 			r.memories.forget(req.NamespacedName) // also when its finalizer was removed by hand
 			r.statusWrites.forget(req.NamespacedName)
+			r.newMarks.take(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineHealthCheck: %w", err)
@@ -230,6 +233,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	if applied.standIn {
 		requeue = sooner(requeue, standInRecheck)
+	}
+	if applied.requestsDeferred {
+		requeue = sooner(requeue, deferredRequestsRequeue)
 	}
 	if lim.cooldownEnds > 0 {
 		requeue = sooner(requeue, lim.cooldownEnds+requeueMargin)
@@ -436,6 +442,9 @@ type applyResult struct {
 	// standIn says a created request the cache did not show yet stood in for it (listRequests):
 	// the round is to run again after standInRecheck.
 	standIn bool
+	// requestsDeferred says the round marked Machines whose requests the next round decides
+	// (machinehealthcheck_deferred.go): it is to run again at once.
+	requestsDeferred bool
 }
 
 // applyMarksAndRequests writes each target's mark, requests remediation of the unhealthy targets
@@ -443,7 +452,8 @@ type applyResult struct {
 // Machines no longer checked (skip-remediation, paused). It writes every mark first, then the
 // requests, each pass at most maxParallelWrites at once: a Machine's request is only written
 // after its own mark, and the marks, which are the health check's answer, are not queued behind
-// the requests and the remediator's reaction to them.
+// the requests and the remediator's reaction to them. The request of a Machine marked in this round
+// is left to the next round (machinehealthcheck_deferred.go), which records the mark's event.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine) (applyResult, error) {
 	requests, standIn, err := r.listRequests(ctx, mhc)
@@ -465,12 +475,15 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 		}
 		errs = append(errs, err)
 	}
+	key := client.ObjectKeyFromObject(mhc)
+	announce := r.newMarks.take(key) // the marks the previous round wrote
 	var work []int
 	for i, t := range rd.targets {
 		if needsWrite(t.machine, rd.evals[i], cfg.checker, requests) {
 			work = append(work, i)
 		}
 	}
+	requestsDeferred := false
 	marked, changes, requested := make([]bool, len(work)), make([]markChange, len(work)), make([]bool, len(work))
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
@@ -487,7 +500,23 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	defer func() {
 		said := newRoundEvents(mhc, cfg.checker)
 		for k, i := range work {
-			r.markEvent(ctx, said, rd.targets[i].machine, changes[k], requested[k], rd.evals[i])
+			m := rd.targets[i].machine
+			if changes[k] == markSet {
+				r.newMarks.add(key, m, rd.evals[i]) // said by the next round, with its request
+				continue
+			}
+			if prev, ok := announce[m.Name]; ok {
+				delete(announce, m.Name)
+				if requested[k] && changes[k] == markUnchanged {
+					r.markEvent(ctx, said, m, markSet, true, prev.ev)
+					continue
+				}
+				r.markEvent(ctx, said, prev.machine, markSet, false, prev.ev)
+			}
+			r.markEvent(ctx, said, m, changes[k], requested[k], rd.evals[i])
+		}
+		for _, name := range slices.Sorted(maps.Keys(announce)) { // not requested in this round
+			r.markEvent(ctx, said, announce[name].machine, markSet, false, announce[name].ev)
 		}
 		said.flush(r.recorder)
 	}()
@@ -498,6 +527,12 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		switch ev.verdict {
 		case verdictUnhealthy:
+			if changes[k] == markSet {
+				mu.Lock()
+				requestsDeferred = true
+				mu.Unlock()
+				return
+			}
 			if !t.machine.DeletionTimestamp.IsZero() || annotations.IsPaused(cluster, t.machine) {
 				return
 			}
@@ -526,7 +561,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			fail(err)
 		}
 	})
-	return applyResult{restricted: restricted, requestChanged: requestChanged, standIn: standIn}, kerrors.NewAggregate(errs)
+	return applyResult{restricted: restricted, requestChanged: requestChanged, standIn: standIn, requestsDeferred: requestsDeferred}, kerrors.NewAggregate(errs)
 }
 
 // needsWrite reports whether applying the evaluation may write anything for the Machine: a
@@ -650,6 +685,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	r.reported.forget(mhc.UID)
 	r.memories.forget(client.ObjectKeyFromObject(mhc))
 	r.statusWrites.forget(client.ObjectKeyFromObject(mhc))
+	r.newMarks.take(client.ObjectKeyFromObject(mhc))
 	metrics.HealthCheckDeleted(mhc.Namespace, mhc.Name)
 	r.templates.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)
