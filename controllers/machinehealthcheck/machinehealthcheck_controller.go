@@ -91,6 +91,7 @@ type Reconciler struct {
 	created         createdRequests
 	statusWrites    statusWrites
 	newMarks        newMarks
+	machineEvents   machineEventBudget
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -498,7 +499,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	// The events are recorded once every mark and request is written: the recorder sends them in
 	// the background, and they would otherwise compete with the remaining writes for the API server.
 	defer func() {
-		said := newRoundEvents(mhc, cfg.checker)
+		said := newRoundEvents(mhc, cfg.checker, &r.machineEvents)
 		for k, i := range work {
 			m := rd.targets[i].machine
 			if changes[k] == markSet {
@@ -743,20 +744,28 @@ func (r *Reconciler) markEvent(ctx context.Context, said *roundEvents, m *cluste
 }
 
 // machineEventsPerRound is how many events of one reason (marked, remediation requested, cleared) a
-// round records on Machines. The others of a round are said in one event of that reason on the health
-// check, which counts and names them: the way client-go's EventCorrelator aggregates similar events
-// of one object, across the Machines of one health check. A storm of N marks then costs the API
-// server machineEventsPerRound+1 event writes instead of N, written right after the round's requests;
-// each Machine's condition still says why it is marked, and the log has a line per Machine.
-const machineEventsPerRound = 10
+// round records on Machines, and machineEventsPerSecond how many the health checks of one namespace
+// record together (machineEventBudget). The others of a round are said in one event of that reason
+// on the health check, which counts and names them: the way client-go's EventCorrelator aggregates
+// similar events of one object, across the Machines of one health check. A storm of N marks then
+// costs the API server about machineEventsPerSecond event writes per second and one per health check
+// and round instead of N; each Machine's condition still says why it is marked, and the log has a
+// line per Machine.
+const (
+	machineEventsPerRound  = 10
+	machineEventsPerSecond = 10
+)
 
 // aggregatedNames is how many Machines an aggregated event names.
 const aggregatedNames = 20
 
-// roundEvents collects a round's events beyond machineEventsPerRound, by reason.
+// roundEvents collects a round's events beyond machineEventsPerRound or the namespace's budget, by
+// reason.
 type roundEvents struct {
 	mhc     *caprv1.MachineHealthCheck
 	checker string
+	budget  *machineEventBudget
+	now     time.Time // when the round records its events
 	sent    map[string]int
 	// more are the Machines of each reason past the limit, in the round's order, and requested how
 	// many of them had their remediation requested.
@@ -765,14 +774,14 @@ type roundEvents struct {
 	reasons   []string
 }
 
-func newRoundEvents(mhc *caprv1.MachineHealthCheck, checker string) *roundEvents {
-	return &roundEvents{mhc: mhc, checker: checker, sent: map[string]int{}, more: map[string][]string{}, requested: map[string]int{}}
+func newRoundEvents(mhc *caprv1.MachineHealthCheck, checker string, budget *machineEventBudget) *roundEvents {
+	return &roundEvents{mhc: mhc, checker: checker, budget: budget, now: time.Now(), sent: map[string]int{}, more: map[string][]string{}, requested: map[string]int{}}
 }
 
 // add records an event of reason on Machine m, or keeps it for the aggregated event once the round
-// recorded machineEventsPerRound of that reason.
+// recorded machineEventsPerRound of that reason or the namespace's budget for it is spent.
 func (e *roundEvents) add(rec events.EventRecorder, m *clusterv1.Machine, reason string, requested bool, format string, args ...any) {
-	if e.sent[reason] < machineEventsPerRound {
+	if e.sent[reason] < machineEventsPerRound && e.budget.allow(m.Namespace, reason, e.now) {
 		e.sent[reason]++
 		rec.Eventf(m, nil, corev1.EventTypeNormal, reason, "HealthCheck", format, args...)
 		return

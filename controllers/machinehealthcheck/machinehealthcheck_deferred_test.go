@@ -22,22 +22,7 @@ import (
 func TestAMarksRequestIsMadeInTheNextRound(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	g.Expect(caprv1.AddToScheme(scheme)).To(Succeed())
-	g.Expect(clusterv1.AddToScheme(scheme)).To(Succeed())
-	mhc := &caprv1.MachineHealthCheck{}
-	mhc.Name, mhc.Namespace = "hc", "ns"
-	m := machine()
-	m.Namespace = "ns"
-	marks := 0
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(m).WithInterceptorFuncs(interceptor.Funcs{
-		SubResourceApply: func(context.Context, client.Client, string, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
-			marks++
-			return nil
-		},
-	}).Build()
-	recorder := events.NewFakeRecorder(10)
-	r := &Reconciler{Client: c, recorder: recorder}
+	r, c, recorder, mhc, m, marks := markingReconciler(g)
 	ev := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Node n is not Ready"}
 	allowed := limits{trigger: limitDecision{allowed: true}, controlPlane: limitDecision{allowed: true}}
 	requestExists := func() bool {
@@ -47,7 +32,7 @@ func TestAMarksRequestIsMadeInTheNextRound(t *testing.T) {
 	rd := &round{targets: []target{{machine: m}}, evals: []evaluation{ev}}
 	applied, err := r.applyMarksAndRequests(ctx, &clusterv1.Cluster{}, mhc, defaultConfig(), rd, allowed, nil)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(marks).To(Equal(1))
+	g.Expect(*marks).To(Equal(1))
 	g.Expect(applied.requestsDeferred).To(BeTrue())
 	g.Expect(requestExists()).To(BeFalse(), "no request in the round that marks")
 	g.Expect(recorder.Events).NotTo(Receive(), "the mark's event waits for its request")
@@ -56,7 +41,7 @@ func TestAMarksRequestIsMadeInTheNextRound(t *testing.T) {
 	rd = &round{targets: []target{{machine: rd.targets[0].machine}}, evals: []evaluation{ev}}
 	applied, err = r.applyMarksAndRequests(ctx, &clusterv1.Cluster{}, mhc, defaultConfig(), rd, allowed, nil)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(marks).To(Equal(1), "the mark is not written again")
+	g.Expect(*marks).To(Equal(1), "the mark is not written again")
 	g.Expect(applied.requestsDeferred).To(BeFalse())
 	g.Expect(requestExists()).To(BeTrue())
 	g.Expect(recorder.Events).To(Receive(And(ContainSubstring(caprv1.EventMachineMarkedUnhealthy), HaveSuffix("; remediation requested"))))
@@ -68,20 +53,7 @@ func TestAMarksRequestIsMadeInTheNextRound(t *testing.T) {
 func TestAMarkNotRequestedInTheNextRoundIsStillSaid(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	g.Expect(caprv1.AddToScheme(scheme)).To(Succeed())
-	g.Expect(clusterv1.AddToScheme(scheme)).To(Succeed())
-	mhc := &caprv1.MachineHealthCheck{}
-	mhc.Name, mhc.Namespace = "hc", "ns"
-	m := machine()
-	m.Namespace = "ns"
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(m).WithInterceptorFuncs(interceptor.Funcs{
-		SubResourceApply: func(context.Context, client.Client, string, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
-			return nil
-		},
-	}).Build()
-	recorder := events.NewFakeRecorder(10)
-	r := &Reconciler{Client: c, recorder: recorder}
+	r, _, recorder, mhc, m, _ := markingReconciler(g)
 	ev := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Node n is not Ready"}
 
 	rd := &round{targets: []target{{machine: m}}, evals: []evaluation{ev}}
@@ -95,4 +67,25 @@ func TestAMarkNotRequestedInTheNextRoundIsStillSaid(t *testing.T) {
 	g.Expect(applied.restricted).To(Equal(1))
 	g.Expect(recorder.Events).To(Receive(And(ContainSubstring(caprv1.EventMachineMarkedUnhealthy), Not(ContainSubstring("remediation requested")))))
 	g.Expect(recorder.Events).NotTo(Receive())
+}
+
+// markingReconciler is a Reconciler on a fake client holding Machine m of health check ns/hc, whose
+// mark writes (server-side applies) are counted in marks, its events in the returned recorder.
+func markingReconciler(g *WithT) (r *Reconciler, c client.Client, recorder *events.FakeRecorder, mhc *caprv1.MachineHealthCheck, m *clusterv1.Machine, marks *int) {
+	scheme := runtime.NewScheme()
+	g.Expect(caprv1.AddToScheme(scheme)).To(Succeed())
+	g.Expect(clusterv1.AddToScheme(scheme)).To(Succeed())
+	mhc = &caprv1.MachineHealthCheck{}
+	mhc.Name, mhc.Namespace = "hc", "ns"
+	m = machine()
+	m.Namespace = "ns"
+	marks = new(int)
+	c = fake.NewClientBuilder().WithScheme(scheme).WithObjects(m).WithInterceptorFuncs(interceptor.Funcs{
+		SubResourceApply: func(context.Context, client.Client, string, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
+			*marks++
+			return nil
+		},
+	}).Build()
+	recorder = events.NewFakeRecorder(10)
+	return &Reconciler{Client: c, recorder: recorder}, c, recorder, mhc, m, marks
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -90,4 +91,36 @@ func (f *firstConnections) done(key client.ObjectKey) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.since, key)
+}
+
+// machineEventBudget is how many events of each reason the health checks of a namespace may still
+// record on Machines: machineEventsPerSecond per second, as many at once. Many health checks marking
+// a few Machines each in the same second (a zone lost, spread over many pools) would otherwise each
+// record an event per Machine. Its zero value is ready to use; a nil budget allows every event.
+type machineEventBudget struct {
+	mu      sync.Mutex
+	buckets map[eventBucket]*rate.Limiter
+}
+
+type eventBucket struct {
+	namespace, reason string
+}
+
+// allow takes one event of reason in namespace from the budget, if there is one left.
+func (b *machineEventBudget) allow(namespace, reason string, now time.Time) bool {
+	if b == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buckets == nil {
+		b.buckets = map[eventBucket]*rate.Limiter{}
+	}
+	key := eventBucket{namespace: namespace, reason: reason}
+	l := b.buckets[key]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(machineEventsPerSecond), machineEventsPerSecond)
+		b.buckets[key] = l
+	}
+	return l.AllowN(now, 1)
 }
