@@ -488,7 +488,13 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	marked, changes, requested := make([]bool, len(work)), make([]markChange, len(work)), make([]bool, len(work))
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
-		written, change, err := r.applyMark(ctx, t.machine, ev, cfg.checker)
+		base := t.machine
+		if prev, ok := announce[base.Name]; ok && !isMarked(base, cfg.checker) {
+			// The round the previous one queued at once may read the Machine before the cache shows
+			// the mark written there: start from the copy written, not write the mark again.
+			base = prev.machine
+		}
+		written, change, err := r.applyMark(ctx, base, ev, cfg.checker)
 		if err != nil {
 			fail(err)
 			return
