@@ -92,6 +92,7 @@ type Reconciler struct {
 	statusWrites    statusWrites
 	newMarks        newMarks
 	machineEvents   machineEventBudget
+	selectors       selectors
 }
 
 // EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
@@ -121,6 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			r.memories.forget(req.NamespacedName) // also when its finalizer was removed by hand
 			r.statusWrites.forget(req.NamespacedName)
 			r.newMarks.take(req.NamespacedName)
+			r.selectors.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineHealthCheck: %w", err)
@@ -659,7 +661,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	}
 	// The mark (a condition) does not name its health check: it is this one's on the Machines it
 	// selects. A selector that no longer parses selects none of them.
-	selector, err := machineSelector(mhc)
+	selector, err := r.selectors.of(mhc)
 	if err != nil {
 		selector = labels.Nothing()
 	}
@@ -870,7 +872,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mh
 // Machines with CAPI's paused or skip-remediation annotation are not targets: they are returned as
 // excluded.
 func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck) (targets []target, excluded []*clusterv1.Machine, _ error) {
-	selector, err := machineSelector(mhc)
+	selector, err := r.selectors.of(mhc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -900,7 +902,7 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 // getSomeTargets reads the named Machines as getTargets does: the targets among them, those
 // excluded, and the names of all that are no target (gone, not selected, or excluded).
 func (r *Reconciler) getSomeTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck, names []string) (targets []target, excluded []*clusterv1.Machine, gone []string, _ error) {
-	selector, err := machineSelector(mhc)
+	selector, err := r.selectors.of(mhc)
 	if err != nil {
 		return nil, nil, nil, err
 	}

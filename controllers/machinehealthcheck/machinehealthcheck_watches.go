@@ -114,7 +114,7 @@ func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster str
 			continue
 		}
 		if machine != nil {
-			sel, err := machineSelector(mhc)
+			sel, err := r.selectors.of(mhc)
 			if err != nil || !sel.Matches(labels.Set(machine.Labels)) {
 				continue
 			}
