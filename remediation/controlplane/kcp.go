@@ -104,21 +104,58 @@ func (KCP) Busy(view ProviderView) string {
 // scaleDownControlPlane → preflightChecks with the Machine to delete excluded): every other Machine
 // must pass the strict health check, and there is no relaxed path. With another unhealthy Machine a
 // scale-down never happens, so a surge would never be undone.
+//
+// KCP judges from its Machine conditions, which lag etcd: KCP refreshes them only when it reconciles
+// (its EtcdMemberHealthy condition saw a killed member tens of seconds after CAPR's etcd inspection
+// did). A member that CAPR's inspection (view.Etcd) finds down or unreachable will fail KCP's
+// preflight as soon as KCP looks again, so it refuses now too: the order is decided once, from the
+// truth, and no replacement is created only to be thrown away.
 func (KCP) ScaleDownRefusal(view ProviderView) string {
 	managed := kcpEtcdManaged(view.ControlPlane)
-	var unhealthy []string
+	var unhealthy, lagging []string
 	for _, m := range view.Machines {
 		if m.Name == view.Victim.Name || !m.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if !kcpFullyHealthy([]*clusterv1.Machine{m}, managed) {
 			unhealthy = append(unhealthy, m.Name)
+			continue
+		}
+		if managed {
+			if why := memberNotHealthy(view.Etcd, m); why != "" {
+				lagging = append(lagging, fmt.Sprintf("%s (%s)", m.Name, why))
+			}
 		}
 	}
-	if len(unhealthy) == 0 {
+	switch {
+	case len(unhealthy) > 0:
+		return fmt.Sprintf("KCP scales down only when every other control-plane Machine is healthy, and %s is not", strings.Join(unhealthy, ", "))
+	case len(lagging) > 0:
+		return fmt.Sprintf("KCP scales down only when every other control-plane Machine is healthy, and in etcd %s is not (KCP's conditions have not caught up yet)",
+			strings.Join(lagging, ", "))
+	}
+	return ""
+}
+
+// memberNotHealthy says why m's etcd member, as CAPR's inspection found it, would fail KCP's etcd
+// health check ("" when it would pass, or when etcd was not inspected). KCP reads each member
+// through its Node's kubelet, as CAPR does, so a member CAPR cannot reach is one KCP cannot either.
+func memberNotHealthy(state *etcdutil.State, m *clusterv1.Machine) string {
+	if state == nil || !m.Status.NodeRef.IsDefined() {
 		return ""
 	}
-	return fmt.Sprintf("KCP scales down only when every other control-plane Machine is healthy, and %s is not", strings.Join(unhealthy, ", "))
+	member := state.ByName(m.Status.NodeRef.Name)
+	switch {
+	case member == nil:
+		return "no member"
+	case member.IsLearner:
+		return "its member is a learner"
+	case !member.Reachable:
+		return "its member cannot be reached"
+	case !member.Healthy:
+		return "its member is not healthy: " + member.Problem
+	}
+	return ""
 }
 
 // Explain implements Adapter with KCP's ScalingUp, ScalingDown and RollingOut messages (e.g. "Scaling

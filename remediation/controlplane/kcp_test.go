@@ -213,14 +213,72 @@ func TestKCPSurge(t *testing.T) {
 	g.Expect(n).To(Equal(int32(1)))
 }
 
+// TestKCPScaleDownRefusal: KCP refuses to scale down while another Machine fails its strict health
+// check, judged from its Machine conditions; CAPR also predicts the refusal from etcd when KCP's
+// conditions lag it (issue 35: both killed members were down in etcd while KCP still called one
+// healthy, so CAPR surged and then threw a replacement away).
 func TestKCPScaleDownRefusal(t *testing.T) {
-	g := NewWithT(t)
-	dead := kcpMachine("d", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)
+	reachable := func(names ...string) *etcdutil.State {
+		s := etcdState(names...)
+		for i := range s.Members {
+			s.Members[i].Reachable = true
+		}
+		return s
+	}
+	with := func(s *etcdutil.State, name string, mutate func(*etcdutil.MemberStatus)) *etcdutil.State {
+		mutate(s.ByName(name))
+		return s
+	}
 	victim := kcpMachine("victim", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)
-	view := ProviderView{ControlPlane: kcpObject(), Machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), dead, victim}, Victim: victim}
-	g.Expect(KCP{}.ScaleDownRefusal(view)).To(ContainSubstring("d is not"))
-	view.Machines = []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"), victim}
-	g.Expect(KCP{}.ScaleDownRefusal(view)).To(BeEmpty(), "the victim itself is excluded, as KCP excludes the Machine it deletes")
+	tests := []struct {
+		name     string
+		machines []*clusterv1.Machine
+		etcd     *etcdutil.State
+		cp       *unstructured.Unstructured
+		refusal  string // substring; "" for none
+	}{
+		{name: "every other Machine healthy", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")}, refusal: ""},
+		{name: "another Machine's conditions unhealthy", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b"),
+			kcpMachine("d", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)}, refusal: "d is not"},
+		{name: "etcd inspected, every member healthy", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd: reachable("a", "b", "victim"), refusal: ""},
+		{name: "the victim's own member down does not count", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd: with(reachable("a", "b", "victim"), "victim", func(m *etcdutil.MemberStatus) { m.Healthy, m.Reachable = false, false }), refusal: ""},
+		{name: "KCP's conditions lag etcd: another member dead", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd:    with(reachable("a", "b", "victim"), "b", func(m *etcdutil.MemberStatus) { m.Healthy, m.Reachable, m.Problem = false, false, "connection refused" }),
+			refusal: "in etcd b (its member cannot be reached) is not (KCP's conditions have not caught up yet)"},
+		{name: "KCP's conditions lag etcd: another member alarmed", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd:    with(reachable("a", "b", "victim"), "a", func(m *etcdutil.MemberStatus) { m.Healthy, m.Problem = false, "alarm NOSPACE" }),
+			refusal: "a (its member is not healthy: alarm NOSPACE)"},
+		{name: "KCP's conditions lag etcd: another member reachable only through the leader's word", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd:    with(reachable("a", "b", "victim"), "a", func(m *etcdutil.MemberStatus) { m.Reachable, m.Note = false, "the leader hears it" }),
+			refusal: "a (its member cannot be reached)"},
+		{name: "KCP's conditions lag etcd: another Machine has no member", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd: reachable("a", "victim"), refusal: "b (no member)"},
+		{name: "a learner is not yet a healthy member", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			etcd: with(reachable("a", "b", "victim"), "b", func(m *etcdutil.MemberStatus) { m.IsLearner = true }), refusal: "b (its member is a learner)"},
+		{name: "conditions first: both kinds name the condition's Machine", machines: []*clusterv1.Machine{kcpMachine("a"),
+			kcpMachine("d", controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition)},
+			etcd: with(reachable("a", "d", "victim"), "a", func(m *etcdutil.MemberStatus) { m.Healthy = false }), refusal: "d is not"},
+		{name: "external etcd: members are not the Machines'", machines: []*clusterv1.Machine{kcpMachine("a"), kcpMachine("b")},
+			cp: kcpObject(withExternalEtcd()), etcd: reachable("x", "y", "z"), refusal: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			cp := tt.cp
+			if cp == nil {
+				cp = kcpObject()
+			}
+			view := ProviderView{ControlPlane: cp, Machines: append(tt.machines, victim), Victim: victim, Etcd: tt.etcd}
+			got := KCP{}.ScaleDownRefusal(view)
+			if tt.refusal == "" {
+				g.Expect(got).To(BeEmpty())
+				return
+			}
+			g.Expect(got).To(ContainSubstring(tt.refusal))
+		})
+	}
 }
 
 func TestKCPBusy(t *testing.T) {

@@ -79,6 +79,16 @@ func TestKCPTwoOfFiveDeadNeverDeadlocks(t *testing.T) {
 	if res.Remediations[victims[1]].Status.StartTime.Before(res.Remediations[victims[0]].Status.StartTime) {
 		first = 1
 	}
+	// Both members are down in etcd before the first remediation starts, whatever KCP's conditions say
+	// yet: KCP will not scale down while the other victim is unhealthy, so the first remediation is
+	// delete-first (issue 35: it surged when KCP's conditions lagged, then threw a Machine away).
 	g.Expect(res.Remediations[victims[first]].Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst),
 		res.Remediations[victims[first]].Status.ControlPlane.OrderReason)
+	// No surplus: the first costs one Machine, the second one (delete-first) or its surge.
+	second := res.Remediations[victims[1-first]].Status.ControlPlane
+	want := 1 + int(second.Surge)
+	if second.Order == caprv1.ControlPlaneOrderDeleteFirst {
+		want = 2
+	}
+	g.Expect(res.Created).To(HaveLen(want), "Machines created (second remediation: %s, surge %d): %v", second.Order, second.Surge, res.Created)
 }

@@ -49,6 +49,9 @@ type Result struct {
 	// MinMarginAt when and what the cluster looked like then.
 	MinMargin   int
 	MinMarginAt string
+	// Created names the control-plane Machines created while the fault was remediated, as the API
+	// server's watch saw them (surplus ones deleted again included).
+	Created []string
 }
 
 // RunScenario creates a KCP cluster with a CAPR health check, injects the fault, waits until
@@ -83,6 +86,8 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	t.Cleanup(capr.Stop)
 	quorum := sb.WatchQuorum(ctx, wc)
 	running := sb.WatchRunning(ctx, wc)
+	creations, err := sb.WatchMachineCreations(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
 
 	victims, err := sc.Inject(ctx, wc, machines)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -104,6 +109,8 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	g.Expect(lost).To(BeEmpty())
 	g.Expect(running.Stop()).To(BeEmpty(), "two control-plane remediations ran at once")
 	res.MinMargin, res.MinMarginAt, _ = quorum.Margin()
+	res.Created, err = creations.Stop()
+	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(check()).To(Succeed())
 
 	kcp := &controlplanev1.KubeadmControlPlane{}

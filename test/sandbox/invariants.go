@@ -3,9 +3,13 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -61,6 +65,82 @@ func (w *RunningWatcher) Stop() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.violations
+}
+
+// MachineCreations watches a cluster's control-plane Machines through the API server (not through
+// any record of CAPR's) and collects the names of those created after it started: how many Machines
+// a remediation cost, including any created and deleted again before the test looked.
+type MachineCreations struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	mu      sync.Mutex
+	created map[string]bool
+	err     error
+}
+
+// WatchMachineCreations starts watching; the Machines that exist now are not counted. It returns
+// once the watch is established, so nothing created after it returns is missed.
+func (s *Sandbox) WatchMachineCreations(ctx context.Context, wc *WorkloadCluster) (*MachineCreations, error) {
+	wcli, err := client.NewWithWatch(s.Env.Config, client.Options{Scheme: s.Env.Scheme})
+	if err != nil {
+		return nil, err
+	}
+	list := &clusterv1.MachineList{}
+	selector := []client.ListOption{client.InNamespace(wc.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: wc.Name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}}
+	if err := wcli.List(ctx, list, selector...); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := wcli.Watch(wctx, &clusterv1.MachineList{}, append(selector, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	existing := map[string]bool{}
+	for _, m := range list.Items {
+		existing[m.Name] = true
+	}
+	mc := &MachineCreations{cancel: cancel, done: make(chan struct{}), created: map[string]bool{}}
+	go func() {
+		defer close(mc.done)
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			switch ev.Type {
+			case watch.Added:
+				if m, ok := ev.Object.(*clusterv1.Machine); ok && !existing[m.Name] {
+					mc.mu.Lock()
+					mc.created[m.Name] = true
+					mc.mu.Unlock()
+				}
+			case watch.Error:
+				mc.mu.Lock()
+				mc.err = fmt.Errorf("watch of Machines failed: %v", ev.Object)
+				mc.mu.Unlock()
+				return
+			}
+		}
+		if wctx.Err() == nil {
+			mc.mu.Lock()
+			mc.err = fmt.Errorf("watch of Machines ended before Stop: creations may be missed")
+			mc.mu.Unlock()
+		}
+	}()
+	return mc, nil
+}
+
+// Stop ends the watch and returns the names of the control-plane Machines created while it ran,
+// sorted, or an error when the watch broke (and the count cannot be trusted).
+func (mc *MachineCreations) Stop() ([]string, error) {
+	mc.cancel()
+	<-mc.done
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	out := make([]string, 0, len(mc.created))
+	for n := range mc.created {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out, mc.err
 }
 
 // WriteData writes n keys to the workload etcd (before a fault) and returns a function that reads
