@@ -70,9 +70,11 @@ TEST_CHAOS_PARALLEL ?= 3
 # `make test` also runs the seeds that once found a defect (TestChaosKnownSeeds in test/chaos).
 CHAOS_TESTS ?= ^TestChaos$$
 
+# Every package's tests run in two lanes side by side (hack/test-levels.sh): the heavy packages that
+# start workload clusters or the full stack one at a time, everything else beside them.
 .PHONY: test
 test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
-	go test $$(go list ./... | grep -v -e '/test/chaos' -e '/test/kubeadm/more') -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+	hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) PARALLEL=$(TEST_CHAOS_PARALLEL) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
 
 .PHONY: chaos

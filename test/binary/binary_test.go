@@ -36,6 +36,7 @@ func TestBuiltBinaryRemediatesAControlPlaneMachineWithTheShippedRBAC(t *testing.
 	bindSecretsOnlyIn(t, ns)
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: 3})
 	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
 	g.Expect(sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2))).To(Succeed())
 	machines, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())

@@ -89,6 +89,9 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	clusterName := cp.Labels[clusterv1.ClusterNameLabel]
+	if r.s.cluster(cp.Namespace, clusterName) == nil {
+		return ctrl.Result{}, nil // destroyed (DestroyCluster) or not made by CreateCluster
+	}
 	if replicas := ptr.Deref(cp.Spec.Replicas, 1); replicas != ptr.Deref(r.loadSeenReplicas(req.NamespacedName), -1) {
 		r.seenReplicas.Store(req.NamespacedName, replicas)
 		r.s.Log.Add(LogKey(cp.Namespace, clusterName), "control-plane provider sees replicas %d", replicas)

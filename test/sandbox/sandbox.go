@@ -385,6 +385,17 @@ type ClusterSpec struct {
 // spec.Workers worker Machines, and waits until every Machine has a Node and every control-plane
 // Machine's etcd member votes.
 func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*WorkloadCluster, error) {
+	wc, err := s.createCluster(ctx, spec)
+	if err != nil && wc != nil {
+		// A cluster that did not come up stops what it started: its processes would load the
+		// machine for every test after it (issue 35).
+		s.DestroyCluster(ctx, wc)
+		return nil, err
+	}
+	return wc, err
+}
+
+func (s *Sandbox) createCluster(ctx context.Context, spec ClusterSpec) (*WorkloadCluster, error) {
 	etcdDir := filepath.Join(s.dir, spec.Namespace+"-"+spec.Name)
 	if err := os.MkdirAll(etcdDir, 0o700); err != nil {
 		return nil, err
@@ -403,14 +414,11 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 
 	if s.opts.Provider == ProviderKubeadm {
 		if err := s.createKubeadmCluster(ctx, spec, wc); err != nil {
-			s.mu.Lock()
-			delete(s.clusters, types.NamespacedName{Namespace: spec.Namespace, Name: spec.Name})
-			s.mu.Unlock()
-			return nil, err
+			return wc, err
 		}
 		s.Log.Add(LogKey(spec.Namespace, spec.Name), "Cluster %s created on KubeadmControlPlane: %d control-plane Machines, %d workers", spec.Name, spec.ControlPlane, spec.Workers)
 		if err := s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 5*time.Minute); err != nil {
-			return nil, err
+			return wc, err
 		}
 		return wc, s.waitForWorkers(ctx, wc, spec.Workers)
 	}
@@ -437,7 +445,7 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	}
 	for _, o := range objs {
 		if err := c.Create(ctx, o); err != nil {
-			return nil, fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+			return wc, fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
 		}
 	}
 	cluster := capienv.NewCluster(ns, name, clusterv1.ContractVersionedObjectReference{
@@ -445,23 +453,23 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	})
 	cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "SandboxCluster", Name: name}
 	if err := c.Create(ctx, cluster); err != nil {
-		return nil, fmt.Errorf("creating Cluster: %w", err)
+		return wc, fmt.Errorf("creating Cluster: %w", err)
 	}
 	if err := capienv.SetClusterReady(ctx, c, cluster, capienv.InfrastructureReadyOnly); err != nil {
-		return nil, err
+		return wc, err
 	}
 	if err := capienv.CreateKubeconfigSecret(ctx, c, s.Env.Config, cluster); err != nil {
-		return nil, err
+		return wc, err
 	}
 	for i := range spec.Workers {
 		m := capienv.NewMachine(ns, name, fmt.Sprintf("%s-worker-%d", name, i))
 		if err := c.Create(ctx, m); err != nil {
-			return nil, fmt.Errorf("creating worker Machine: %w", err)
+			return wc, fmt.Errorf("creating worker Machine: %w", err)
 		}
 	}
 	s.Log.Add(LogKey(ns, name), "Cluster %s created: %d control-plane Machines, %d workers", name, spec.ControlPlane, spec.Workers)
 	if err := s.WaitForControlPlane(ctx, wc, int(spec.ControlPlane), 3*time.Minute); err != nil {
-		return nil, err
+		return wc, err
 	}
 	return wc, s.waitForWorkers(ctx, wc, spec.Workers)
 }
