@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -48,4 +49,33 @@ func TestWorkerRequestLeftBeforeTheLiveRead(t *testing.T) {
 	// A request whose Machine is not in the cache is read live (it may be a control-plane request).
 	_, _ = r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "ns", Name: "gone"}})
 	g.Expect(live.reads).To(Equal(1))
+}
+
+// TestRunningWithoutControlPlaneRecordIsReportedNotRun: a control-plane request whose status says
+// Running without status.controlPlane (written by hand: CAPR records both in one write) panicked the
+// remediator (issue 30). It is reported and left alone, and its deletion goes through.
+func TestRunningWithoutControlPlaneRecordIsReportedNotRun(t *testing.T) {
+	g := NewWithT(t)
+	sch := newTestScheme(g)
+	victim := cpMachine("m-b")
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "m-b", Finalizers: []string{caprv1.MachineRemediationFinalizer}},
+		Status: caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhaseRunning}}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(victim, mr).WithStatusSubresource(mr).Build()
+	r := &Reconciler{Client: c, APIReader: c}
+	key := client.ObjectKeyFromObject(mr)
+
+	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res).To(Equal(ctrl.Result{}))
+	stored := &caprv1.MachineRemediation{}
+	g.Expect(c.Get(context.Background(), key, stored)).To(Succeed())
+	g.Expect(stored.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning), "nothing is decided from a status CAPR did not write")
+	g.Expect(stored.Status.Conditions).To(ContainElement(And(
+		HaveField("Reason", caprv1.MachineRemediationWaitingForPreconditionsReason),
+		HaveField("Message", ContainSubstring("status.controlPlane is missing")))))
+
+	g.Expect(c.Delete(context.Background(), stored)).To(Succeed())
+	_, err = r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(apierrors.IsNotFound(c.Get(context.Background(), key, &caprv1.MachineRemediation{}))).To(BeTrue(), "the finalizer was removed")
 }
