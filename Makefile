@@ -94,7 +94,7 @@ test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI
 	go test ./test/kubeadm/... -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
 
 .PHONY: e2e
-e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; README "End-to-end suite"); make test runs it on the sandbox.
+e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; docs/developer/testing.md); make test runs it on the sandbox.
 	@test -n "$(E2E_KUBECONFIG)" || { echo "E2E_KUBECONFIG must name the management cluster's kubeconfig (make test runs the suite on the sandbox)"; exit 2; }
 	E2E_KUBECONFIG=$(E2E_KUBECONFIG) E2E_CLUSTER_TEMPLATE=$(E2E_CLUSTER_TEMPLATE) go test ./test/e2e -count=1 -v -timeout 90m $(GO_TEST_FLAGS)
 
@@ -103,7 +103,7 @@ compare-kcp: envtest-assets ## Each control-plane fault on the full stack twice:
 	go run ./test/sandbox/cmd/compare-kcp $(if $(SCENARIO),--scenario="$(SCENARIO)")
 
 # make bench: fleet sizes and shapes ("one": one health check over all Machines; "many": N/100
-# health checks). The defaults take under 20 minutes on 2 cores from an empty machine (README, Performance).
+# health checks). The defaults take under 20 minutes on 2 cores from an empty machine (docs/performance.md).
 BENCH_SIZES ?= 500,2000,10000
 BENCH_SHAPES ?= one
 
