@@ -20,9 +20,11 @@ ETCD_VERSION := v3.6.14
 EXTERNAL_ATTACHER_VERSION := v4.12.0
 CSI_ADDONS_VERSION := v0.14.0
 CONTROLLER_GEN_VERSION := v0.21.0
+CRD_REF_DOCS_VERSION := v0.3.0
 GOLANGCI_LINT_VERSION := v2.12.2
 
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+CRD_REF_DOCS := $(BIN)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 ENVTEST_DIR := $(BIN)/k8s
 KUBE_APISERVER := $(ENVTEST_DIR)/kube-apiserver
@@ -96,7 +98,7 @@ test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI
 	go test ./test/kubeadm/... -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
 
 .PHONY: e2e
-e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; README "End-to-end suite"); make test runs it on the sandbox.
+e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; docs/developer/testing.md); make test runs it on the sandbox.
 	@test -n "$(E2E_KUBECONFIG)" || { echo "E2E_KUBECONFIG must name the management cluster's kubeconfig (make test runs the suite on the sandbox)"; exit 2; }
 	E2E_KUBECONFIG=$(E2E_KUBECONFIG) E2E_CLUSTER_TEMPLATE=$(E2E_CLUSTER_TEMPLATE) go test ./test/e2e -count=1 -v -timeout 90m $(GO_TEST_FLAGS)
 
@@ -105,7 +107,7 @@ compare-kcp: envtest-assets ## Each control-plane fault on the full stack twice:
 	go run ./test/sandbox/cmd/compare-kcp $(if $(SCENARIO),--scenario="$(SCENARIO)")
 
 # make bench: fleet sizes and shapes ("one": one health check over all Machines; "many": N/100
-# health checks). The defaults take under 20 minutes on 2 cores from an empty machine (README, Performance).
+# health checks). The defaults take under 20 minutes on 2 cores from an empty machine (docs/performance.md).
 BENCH_SIZES ?= 500,2000,10000
 BENCH_SHAPES ?= one
 
@@ -120,18 +122,19 @@ bench-steps: envtest-assets ## The control-plane remediator's own latency per st
 ##@ Development
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs and RBAC from the API types and markers.
+generate: $(CONTROLLER_GEN) $(CRD_REF_DOCS) ## Generate deepcopy code, CRDs, RBAC and the API reference (docs/reference/api.md) from the API types and markers.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=. paths=./controllers/... paths=./remediation/... output:rbac:dir=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=secret-reader paths=./etcdutil/... output:rbac:dir=config/rbac/secret_reader
 	$(CONTROLLER_GEN) object paths=./test/sandbox/api/...
 	$(CONTROLLER_GEN) crd paths=./test/sandbox/api/... output:crd:artifacts:config=test/sandbox/config/crd
+	$(CRD_REF_DOCS) --source-path=./api/v1alpha1 --config=docs/reference/crd-ref-docs.yaml --renderer=markdown --output-path=docs/reference/api.md --log-level=ERROR
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are not up to date.
-	@if [ -n "$$(git status --porcelain -- api config test/sandbox/api test/sandbox/config 2>/dev/null)" ]; then \
-		git --no-pager diff -- api config test/sandbox/api test/sandbox/config; \
+	@if [ -n "$$(git status --porcelain -- api config test/sandbox/api test/sandbox/config docs/reference 2>/dev/null)" ]; then \
+		git --no-pager diff -- api config test/sandbox/api test/sandbox/config docs/reference; \
 		echo "Generated files are out of date: run 'make generate' and commit the result."; exit 1; fi
 
 # golangci-lint's shared cache keys results by package content and stores them with absolute paths,
@@ -236,6 +239,11 @@ $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)/.tmp
 	GOBIN=$(BIN)/.tmp go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN)/.tmp/controller-gen $@
+
+$(CRD_REF_DOCS):
+	@mkdir -p $(BIN)/.tmp
+	GOBIN=$(BIN)/.tmp go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
+	mv $(BIN)/.tmp/crd-ref-docs $@
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)/.tmp

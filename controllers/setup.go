@@ -126,7 +126,7 @@ type Setup struct {
 // from the workload cluster's discovery) backends. Workload objects are read uncached: fences are few,
 // must be read as they are, and a cache would start informers for kinds the workload cluster may not
 // have. The External backend reads templates and fence objects live for the same reason; the manager
-// gets access to their kinds through its aggregated role (see the README).
+// gets access to their kinds through its aggregated role (docs/user/fencing.md, External).
 func NewFencer(mgr ctrl.Manager, cc clustercache.ClusterCache) *fencing.PolicyFencer {
 	return &fencing.PolicyFencer{
 		Workload: cc.GetUncachedClient,

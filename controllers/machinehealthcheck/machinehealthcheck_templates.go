@@ -120,7 +120,7 @@ func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHeal
 			reason = caprv1.MachineHealthCheckRemediationTemplateNotFoundReason
 			problems = append(problems, fmt.Sprintf("%s: %s %s/%s not found (%v)", fields[i], ref.Kind, mhc.Namespace, ref.Name, err))
 		case apierrors.IsForbidden(err):
-			problems = append(problems, fmt.Sprintf("%s: %s %s/%s cannot be read, grant CAPR get on it (see README, Other control-plane providers): %v",
+			problems = append(problems, fmt.Sprintf("%s: %s %s/%s cannot be read, grant CAPR get on it (see docs/user/install.md, Other control-plane providers): %v",
 				fields[i], ref.Kind, mhc.Namespace, ref.Name, err))
 		case err != nil:
 			problems = append(problems, fmt.Sprintf("%s: reading %s %s/%s: %v", fields[i], ref.Kind, mhc.Namespace, ref.Name, err))

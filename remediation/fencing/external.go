@@ -16,7 +16,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
-// The External fencing contract (README "External fencing contract"): for a backend
+// The External fencing contract (docs/user/fencing.md, Fencing backends): for a backend
 // {type: External, templateRef: {apiVersion, kind: <Kind>Template, name}} CAPR creates, in the
 // Machine's namespace of the management cluster, a <Kind> named after the Machine, whose spec is the
 // template's spec.template.spec, labelled with the Cluster's name and annotated with the Machine's

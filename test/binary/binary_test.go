@@ -27,7 +27,7 @@ import (
 // ServiceAccount with only the rendered RBAC, marks a control-plane Machine whose Node stopped
 // reporting and replaces it end to end on the sandbox (real etcd membership through the API server's
 // port-forward). No request of the manager is refused for lack of permission along the way. It runs
-// with the stricter of the two installations README "Least privilege" describes: Secrets readable
+// with the stricter of the two installations docs/user/install.md describes (Least privilege): Secrets readable
 // only in the Cluster's namespace (test/e2e runs the built binary with the default one).
 func TestBuiltBinaryRemediatesAControlPlaneMachineWithTheShippedRBAC(t *testing.T) {
 	g := NewWithT(t)
@@ -103,7 +103,7 @@ func copyCluster(g Gomega, key client.ObjectKey, ns string) {
 }
 
 // bindSecretsOnlyIn replaces the components' cluster-wide Secret binding with the sample RoleBinding
-// in ns (README "Least privilege"), checks with SubjectAccessReviews that the manager may then read
+// in ns (docs/user/install.md, Least privilege), checks with SubjectAccessReviews that the manager may then read
 // Secrets there and nowhere else, and puts the components' binding back when the test ends.
 func bindSecretsOnlyIn(t *testing.T, ns string) {
 	g := NewWithT(t)

@@ -7,6 +7,6 @@
 //   - the sandbox (default, part of `make test`): CAPI's core, kubeadm bootstrap and KCP reconcilers
 //     in-process, admission webhooks, kube-controller-manager, real etcd members, and the **built
 //     capr binary** running as the rendered components' ServiceAccount with their RBAC only;
-//   - a real management cluster, e.g. kind with CAPD (`make e2e E2E_KUBECONFIG=...`): see the README,
-//     "End-to-end suite on kind". Only creating the cluster and breaking a node differ (platform_*.go).
+//   - a real management cluster, e.g. kind with CAPD (`make e2e E2E_KUBECONFIG=...`): see
+//     docs/developer/testing.md (End-to-end suite). Only creating the cluster and breaking a node differ (platform_*.go).
 package e2e

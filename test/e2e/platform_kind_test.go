@@ -21,7 +21,7 @@ import (
 
 // A real management cluster (kind with CAPD, or any other), with CAPI, a KubeadmControlPlane provider
 // and CAPR installed. The workload cluster comes from a manifest the user provides, and a node is
-// broken by a command the user provides (README, "End-to-end suite on kind").
+// broken by a command the user provides (docs/developer/testing.md, End-to-end suite).
 const (
 	// clusterTemplateEnv names a manifest of one Cluster (without ClusterClass: CAPR leaves a
 	// topology-owned control plane alone) with a 3-replica KubeadmControlPlane and a 2-replica

@@ -18,7 +18,7 @@ import (
 
 // TestMetricsDuringARemediation scrapes the manager's /metrics endpoint while a control-plane
 // remediation runs and after it: the health check's series, the mark, the remediation started and
-// finished, its steps, the etcd operations and the fencing outcome (the README's "Metrics" table).
+// finished, its steps, the etcd operations and the fencing outcome (the table in docs/user/metrics.md).
 func TestMetricsDuringARemediation(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t)

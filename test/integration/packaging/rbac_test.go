@@ -68,7 +68,7 @@ func TestManagerRoleIsAggregatedAndExtensibleWithoutWildcards(t *testing.T) {
 	g.Expect(can(g, caprManager, "patch", "controlplane.cluster.x-k8s.io", "rke2controlplanes")).To(BeFalse())
 	g.Expect(can(g, caprManager, "delete", "controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes")).To(BeFalse())
 
-	// What README "Other control-plane providers" tells a user to apply.
+	// What docs/user/install.md ("Other control-plane providers") tells a user to apply.
 	other := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   "capr-rke2-control-plane",

@@ -18,8 +18,8 @@ var (
 	root string
 )
 
-// componentVariables are the clusterctl variables of CAPR's components: README "Configuration
-// variables" lists the same.
+// componentVariables are the clusterctl variables of CAPR's components: docs/user/install.md
+// ("Configuration variables") lists the same.
 var componentVariables = []string{
 	"CAPR_CLUSTERCACHE_CLIENT_BURST",
 	"CAPR_CLUSTERCACHE_CLIENT_QPS",
