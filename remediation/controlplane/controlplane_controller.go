@@ -58,6 +58,7 @@ const (
 	EventStepTimedOut              = "StepTimedOut"
 	EventSurplusReplacementDeleted = "SurplusReplacementDeleted"
 	EventOrderReplanned            = "OrderReplanned"
+	EventReplicasChangedElsewhere  = "ReplicasChangedElsewhere"
 )
 
 // EtcdProvider gives access to a workload cluster's etcd (WorkloadEtcd in production).

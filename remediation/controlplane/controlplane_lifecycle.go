@@ -411,15 +411,21 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 			did = append(did, fmt.Sprintf("replacement %v marked %s", machineNames(reps), clusterv1.DeleteMachineAnnotation))
 		}
 		current, replicasErr := Replicas(s.cp)
+		target := *cp.DesiredReplicas
+		if replicasErr == nil && current != target && current != target+surge(s) {
+			// Changed by someone else since the surge: theirs, not undone (replicasBack).
+			target = current
+			did = append(did, fmt.Sprintf("replicas left at %d (%s)", current, replicasChangedElsewhere))
+		}
 		cleared := false
-		if err := r.setReplicas(ctx, s, *cp.DesiredReplicas, func(u *unstructured.Unstructured) error {
+		if err := r.setReplicas(ctx, s, target, func(u *unstructured.Unstructured) error {
 			cleared = s.adapter.ClearScaleUp(u, s.mr.Name)
 			return nil
 		}); err != nil {
 			return "", err
 		}
-		if replicasErr == nil && current != *cp.DesiredReplicas {
-			did = append(did, fmt.Sprintf("replicas back from %d to %d", current, *cp.DesiredReplicas))
+		if replicasErr == nil && current != target {
+			did = append(did, fmt.Sprintf("replicas back from %d to %d", current, target))
 		}
 		if cleared {
 			did = append(did, "the provider's remediation annotation removed")

@@ -261,7 +261,11 @@ func (r *Reconciler) lockHolderActive(ctx context.Context, namespace string, l *
 	return other.Status.Phase != caprv1.MachineRemediationPhaseSucceeded && other.Status.Phase != caprv1.MachineRemediationPhaseFailed, nil
 }
 
-// setReplicas patches the control plane's spec.replicas (idempotent).
+// setReplicas patches the control plane's spec.replicas (idempotent). The patch carries the
+// resourceVersion of the object the decision was made on (read live in gather, or returned by this
+// reconcile's own writes): a change by anyone else meanwhile (a person, GitOps, an autoscaler on the
+// scale subresource) makes it fail with a conflict instead of being overwritten, and the step is
+// decided again on the next pass from a fresh read.
 func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before func(*unstructured.Unstructured) error) error {
 	base := s.cp.DeepCopy()
 	if before != nil {
@@ -272,7 +276,7 @@ func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before 
 	if err := SetReplicas(s.cp, n); err != nil {
 		return err
 	}
-	if err := r.Client.Patch(ctx, s.cp, client.MergeFrom(base)); err != nil {
+	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("setting %s %s replicas to %d: %w", s.cp.GetKind(), s.cp.GetName(), n, err)
 	}
 	return nil

@@ -634,12 +634,15 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 		// Gone, possibly deleted by someone else before the replicas came back: the surge must go
 		// too, or the provider replaces the victim and stays above N.
+		note := ""
 		if o := s.mr.Status.ControlPlane.Order; o != caprv1.ControlPlaneOrderReplace && o != caprv1.ControlPlaneOrderDeleteFirst {
-			if err := r.replicasBack(ctx, s); err != nil {
+			if note, err = r.replicasBack(ctx, s); err != nil {
 				return stepResult{}, err
 			}
 		}
-		return r.waitForDesiredMachines(ctx, s)
+		res, err := r.waitForDesiredMachines(ctx, s)
+		res.message += note
+		return res, err
 	}
 	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; ok {
 		// Fenced (checked above), so the hook must not hold the deletion; it can be back only
@@ -651,12 +654,14 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	cps := s.mr.Status.ControlPlane
 	if !m.DeletionTimestamp.IsZero() {
 		// Being deleted, possibly by someone else (a rollout, a person): the surge still has to go.
+		note := ""
 		if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
-			if err := r.replicasBack(ctx, s); err != nil {
+			var err error
+			if note, err = r.replicasBack(ctx, s); err != nil {
 				return stepResult{}, err
 			}
 		}
-		return stepResult{message: fmt.Sprintf("Machine %s is being deleted", m.Name), requeue: waitShort}, nil
+		return stepResult{message: fmt.Sprintf("Machine %s is being deleted%s", m.Name, note), requeue: waitShort}, nil
 	}
 	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
 		base := m.DeepCopy()
@@ -687,31 +692,54 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		// down): the provider creates a new Machine.
 		return stepResult{message: "deleted the Machine; the provider creates a new one", requeue: waitShort}, nil
 	}
-	if err := r.replicasBack(ctx, s); err != nil {
+	note, err := r.replicasBack(ctx, s)
+	if err != nil {
 		return stepResult{}, err
+	}
+	if note != "" {
+		return stepResult{message: "deleting Machine " + m.Name + note, requeue: waitShort}, nil
 	}
 	return stepResult{message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
 		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), requeue: waitShort}, nil
 }
 
-// replicasBack returns the control plane's replicas to what they were before the surge.
-func (r *Reconciler) replicasBack(ctx context.Context, s *scope) error {
-	desired := ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)
+// replicasBack returns the control plane's replicas to what they were before the surge, when they
+// are still what the surge set. Replicas someone else changed since (a person, GitOps, an
+// autoscaler) are theirs: they are left as they are, and the note returned says so (for the step's
+// message; a Warning event the first time).
+func (r *Reconciler) replicasBack(ctx context.Context, s *scope) (note string, err error) {
+	cps := s.mr.Status.ControlPlane
+	desired := ptr.Deref(cps.DesiredReplicas, 0)
 	current, err := Replicas(s.cp)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if current == desired {
-		return nil
+	switch current {
+	case desired:
+		return "", nil
+	case desired + surge(s):
+		return "", r.setReplicas(ctx, s, desired, nil)
 	}
-	return r.setReplicas(ctx, s, desired, nil)
+	note = fmt.Sprintf("; %s %s replicas are %d, %s (it set %d, from %d), so CAPR leaves them",
+		s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired+surge(s), desired)
+	if rec := findStep(s.mr, caprv1.StepDelete); rec == nil || !strings.Contains(rec.Message, replicasChangedElsewhere) {
+		r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, strings.TrimPrefix(note, "; "))
+	}
+	return note, nil
 }
+
+// replicasChangedElsewhere is how a step's message says that the replicas were changed by someone
+// other than CAPR during the remediation.
+const replicasChangedElsewhere = "changed by someone else during the remediation"
 
 // waitForDesiredMachines finishes the Delete step once the victim is gone and the provider is back
 // at desiredReplicas Machines, none deleting (after a surge of two it also removes a second Machine).
 func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (stepResult, error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
+	if current, err := Replicas(s.cp); err == nil && current != desired && current != desired+surge(s) {
+		desired = current // changed by someone else (replicasBack left them): the provider scales to theirs
+	}
 	if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
 		live, deleting := 0, 0
 		for _, m := range s.machines {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -599,6 +600,33 @@ func TestStepDelete(t *testing.T) {
 		_, err := w.run(caprv1.StepDelete)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+	})
+
+	// Issue 30: the replicas are someone else's once they changed them (a person, GitOps, an
+	// autoscaler on the scale subresource); CAPR neither overwrites nor undoes that.
+	t.Run("replicas changed by someone else during the remediation: left as they are, said", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withReplicas(7), withReplacement(cpMachine("m-d")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(w.machine(g, "m-b")).To(BeNil(), "the victim is deleted")
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(7))
+		g.Expect(res.message).To(ContainSubstring("replicas are 7, changed by someone else during the remediation (it set 4, from 3)"))
+		res, err = w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(7))
+		g.Expect(res.message).To(ContainSubstring("scale to 7 Machines"), "the provider scales to their replicas")
+	})
+
+	t.Run("replicas changed after the decision was read: the write conflicts, theirs stays", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))...)
+		theirs := w.s.cp.DeepCopy()
+		g.Expect(SetReplicas(theirs, 5)).To(Succeed())
+		g.Expect(w.client.Update(t.Context(), theirs)).To(Succeed()) // w.s.cp is now older than the API's
+		_, err := w.run(caprv1.StepDelete)
+		g.Expect(apierrors.IsConflict(err)).To(BeTrue(), "got %v", err)
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(5))
 	})
 
 	t.Run("Machine gone: done", func(t *testing.T) {
