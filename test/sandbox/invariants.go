@@ -113,6 +113,9 @@ func (s *Sandbox) WatchMachineCreations(ctx context.Context, wc *WorkloadCluster
 					mc.mu.Unlock()
 				}
 			case watch.Error:
+				if wctx.Err() != nil {
+					return // Stop cancelled the watch: the client reports that as an error event
+				}
 				mc.mu.Lock()
 				mc.err = fmt.Errorf("watch of Machines failed: %v", ev.Object)
 				mc.mu.Unlock()

@@ -24,6 +24,9 @@ const (
 	poll       = 100 * time.Millisecond
 	// quiet is how long a Consistently check watches for something that must not happen.
 	quiet = 2 * time.Second
+	// nextLook bounds waiting for the remediator's next look at a waiting step: longer than its
+	// longest requeue (15 s) on a loaded machine.
+	nextLook = 45 * time.Second
 )
 
 // fixture is one namespace with one Cluster, a MachineDeployment and its MachineSet.

@@ -37,7 +37,7 @@ var (
 	workloadClusters clustercache.ClusterCache
 	// requests counts the manager's requests by method and path.
 	requests = capienv.NewRequestCounter()
-	backend  = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, unfenced: map[string]bool{}}
+	backend  = &testBackend{confirmed: map[string]bool{}, asked: map[string]time.Time{}, asks: map[string]int{}, unfenced: map[string]bool{}}
 )
 
 // testBackend is a fencing backend that confirms a node only once a test says so, and records what
@@ -46,6 +46,7 @@ type testBackend struct {
 	mu        sync.Mutex
 	confirmed map[string]bool
 	asked     map[string]time.Time
+	asks      map[string]int
 	unfenced  map[string]bool
 }
 
@@ -55,6 +56,7 @@ func (b *testBackend) Fence(_ context.Context, req fencing.Request, _ caprv1.Fen
 	if _, ok := b.asked[req.Node]; !ok {
 		b.asked[req.Node] = time.Now()
 	}
+	b.asks[req.Node]++
 	if b.confirmed[req.Node] {
 		return true, "fenced", nil
 	}
@@ -72,6 +74,13 @@ func (b *testBackend) wasAsked(node string) bool {
 	defer b.mu.Unlock()
 	_, ok := b.asked[node]
 	return ok
+}
+
+// askCount is how many times the backend was asked to fence node: a remediator that looked again.
+func (b *testBackend) askCount(node string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.asks[node]
 }
 
 func (b *testBackend) wasUnfenced(node string) bool {

@@ -74,7 +74,9 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 	f := waitingForFencing(t, g)
 	g.Eventually(func(g Gomega) []string { return eventReasons(g, f.ns, "w1") }, eventually, poll).
 		Should(ContainElement("RemediationWaiting"))
-	g.Consistently(func(g Gomega) {
+	// Waiting holds across the remediator's next look (the backend asked again), not only for a
+	// window shorter than its requeue (issue 34).
+	stillWaiting := func(g Gomega) {
 		mr := getRemediation(g, f.ns, "w1")
 		reason, msg := progressing(g, f.ns, "w1")
 		g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForFencingReason))
@@ -87,7 +89,13 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
 		// Fence before delete, whoever deletes: CAPI's Machine controller would hold a deletion.
 		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKeyWithValue(caprv1.FenceBeforeDeleteHookAnnotation, "w1"))
-	}, quiet, poll).Should(Succeed())
+	}
+	asked := backend.askCount(f.node("w1"))
+	g.Eventually(func(g Gomega) {
+		stillWaiting(g)
+		g.Expect(backend.askCount(f.node("w1"))).To(BeNumerically(">", asked), "the remediator has not looked again yet")
+	}, nextLook, poll).Should(Succeed())
+	g.Consistently(stillWaiting, quiet, poll).Should(Succeed())
 
 	g.Expect(k8sClient.Delete(ctx, getRemediation(g, f.ns, "w1"))).To(Succeed())
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
@@ -464,6 +472,14 @@ func TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting(t *testing.T) {
 		g.Expect(msg).To(ContainSubstring("not confirmed within 1s, still waiting"))
 		g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("StepTimedOut"))
 	}, eventually, poll).Should(Succeed())
+	// Still waiting at the remediator's next look after the timeout (issue 34: the window alone was
+	// shorter than its requeue).
+	asked := backend.askCount(f.node("w1"))
+	g.Eventually(func(g Gomega) {
+		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
+		g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).To(BeNil())
+		g.Expect(backend.askCount(f.node("w1"))).To(BeNumerically(">", asked), "the remediator has not looked again yet")
+	}, nextLook, poll).Should(Succeed())
 	g.Consistently(func(g Gomega) {
 		g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
 		g.Expect(getRemediation(g, f.ns, "w1").Status.Step(caprv1.StepDelete)).To(BeNil())
