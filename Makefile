@@ -54,7 +54,10 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: envtest-assets $(if $(filter worker-stateful,$(SCENARIO)),storage-assets) ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated (PROVIDER=kubeadm: on CAPI's own KCP; SCENARIO=worker-stateful: storage fencing and failover).
+# The default demo runs on kube-apiserver and etcd only; the full stack (PROVIDER=kubeadm) and the
+# stateful worker also need kube-controller-manager, and the latter the CSI components: a first
+# `make demo` builds only what it runs.
+demo: apiserver-assets $(if $(filter kubeadm,$(PROVIDER))$(filter worker-stateful,$(SCENARIO)),$(KCM_STAMP)) $(if $(filter worker-stateful,$(SCENARIO)),storage-assets) ## Run the sandbox: a cluster on a real API server and real etcd, one Machine broken and remediated (PROVIDER=kubeadm: on CAPI's own KCP; SCENARIO=worker-stateful: storage fencing and failover).
 	go run ./test/sandbox/cmd/demo $(if $(SCENARIO),--scenario=$(SCENARIO)) $(if $(PROVIDER),--provider=$(PROVIDER) --timeout=15m)
 
 # The randomized fault suite: `make chaos RUNS=n SEED=s` runs n scenarios with seeds s, s+1, ...
@@ -80,7 +83,7 @@ test: envtest-assets storage-assets lint verify-generate ## Lint, check generate
 	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) PARALLEL=$(TEST_CHAOS_PARALLEL) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
 
 .PHONY: chaos
-chaos: envtest-assets ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
+chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
 	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
 
 # Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) live under test/:
