@@ -410,21 +410,23 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 		if len(reps) > 0 {
 			did = append(did, fmt.Sprintf("replacement %v marked %s", machineNames(reps), clusterv1.DeleteMachineAnnotation))
 		}
-		current, replicasErr := Replicas(s.cp)
-		target := *cp.DesiredReplicas
-		if replicasErr == nil && current != target && current != target+surge(s) {
-			// Changed by someone else since the surge: theirs, not undone (replicasBack).
-			target = current
-			did = append(did, fmt.Sprintf("replicas left at %d (%s)", current, replicasChangedElsewhere))
-		}
 		cleared := false
-		if err := r.setReplicas(ctx, s, target, func(u *unstructured.Unstructured) error {
+		current, target, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
+			if current != *cp.DesiredReplicas && current != *cp.DesiredReplicas+surge(s) {
+				return current, true // changed by someone else since the surge: theirs, not undone
+			}
+			return *cp.DesiredReplicas, true
+		}, func(u *unstructured.Unstructured) error {
 			cleared = s.adapter.ClearScaleUp(u, s.mr.Name)
 			return nil
-		}); err != nil {
+		})
+		if err != nil {
 			return "", err
 		}
-		if replicasErr == nil && current != target {
+		switch {
+		case current != *cp.DesiredReplicas && current == target:
+			did = append(did, fmt.Sprintf("replicas left at %d (%s)", current, replicasChangedElsewhere))
+		case current != target:
 			did = append(did, fmt.Sprintf("replicas back from %d to %d", current, target))
 		}
 		if cleared {

@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util/annotations"
@@ -280,6 +281,33 @@ func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before 
 		return fmt.Errorf("setting %s %s replicas to %d: %w", s.cp.GetKind(), s.cp.GetName(), n, err)
 	}
 	return nil
+}
+
+// setReplicasDecided sets spec.replicas to what decide returns for the replicas the object has
+// (write false: nothing is written), and decides again at once from a live read when the write
+// conflicts: for the writes that must follow the decision without a pass in between (replicas back
+// right after the victim's delete, the undo). It returns the replicas decided on and the target.
+func (r *Reconciler) setReplicasDecided(ctx context.Context, s *scope, decide func(current int32) (target int32, write bool),
+	before func(*unstructured.Unstructured) error) (current, target int32, err error) {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if current, err = Replicas(s.cp); err != nil {
+			return err
+		}
+		var write bool
+		if target, write = decide(current); !write {
+			return nil
+		}
+		err := r.setReplicas(ctx, s, target, before)
+		if apierrors.IsConflict(err) {
+			cp := s.cp.DeepCopy()
+			if rerr := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cp), cp); rerr != nil {
+				return fmt.Errorf("reading %s %s again: %w", cp.GetKind(), cp.GetName(), rerr)
+			}
+			s.cp = cp
+		}
+		return err
+	})
+	return current, target, err
 }
 
 // remediationRecord reads the victim's remediation-for annotation.

@@ -707,18 +707,19 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 // are still what the surge set. Replicas someone else changed since (a person, GitOps, an
 // autoscaler) are theirs: they are left as they are, and the note returned says so (for the step's
 // message; a Warning event the first time).
+//
+// It runs right after the victim's delete: a provider that sees the victim gone while the replicas
+// still ask for the surge creates a Machine too many (and then scales an old one down). So a write
+// that conflicts (the provider wrote the object meanwhile, e.g. its status) is decided again at once
+// from a live read, not at the step's next pass.
 func (r *Reconciler) replicasBack(ctx context.Context, s *scope) (note string, err error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
-	current, err := Replicas(s.cp)
-	if err != nil {
+	current, _, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
+		return desired, current == desired+surge(s)
+	}, nil)
+	if err != nil || current == desired || current == desired+surge(s) {
 		return "", err
-	}
-	switch current {
-	case desired:
-		return "", nil
-	case desired + surge(s):
-		return "", r.setReplicas(ctx, s, desired, nil)
 	}
 	note = fmt.Sprintf("; %s %s replicas are %d, %s (it set %d, from %d), so CAPR leaves them",
 		s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired+surge(s), desired)

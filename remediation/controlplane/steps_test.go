@@ -7,7 +7,6 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -624,9 +623,24 @@ func TestStepDelete(t *testing.T) {
 		theirs := w.s.cp.DeepCopy()
 		g.Expect(SetReplicas(theirs, 5)).To(Succeed())
 		g.Expect(w.client.Update(t.Context(), theirs)).To(Succeed()) // w.s.cp is now older than the API's
-		_, err := w.run(caprv1.StepDelete)
-		g.Expect(apierrors.IsConflict(err)).To(BeTrue(), "got %v", err)
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(5))
+		g.Expect(res.message).To(ContainSubstring("replicas are 5, changed by someone else"))
+	})
+
+	// The provider writing the object meanwhile (its status) must not delay the replicas going back:
+	// with the victim gone and the surge still asked for, it would create a Machine too many (the
+	// crash-safety scenario saw two new Machines and an old one scaled down).
+	t.Run("the object written meanwhile, replicas untouched: back to 3 in the same pass", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, with(withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))...)
+		other := w.s.cp.DeepCopy()
+		other.SetLabels(map[string]string{"written-by": "provider"})
+		g.Expect(w.client.Update(t.Context(), other)).To(Succeed())
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 	})
 
 	t.Run("Machine gone: done", func(t *testing.T) {
