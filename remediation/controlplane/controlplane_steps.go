@@ -296,10 +296,20 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
 	}
 	started := s.mr.Status.StartTime.Time
-	if err := r.setReplicas(ctx, s, target, func(cp *unstructured.Unstructured) error {
+	// Raised only from the replicas the remediation started at; a conflicting write (the provider's
+	// status, a hand edit) is decided again at once from a live read.
+	current, _, err = r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
+		return target, current == desired
+	}, func(cp *unstructured.Unstructured) error {
 		return s.adapter.BeforeScaleUp(cp, s.mr.Name, started, cps.RetryCount)
-	}); err != nil {
+	})
+	switch {
+	case err != nil:
 		return stepResult{}, err
+	case current != desired && current < target:
+		return stepResult{waitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, requeue: waitShort, message: fmt.Sprintf(
+			"%s %s replicas are %d, %s before the surge (it was to raise them from %d to %d); waiting until they are %d again",
+			s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired, target, desired)}, nil
 	}
 	return stepResult{message: fmt.Sprintf("raised replicas to %d", target), requeue: 200 * time.Millisecond}, nil
 }
@@ -463,7 +473,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 		return stepResult{}, err
 	}
 	if !equality.Semantic.DeepEqual(probe.GetAnnotations(), s.cp.GetAnnotations()) {
-		if err := r.setReplicas(ctx, s, current, func(cp *unstructured.Unstructured) error {
+		if _, _, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) { return current, true }, func(cp *unstructured.Unstructured) error {
 			return s.adapter.BeforeScaleUp(cp, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount)
 		}); err != nil {
 			return stepResult{}, err

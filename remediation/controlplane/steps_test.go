@@ -168,6 +168,36 @@ func TestStepScaleUp(t *testing.T) {
 // TestStepWaitForReplacementSurge: with a surge of two, the step re-arms the provider for the second
 // Machine once the first votes (KCP removed its annotation when it created the first), stamped no
 // earlier than the first's creation, and is done only when both vote.
+// TestStepScaleUpDecidesAgainOnAConflict: the control-plane object written meanwhile (a provider's
+// status, a GitOps tool stripping the lock every 100 ms in TestLostLockNeverAllowsTwoRunning) makes
+// the replicas write conflict; it is decided again at once from a live read, not at the next pass
+// (which the next write may conflict with again, for ever). Replicas someone else changed before the
+// surge are not raised: the step waits and says so.
+func TestStepScaleUpDecidesAgainOnAConflict(t *testing.T) {
+	t.Run("written meanwhile, replicas unchanged: raised in the same pass", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t)
+		other := w.s.cp.DeepCopy()
+		other.SetLabels(map[string]string{"written-by": "provider"})
+		g.Expect(w.client.Update(t.Context(), other)).To(Succeed())
+		res, err := w.run(caprv1.StepScaleUp)
+		expectIssued(g, res, err)
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
+	})
+	t.Run("replicas changed by someone else before the surge: not raised, waits", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t)
+		other := w.s.cp.DeepCopy()
+		g.Expect(SetReplicas(other, 2)).To(Succeed())
+		g.Expect(w.client.Update(t.Context(), other)).To(Succeed())
+		res, err := w.run(caprv1.StepScaleUp)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(res.waitReason).To(Equal(caprv1.MachineRemediationWaitingForPreconditionsReason))
+		g.Expect(res.message).To(ContainSubstring("replicas are 2, changed by someone else"))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(2))
+	})
+}
+
 func TestStepWaitForReplacementSurge(t *testing.T) {
 	kcpWorld := func(extra ...worldOption) []worldOption {
 		return append([]worldOption{withControlPlaneObject(kcpObject()), withSurgeOfTwo(), withReplicas(5),

@@ -18,28 +18,41 @@ import (
 // Invariant watchers and data checks shared by the scenario tests and the chaos suite.
 
 // RunningWatcher samples a cluster's MachineRemediations and records every instant at which more
-// than one of them was Running (one control-plane remediation per cluster).
+// than one of them was Running (one control-plane remediation per cluster). It reads through the
+// API server, not CAPR's records, and counts its samples: a watcher whose Lists failed or that
+// sampled too rarely to see anything reports that as a violation, instead of passing silently.
 type RunningWatcher struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
+	started    time.Time
 	mu         sync.Mutex
 	violations []string
+	samples    int
+	failed     int
 }
+
+// runningSampleInterval is how often RunningWatcher lists the requests.
+const runningSampleInterval = 50 * time.Millisecond
 
 // WatchRunning starts sampling every 50 ms until Stop.
 func (s *Sandbox) WatchRunning(ctx context.Context, wc *WorkloadCluster) *RunningWatcher {
 	wctx, cancel := context.WithCancel(ctx)
-	w := &RunningWatcher{cancel: cancel, done: make(chan struct{})}
+	w := &RunningWatcher{cancel: cancel, done: make(chan struct{}), started: time.Now()}
 	go func() {
 		defer close(w.done)
 		for {
 			select {
 			case <-wctx.Done():
 				return
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(runningSampleInterval):
 			}
 			list := &caprv1.MachineRemediationList{}
-			if s.Client.List(wctx, list, client.InNamespace(wc.Namespace)) != nil {
+			if err := s.Client.List(wctx, list, client.InNamespace(wc.Namespace)); err != nil {
+				if wctx.Err() == nil {
+					w.mu.Lock()
+					w.failed++
+					w.mu.Unlock()
+				}
 				continue
 			}
 			var running []string
@@ -48,23 +61,38 @@ func (s *Sandbox) WatchRunning(ctx context.Context, wc *WorkloadCluster) *Runnin
 					running = append(running, mr.Name)
 				}
 			}
+			w.mu.Lock()
+			w.samples++
 			if len(running) > 1 {
-				w.mu.Lock()
 				w.violations = append(w.violations, fmt.Sprintf("%s: %v Running", time.Now().Format(time.StampMilli), running))
-				w.mu.Unlock()
 			}
+			w.mu.Unlock()
 		}
 	}()
 	return w
 }
 
-// Stop ends sampling and returns the violations.
+// Stop ends sampling and returns the violations, including too few samples: fewer than one a
+// second on average (a loaded machine slows a 50 ms cadence, but a watcher that could not sample
+// for seconds at a time could miss an overlap), or more failed Lists than good ones.
 func (w *RunningWatcher) Stop() []string {
 	w.cancel()
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.violations
+	out := w.violations
+	if minimum := max(3, int(time.Since(w.started)/time.Second)); w.samples < minimum || w.failed > w.samples {
+		out = append(out, fmt.Sprintf("the watcher sampled %d times in %s (%d Lists failed): too few to tell", w.samples,
+			time.Since(w.started).Round(time.Millisecond), w.failed))
+	}
+	return out
+}
+
+// Samples returns how many times the watcher has listed the requests, and how many Lists failed.
+func (w *RunningWatcher) Samples() (ok, failed int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.samples, w.failed
 }
 
 // MachineCreations watches a cluster's control-plane Machines through the API server (not through

@@ -12,7 +12,9 @@ import (
 
 	. "github.com/onsi/gomega"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/sandbox"
@@ -114,6 +116,37 @@ func TestQuorumWatcherSeesQuorumLoss(t *testing.T) {
 		}
 		g.Expect(err.Error()).To(MatchRegexp(`%s: client port \d+, peer port \d+, %s`, m.Status.NodeRef.Name, regexp.QuoteMeta(state)))
 	}
+}
+
+// TestRunningWatcherSeesTwoRunning: the "one control-plane remediation per cluster" oracle fires
+// (issue 34): two requests of one namespace Running at once are a violation, one is not, and it
+// counts its samples.
+func TestRunningWatcherSeesTwoRunning(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns, err := capienv.CreateNamespace(ctx, sb.Client, "running")
+	g.Expect(err).NotTo(HaveOccurred())
+	run := func(name string) {
+		mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		g.Expect(sb.Client.Create(ctx, mr)).To(Succeed())
+		mr.Status.Phase = caprv1.MachineRemediationPhaseRunning
+		g.Expect(sb.Client.Status().Update(ctx, mr)).To(Succeed())
+	}
+	w := sb.WatchRunning(ctx, &sandbox.WorkloadCluster{Namespace: ns})
+	run("a")
+	g.Eventually(func() int { ok, _ := w.Samples(); return ok }, 30*time.Second, 50*time.Millisecond).Should(BeNumerically(">=", 3))
+	ok, failed := w.Samples()
+	g.Expect(failed).To(BeZero())
+	g.Expect(ok).To(BeNumerically(">", 0))
+	g.Expect(w.Stop()).To(BeEmpty(), "one Running request is no violation")
+
+	w = sb.WatchRunning(ctx, &sandbox.WorkloadCluster{Namespace: ns})
+	run("b")
+	g.Eventually(func() int { ok, _ := w.Samples(); return ok }, 30*time.Second, 50*time.Millisecond).Should(BeNumerically(">=", 3))
+	g.Expect(w.Stop()).To(ContainElement(ContainSubstring("[a b] Running")))
+
+	// Too few samples is a violation of its own: a watcher stopped before it could look.
+	g.Expect(sb.WatchRunning(ctx, &sandbox.WorkloadCluster{Namespace: ns}).Stop()).To(ContainElement(ContainSubstring("too few to tell")))
 }
 
 // TestConcurrentProvisioningFormsOneEtcdCluster: three control-plane Nodes provisioned at once (as the

@@ -121,6 +121,7 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	a, b := machines[0], machines[3]
 	startCAPR(t)
 	watch := sb.WatchQuorum(ctx, wc)
+	running := sb.WatchRunning(ctx, wc) // from the API server, not CAPR's timestamps (issue 34)
 
 	sb.KillEtcdMember(wc, a.Status.NodeRef.Name)
 	sb.KillEtcdMember(wc, b.Status.NodeRef.Name)
@@ -140,6 +141,7 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	mb := waitRemediated(t, wc, b.Name, 5)
 	_, lost := watch.Stop()
 	g.Expect(lost).To(BeEmpty())
+	g.Expect(running.Stop()).To(BeEmpty(), "two control-plane remediations Running at once")
 	first, second := ma, mb
 	if mb.Status.StartTime.Before(ma.Status.StartTime) {
 		first, second = mb, ma
