@@ -2,13 +2,17 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
@@ -262,13 +266,20 @@ func (r *Reconciler) lockHolderActive(ctx context.Context, namespace string, l *
 	return other.Status.Phase != caprv1.MachineRemediationPhaseSucceeded && other.Status.Phase != caprv1.MachineRemediationPhaseFailed, nil
 }
 
-// setReplicas patches the control plane's spec.replicas (idempotent). The patch carries the
-// resourceVersion of the object the decision was made on (read live in gather, or returned by this
-// reconcile's own writes): a change by anyone else meanwhile (a person, GitOps, an autoscaler on the
-// scale subresource) makes it fail with a conflict instead of being overwritten, and the step is
-// decided again on the next pass from a fresh read.
+// setReplicas patches the control plane's spec.replicas (idempotent), with what before changes in
+// the object's annotations. The write is conditional on the replicas the decision was made on (a
+// JSON patch whose first operation tests spec.replicas): a change of the replicas by anyone else
+// meanwhile (a person, GitOps, an autoscaler on the scale subresource) makes it fail
+// (errReplicasChanged) instead of being overwritten, while writes of other fields (the provider's
+// status, a label) do not get in the way, as a resourceVersion precondition would: the replicas
+// must go back right after the victim's delete, or the provider replaces the victim and stays above
+// N (TestCrashSafety).
 func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before func(*unstructured.Unstructured) error) error {
 	base := s.cp.DeepCopy()
+	from, err := Replicas(base)
+	if err != nil {
+		return err
+	}
 	if before != nil {
 		if err := before(s.cp); err != nil {
 			return err
@@ -277,15 +288,68 @@ func (r *Reconciler) setReplicas(ctx context.Context, s *scope, n int32, before 
 	if err := SetReplicas(s.cp, n); err != nil {
 		return err
 	}
-	if err := r.Client.Patch(ctx, s.cp, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+	ops := append([]jsonPatchOp{{Op: "test", Path: "/spec/replicas", Value: from}, {Op: "replace", Path: "/spec/replicas", Value: n}},
+		annotationPatch(base.GetAnnotations(), s.cp.GetAnnotations())...)
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, s.cp, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+		if strings.Contains(err.Error(), "test failed") {
+			// The test operation failed: the replicas are no longer those of the decision. The API
+			// server answers 422 with the JSON patch library's words (apiserver handlers/patch.go
+			// applyJSPatch), which other refusals (admission) share the code of, but not the words.
+			return fmt.Errorf("setting %s %s replicas from %d to %d: %w (%w)", s.cp.GetKind(), s.cp.GetName(), from, n, errReplicasChanged, err)
+		}
 		return fmt.Errorf("setting %s %s replicas to %d: %w", s.cp.GetKind(), s.cp.GetName(), n, err)
 	}
 	return nil
 }
 
+// errReplicasChanged says a replicas write found them changed since they were read.
+var errReplicasChanged = errors.New("the replicas changed since they were read")
+
+// jsonPatchOp is one operation of a JSON patch (RFC 6902).
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value,omitempty"`
+}
+
+// annotationPatch returns the JSON patch operations that turn the annotations from into to, key by
+// key, so that annotations written by others meanwhile are kept.
+func annotationPatch(from, to map[string]string) []jsonPatchOp {
+	if len(from) == 0 && len(to) > 0 {
+		return []jsonPatchOp{{Op: "add", Path: "/metadata/annotations", Value: to}}
+	}
+	escape := strings.NewReplacer("~", "~0", "/", "~1")
+	keys := make([]string, 0, len(to))
+	for k := range to {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var ops []jsonPatchOp
+	for _, k := range keys {
+		if v, ok := from[k]; !ok || v != to[k] {
+			ops = append(ops, jsonPatchOp{Op: "add", Path: "/metadata/annotations/" + escape.Replace(k), Value: to[k]})
+		}
+	}
+	removed := make([]string, 0)
+	for k := range from {
+		if _, ok := to[k]; !ok {
+			removed = append(removed, k)
+		}
+	}
+	sort.Strings(removed)
+	for _, k := range removed {
+		ops = append(ops, jsonPatchOp{Op: "remove", Path: "/metadata/annotations/" + escape.Replace(k)})
+	}
+	return ops
+}
+
 // setReplicasDecided sets spec.replicas to what decide returns for the replicas the object has
-// (write false: nothing is written), and decides again at once from a live read when the write
-// conflicts: for the writes that must follow the decision without a pass in between (replicas back
+// (write false: nothing is written), and decides again at once from a live read when the replicas
+// changed since they were read: for the writes that must follow the decision without a pass in between (replicas back
 // right after the victim's delete, the undo). It returns the replicas decided on and the target.
 func (r *Reconciler) setReplicasDecided(ctx context.Context, s *scope, decide func(current int32) (target int32, write bool),
 	before func(*unstructured.Unstructured) error) (current, target int32, err error) {
@@ -298,12 +362,13 @@ func (r *Reconciler) setReplicasDecided(ctx context.Context, s *scope, decide fu
 			return nil
 		}
 		err := r.setReplicas(ctx, s, target, before)
-		if apierrors.IsConflict(err) {
+		if errors.Is(err, errReplicasChanged) {
 			cp := s.cp.DeepCopy()
 			if rerr := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cp), cp); rerr != nil {
 				return fmt.Errorf("reading %s %s again: %w", cp.GetKind(), cp.GetName(), rerr)
 			}
 			s.cp = cp
+			return apierrors.NewConflict(schema.GroupResource{}, cp.GetName(), err) // retried
 		}
 		return err
 	})
