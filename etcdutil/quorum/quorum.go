@@ -68,9 +68,11 @@ func FailureMargin(c Counts) int {
 // The healthy members stand for the members connected to the leader, so the rule is H ≥ q(V+1) for
 // learners and voters alike, except that a learner may join a healthy single-member cluster. CAPR
 // keeps H ≥ q(V+1) for a voting add to a single member (etcd allows it, but the cluster then has no
-// quorum until the new member starts).
+// quorum until the new member starts). A learner is also refused while the cluster has one already:
+// etcd allows --max-learners learners, 1 by default (membership.RaftCluster.ValidateConfigurationChange,
+// ErrTooManyLearners); CAPR assumes the default.
 func CanAddMember(c Counts, asLearner bool) bool {
-	if !Present(c) {
+	if !Present(c) || asLearner && c.Learners >= 1 {
 		return false
 	}
 	if asLearner && c.Voting == 1 {

@@ -37,9 +37,14 @@ func TestQuorumPresentEveryCombination(t *testing.T) {
 // needs a quorum of the cluster with the new member in it (isConnectedToQuorumAfterAddingNewMemberSince),
 // except for a single-member cluster. A voting add also needs that many started members
 // (RaftCluster.IsReadyToAddVotingMember). The healthy voting members stand for the connected ones.
-func etcdAcceptsAdd(healthyVoters, voters int, learner bool) bool {
+// A learner is refused once the cluster has --max-learners (default 1) learners
+// (membership.RaftCluster.ValidateConfigurationChange, ErrTooManyLearners).
+func etcdAcceptsAdd(healthyVoters, voters, learners int, learner bool) bool {
 	connected := healthyVoters
 	started := healthyVoters
+	if learner && learners >= 1 {
+		return false
+	}
 	if voters == 1 {
 		return true // both checks let a single-member cluster grow
 	}
@@ -57,7 +62,7 @@ func TestCanAddMemberEveryCombination(t *testing.T) {
 					c := Counts{Voting: v, Healthy: h, Learners: l}
 					t.Run(fmt.Sprintf("V%d_H%d_L%d_learner%t", v, h, l, learner), func(t *testing.T) {
 						// Quorum must be there, and etcd must accept the add.
-						want := majority(h, v) && etcdAcceptsAdd(h, v, learner)
+						want := majority(h, v) && etcdAcceptsAdd(h, v, l, learner)
 						if !learner {
 							// The new voter is unhealthy until seen healthy: the healthy ones must be a
 							// majority of the enlarged cluster (stricter than etcd for one member).
@@ -84,6 +89,7 @@ func TestCanAddLearnerKnownCases(t *testing.T) {
 		{"2 of 2 healthy: 2 of 3", Counts{Voting: 2, Healthy: 2}, true},
 		{"single member: may always grow", Counts{Voting: 1, Healthy: 1}, true},
 		{"learners do not count towards the quorum", Counts{Voting: 3, Healthy: 2, Learners: 2}, false},
+		{"one learner already: etcd allows one at a time", Counts{Voting: 3, Healthy: 3, Learners: 1}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
