@@ -68,9 +68,11 @@ func FailureMargin(c Counts) int {
 // The healthy members stand for the members connected to the leader, so the rule is H ≥ q(V+1) for
 // learners and voters alike, except that a learner may join a healthy single-member cluster. CAPR
 // keeps H ≥ q(V+1) for a voting add to a single member (etcd allows it, but the cluster then has no
-// quorum until the new member starts).
+// quorum until the new member starts). A learner is also refused while the cluster has one already:
+// etcd allows --max-learners learners, 1 by default (membership.RaftCluster.ValidateConfigurationChange,
+// ErrTooManyLearners); CAPR assumes the default.
 func CanAddMember(c Counts, asLearner bool) bool {
-	if !Present(c) {
+	if !Present(c) || asLearner && c.Learners >= 1 {
 		return false
 	}
 	if asLearner && c.Voting == 1 {
@@ -113,18 +115,29 @@ func CanRemoveMember(c Counts, v Victim) bool {
 }
 
 // CanTakeDown says whether the victim's member may go down for a while without losing quorum (a
-// reboot of its Machine, an escalation step before any membership change): V unchanged,
-// H' = H - (victim healthy ? 1 : 0), safe when quorum is present and H' ≥ q(V). A learner or an
-// unhealthy victim takes nothing away. Unlike a removal, the vote keeps counting the downed member,
-// so a healthy victim of 3 healthy voters may go down (2 of 3) but not one of 2 healthy of 3.
+// reboot of its Machine, an escalation step before any membership change): V unchanged, safe when
+// quorum is present and the healthy voting members other than the victim are q(V) on their own:
+// H - (victim healthy ? 1 : 0) ≥ q(V). A learner victim takes nothing away. Unlike a removal, the
+// vote keeps counting the downed member, so a healthy victim of 3 healthy voters may go down (2 of 3)
+// but not one of 2 healthy of 3.
+//
+// An unhealthy victim is not assumed to be dead: a member that cannot be reached through its node
+// (kubelet down) may run and vote, and a linearizable read proves quorum with fewer than q(V) healthy
+// members only because such members carry it (Counts.QuorumProven). With 3 voters, A healthy, B dead
+// and the victim C unreachable but running, A and C are the quorum; C going down leaves A alone. The
+// healthy members are the only ones known to vote, so they must make the quorum without the victim.
 func CanTakeDown(c Counts, v Victim) bool {
 	if !Present(c) {
 		return false
 	}
-	if v.Learner || !v.Healthy {
+	if v.Learner {
 		return true
 	}
-	return c.Healthy-1 >= Of(c.Voting)
+	others := c.Healthy
+	if v.Healthy {
+		others--
+	}
+	return others >= Of(c.Voting)
 }
 
 // RemovalKeepsMargin says whether removing the victim's member first keeps a failure margin the

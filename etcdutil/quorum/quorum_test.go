@@ -37,9 +37,14 @@ func TestQuorumPresentEveryCombination(t *testing.T) {
 // needs a quorum of the cluster with the new member in it (isConnectedToQuorumAfterAddingNewMemberSince),
 // except for a single-member cluster. A voting add also needs that many started members
 // (RaftCluster.IsReadyToAddVotingMember). The healthy voting members stand for the connected ones.
-func etcdAcceptsAdd(healthyVoters, voters int, learner bool) bool {
+// A learner is refused once the cluster has --max-learners (default 1) learners
+// (membership.RaftCluster.ValidateConfigurationChange, ErrTooManyLearners).
+func etcdAcceptsAdd(healthyVoters, voters, learners int, learner bool) bool {
 	connected := healthyVoters
 	started := healthyVoters
+	if learner && learners >= 1 {
+		return false
+	}
 	if voters == 1 {
 		return true // both checks let a single-member cluster grow
 	}
@@ -57,7 +62,7 @@ func TestCanAddMemberEveryCombination(t *testing.T) {
 					c := Counts{Voting: v, Healthy: h, Learners: l}
 					t.Run(fmt.Sprintf("V%d_H%d_L%d_learner%t", v, h, l, learner), func(t *testing.T) {
 						// Quorum must be there, and etcd must accept the add.
-						want := majority(h, v) && etcdAcceptsAdd(h, v, learner)
+						want := majority(h, v) && etcdAcceptsAdd(h, v, l, learner)
 						if !learner {
 							// The new voter is unhealthy until seen healthy: the healthy ones must be a
 							// majority of the enlarged cluster (stricter than etcd for one member).
@@ -84,6 +89,7 @@ func TestCanAddLearnerKnownCases(t *testing.T) {
 		{"2 of 2 healthy: 2 of 3", Counts{Voting: 2, Healthy: 2}, true},
 		{"single member: may always grow", Counts{Voting: 1, Healthy: 1}, true},
 		{"learners do not count towards the quorum", Counts{Voting: 3, Healthy: 2, Learners: 2}, false},
+		{"one learner already: etcd allows one at a time", Counts{Voting: 3, Healthy: 3, Learners: 1}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -132,25 +138,80 @@ func TestCanRemoveMemberEveryCombination(t *testing.T) {
 	}
 }
 
+// tookDownSafely is the oracle for CanTakeDown, counted over every cluster the counts may stand for.
+// A healthy member votes. A voting member that is not healthy may or may not vote: it may be dead,
+// or alive and carrying the quorum while it cannot be reached through its node (kubelet down) or is
+// alarmed. A linearizable read (proven) rules out the worlds where fewer than a majority vote. The
+// victim may go down only when, in every world left, the voters other than the victim are still a
+// majority of all voters. A node-local (serializable) view is never acted on, and counts without
+// proof must show a healthy majority (nothing automatic without quorum).
+func tookDownSafely(c Counts, victimHealthy, victimLearner bool) bool {
+	if c.Serializable || c.Voting < 1 || !c.QuorumProven && !majority(c.Healthy, c.Voting) {
+		return false
+	}
+	if victimLearner {
+		return true
+	}
+	unknown := c.Voting - c.Healthy // members that may or may not vote, the victim among them when it is unhealthy
+	worlds := 0
+	for alive := range 1 << unknown {
+		voting := c.Healthy
+		victimVotes := victimHealthy
+		for i := range unknown {
+			if alive&(1<<i) != 0 {
+				voting++
+				if !victimHealthy && i == 0 {
+					victimVotes = true // unknown member 0 is the victim
+				}
+			}
+		}
+		if c.QuorumProven && !majority(voting, c.Voting) {
+			continue // etcd could not have answered the linearizable read in this world
+		}
+		worlds++
+		after := voting
+		if victimVotes {
+			after--
+		}
+		if !majority(after, c.Voting) {
+			return false
+		}
+	}
+	return worlds > 0
+}
+
+// TestCanTakeDownEveryCombination covers every count up to 7 voters with the proof of quorum, the
+// unreachable members and a node-local view, for a healthy, unhealthy (unreachable or alarmed) and
+// learner victim.
 func TestCanTakeDownEveryCombination(t *testing.T) {
 	for v := 1; v <= 7; v++ {
 		for h := 0; h <= v; h++ {
-			for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
-				if victim.Healthy && h == 0 {
-					continue // a healthy victim needs at least one healthy member
+			for u := 0; u <= v; u++ {
+				// Unreachable members are the unhealthy ones plus, when quorum is proven, a healthy
+				// leader counted alive (etcdutil markLeaderAlive): u ≤ V-H, or V-H+1 with proof.
+				if u > v-h+1 || u == v-h+1 && h == 0 {
+					continue
 				}
-				if !victim.Healthy && !victim.Learner && h == v {
-					continue // an unhealthy voting victim needs an unhealthy member
-				}
-				t.Run(fmt.Sprintf("V%d_H%d_healthy%t_learner%t", v, h, victim.Healthy, victim.Learner), func(t *testing.T) {
-					// Oracle: the members that still vote and answer while the victim is down.
-					up := h
-					if victim.Healthy {
-						up--
+				for _, flags := range []Counts{{}, {QuorumProven: true}, {Serializable: true}} {
+					if u == v-h+1 && !flags.QuorumProven {
+						continue
 					}
-					want := majority(h, v) && majority(up, v)
-					NewWithT(t).Expect(CanTakeDown(Counts{Voting: v, Healthy: h}, victim)).To(Equal(want))
-				})
+					for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
+						if victim.Healthy && h == 0 {
+							continue // a healthy victim needs at least one healthy member
+						}
+						if !victim.Healthy && !victim.Learner && h == v {
+							continue // an unhealthy voting victim needs an unhealthy member
+						}
+						c := Counts{Voting: v, Healthy: h, Learners: 1, Unreachable: u, QuorumProven: flags.QuorumProven, Serializable: flags.Serializable}
+						if !victim.Learner {
+							c.Learners = 0
+						}
+						t.Run(fmt.Sprintf("V%d_H%d_U%d_proven%t_serializable%t_healthy%t_learner%t", v, h, u, c.QuorumProven, c.Serializable, victim.Healthy, victim.Learner), func(t *testing.T) {
+							NewWithT(t).Expect(CanTakeDown(c, victim)).To(Equal(tookDownSafely(c, victim.Healthy, victim.Learner)))
+						})
+					}
+				}
 			}
 		}
 	}
@@ -171,6 +232,17 @@ func TestCanTakeDownKnownCases(t *testing.T) {
 		{"1 member, healthy victim: the only voter", Counts{Voting: 1, Healthy: 1}, Victim{Healthy: true}, false},
 		{"quorum lost: nothing automatic", Counts{Voting: 3, Healthy: 1}, Victim{}, false},
 		{"node-local member list: not authoritative", Counts{Voting: 3, Healthy: 3, Serializable: true}, Victim{}, false},
+		// Quorum proven by a linearizable read while members cannot be reached (issue 34): A healthy
+		// and leading, B dead, C's kubelet down with its member alive. A and C carry the quorum, so
+		// C may not go down: A alone is 1 of 3.
+		{"3 voters proven, A healthy, B dead, victim C unreachable: A alone would be 1 of 3", Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}, Victim{}, false},
+		{"3 voters proven, A healthy, B alarmed, victim C unreachable: B may not vote", Counts{Voting: 3, Healthy: 1, Unreachable: 1, QuorumProven: true}, Victim{}, false},
+		{"3 voters proven, A and B healthy, victim C unreachable: 2 of 3 without it", Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}, Victim{}, true},
+		{"3 voters proven, leader A healthy but unreachable, B healthy, victim C unreachable", Counts{Voting: 3, Healthy: 2, Unreachable: 2, QuorumProven: true}, Victim{}, true},
+		{"3 voters proven, A healthy, B dead, healthy victim C: 1 of 3", Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}, Victim{Healthy: true}, false},
+		{"5 voters proven, 2 healthy, victim among 3 unreachable: 2 of 5", Counts{Voting: 5, Healthy: 2, Unreachable: 3, QuorumProven: true}, Victim{}, false},
+		{"5 voters proven, 3 healthy, victim among 2 unreachable: 3 of 5", Counts{Voting: 5, Healthy: 3, Unreachable: 2, QuorumProven: true}, Victim{}, true},
+		{"3 voters proven, 1 healthy, learner victim: the vote is untouched", Counts{Voting: 3, Healthy: 1, Unreachable: 2, Learners: 1, QuorumProven: true}, Victim{Learner: true}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -274,20 +346,30 @@ func spare(h, v int) int {
 	return k
 }
 
+// TestRemovalKeepsMarginEveryCombination: the oracle counts the margin before and after the removal
+// (spare, over the members that remain) and wants the removal refused exactly when it takes a
+// margin of at least one to none, whatever the victim; it does not branch on the victim's kind.
 func TestRemovalKeepsMarginEveryCombination(t *testing.T) {
 	for v := 1; v <= 7; v++ {
 		for h := 0; h <= v; h++ {
-			for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
-				if victim.Healthy && h == 0 || !victim.Healthy && !victim.Learner && h == v {
-					continue
-				}
-				t.Run(fmt.Sprintf("V%d_H%d_healthy%t_learner%t", v, h, victim.Healthy, victim.Learner), func(t *testing.T) {
-					want := true
-					if victim.Healthy && spare(h, v) >= 1 {
-						want = spare(h-1, v-1) >= 1
+			for _, proven := range []bool{false, true} {
+				for _, victim := range []Victim{{Healthy: true}, {Healthy: false}, {Learner: true}} {
+					if victim.Healthy && h == 0 || !victim.Healthy && !victim.Learner && h == v {
+						continue
 					}
-					NewWithT(t).Expect(RemovalKeepsMargin(Counts{Voting: v, Healthy: h}, victim)).To(Equal(want))
-				})
+					c := Counts{Voting: v, Healthy: h, Unreachable: v - h, QuorumProven: proven}
+					t.Run(fmt.Sprintf("V%d_H%d_proven%t_healthy%t_learner%t", v, h, proven, victim.Healthy, victim.Learner), func(t *testing.T) {
+						vAfter, hAfter := v, h
+						if !victim.Learner {
+							vAfter--
+						}
+						if victim.Healthy {
+							hAfter--
+						}
+						want := spare(h, v) < 1 || spare(hAfter, vAfter) >= 1
+						NewWithT(t).Expect(RemovalKeepsMargin(c, victim)).To(Equal(want))
+					})
+				}
 			}
 		}
 	}

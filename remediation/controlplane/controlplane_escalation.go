@@ -67,8 +67,8 @@ func (r *Reconciler) takeDownGate(s *scope) escalation.Gate {
 		}
 		if c := state.Counts(); !etcdutil.CanTakeDown(c, victim) {
 			return caprv1.MachineRemediationNotQuorumSafeReason, fmt.Sprintf(
-				"the step may take the etcd member of %s down for a while, which is not quorum-safe now (%d/%d voting members healthy)",
-				s.victimNode(), c.Healthy, c.Voting), nil
+				"the step may take the etcd member of %s down for a while, which is not quorum-safe now (%d/%d voting members healthy, %d unreachable; the healthy members other than the victim must make %d on their own, as unreachable members may be carrying the quorum)",
+				s.victimNode(), c.Healthy, c.Voting, c.Unreachable, etcdutil.Quorum(c.Voting)), nil
 		}
 		return "", "", nil
 	}

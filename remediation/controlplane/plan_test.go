@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,6 +60,8 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"victim is the only learner: removable", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"victim is the only learner, provider adds learners: etcd takes one learner at a time, remove first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner, AddsLearners: true}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"policy RemoveMemberFirst with healthy victim", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		// Removing a healthy member first would leave 2 of 2 (no failure margin): wait, unless a person
@@ -133,8 +136,8 @@ func TestChooseOrder(t *testing.T) {
 // simCluster is an independent model of an etcd cluster for TestChosenOrdersNeverLoseQuorum: one
 // entry per member, and etcd 3.6's own reconfiguration checks written from its source
 // (go.etcd.io/etcd/server/v3 etcdserver/server.go mayAddMember, mayPromoteMember, mayRemoveMember;
-// etcdserver/util.go numConnectedSince; membership/cluster.go IsReadyTo*). It does not use package
-// quorum: the oracle must not be the code under test.
+// etcdserver/util.go numConnectedSince; membership/cluster.go IsReadyTo*, ValidateConfigurationChange).
+// It does not use package quorum: the oracle must not be the code under test.
 type simCluster []simMember
 
 type simMember struct {
@@ -157,6 +160,16 @@ func (s simCluster) voters() (all, up int) {
 	return all, up
 }
 
+func (s simCluster) learners() int {
+	n := 0
+	for _, m := range s {
+		if !m.voter {
+			n++
+		}
+	}
+	return n
+}
+
 // hasQuorum: the up voters are a strict majority of the voters.
 func (s simCluster) hasQuorum() bool {
 	all, up := s.voters()
@@ -165,8 +178,13 @@ func (s simCluster) hasQuorum() bool {
 
 // acceptsAdd is mayAddMember: the leader (itself up) must be connected to a majority of V+1 voters,
 // the new one counted as not connected, except in a single-voter cluster; a voting add also needs a
-// majority of V+1 started members (all voters here are started).
-func (s simCluster) acceptsAdd() bool {
+// majority of V+1 started members (all voters here are started). A learner is refused while the
+// cluster has --max-learners (default 1) learners already (ValidateConfigurationChange,
+// ErrTooManyLearners).
+func (s simCluster) acceptsAdd(learner bool) bool {
+	if learner && s.learners() >= 1 {
+		return false
+	}
 	all, up := s.voters()
 	if all == 1 {
 		return true
@@ -180,7 +198,7 @@ func (s simCluster) acceptsPromote() bool {
 	return 2*(all+1) > all+1
 }
 
-// acceptsRemove is mayRemoveMember for a voting member.
+// acceptsRemove is mayRemoveMember.
 func (s simCluster) acceptsRemove(name string) bool {
 	all, up := s.voters()
 	var victim simMember
@@ -219,90 +237,234 @@ func (s simCluster) set(name string, voter, up bool) simCluster {
 	return out
 }
 
+// orderCase is one input of TestChosenOrdersNeverLoseQuorum: v voters of which h healthy (the
+// others may be dead or running; u of them unreachable), a number of learners (the victim among
+// them when it is one), and what the provider would refuse.
+type orderCase struct {
+	policy                                 caprv1.ControlPlaneOrder
+	v, h, u, learners                      int
+	proven, serializable                   bool
+	victim                                 VictimMember
+	addsLearners                           bool
+	surge                                  int
+	refuseUpNow, refuseDown, refuseUpAfter bool
+}
+
+func (oc orderCase) String() string {
+	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t",
+		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter)
+}
+
+func (oc orderCase) input() OrderInput {
+	refuse := func(b bool, why string) string {
+		if b {
+			return why
+		}
+		return ""
+	}
+	return OrderInput{
+		Policy: oc.policy, Initialized: true, Victim: oc.victim, AddsLearners: oc.addsLearners,
+		Counts: quorum.Counts{Voting: oc.v, Healthy: oc.h, Learners: oc.learners, Unreachable: oc.u,
+			QuorumProven: oc.proven, Serializable: oc.serializable},
+		ProviderRefusesScaleUpNow:          refuse(oc.refuseUpNow, "preflight"),
+		ProviderRefusesScaleDown:           refuse(oc.refuseDown, "another Machine is unhealthy"),
+		ProviderRefusesScaleUpAfterRemoval: refuse(oc.refuseUpAfter, "no capacity"),
+	}
+}
+
 // TestChosenOrdersNeverLoseQuorum runs every order ChooseOrder allows through the simulated cluster,
-// for every cluster up to 7 members (victim healthy, dead, missing; provider adding learners or
-// voters; members unreachable with or without a linearizable read): every membership change must be
-// accepted by etcd's own checks and quorum must hold after each of them. Unreachable members are
-// simulated as dead (the worst case). ChooseOrder must never say quorum is lost when it is proven.
+// for every cluster up to 7 voters: victim healthy, unhealthy, missing or a learner; learners
+// pending; the provider adding learners or voters, surging by one or two, refusing to scale up now,
+// to scale down (DeleteFirst), or to scale up after the removal; both policies; quorum proven by a
+// linearizable read, counts without proof, or a node-local (serializable) view; members unreachable.
+// A voting member that is not healthy may be dead or running: the order runs in every such world
+// (those where fewer than a majority run are ruled out by a proof of quorum), and every membership
+// change must be accepted by etcd's own checks, every provider action must be one the provider
+// accepts, and quorum must hold after each change. ChooseOrder must never say quorum is lost when
+// it is proven, and never act on a node-local view.
 func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
-	for v := 1; v <= 7; v++ {
-		for h := 0; h <= v; h++ {
-			for u := 0; u <= v-h; u++ {
-				for _, proven := range []bool{false, true} {
-					for _, victim := range []VictimMember{VictimHealthy, VictimUnhealthy, VictimMissing} {
-						for _, learners := range []bool{false, true} {
-							if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v {
-								continue
+	const shown = 20
+	cases, failures := 0, 0
+	for _, policy := range []caprv1.ControlPlaneOrder{caprv1.ControlPlaneOrderAuto, caprv1.ControlPlaneOrderRemoveMemberFirst} {
+		for v := 1; v <= 7; v++ {
+			for h := 0; h <= v; h++ {
+				for u := 0; u <= v-h; u++ {
+					for _, flags := range [][2]bool{{false, false}, {true, false}, {false, true}} {
+						for _, victim := range []VictimMember{VictimHealthy, VictimUnhealthy, VictimMissing, VictimLearner} {
+							for learners := 0; learners <= 2; learners++ {
+								if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v || victim == VictimLearner && learners == 0 {
+									continue
+								}
+								for bits := range 1 << 5 {
+									oc := orderCase{policy: policy, v: v, h: h, u: u, learners: learners, proven: flags[0], serializable: flags[1],
+										victim: victim, addsLearners: bits&1 != 0, surge: 1 + bits>>1&1,
+										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0}
+									cases++
+									if msg := checkChosenOrder(oc); msg != "" {
+										failures++
+										if failures <= shown {
+											t.Errorf("%s: %s", oc, msg)
+										}
+									}
+								}
 							}
-							if proven && 2*(h+u) <= v {
-								continue // a linearizable read cannot be answered without a quorum of running members
-							}
-							checkChosenOrder(t, v, h, u, proven, victim, learners)
 						}
 					}
 				}
 			}
 		}
 	}
+	if failures > shown {
+		t.Errorf("... and %d more failing cases", failures-shown)
+	}
+	t.Logf("%d cases, %d failing", cases, failures)
 }
 
-func checkChosenOrder(t *testing.T, v, h, u int, proven bool, victim VictimMember, learners bool) {
-	t.Helper()
-	c := quorum.Counts{Voting: v, Healthy: h, Unreachable: u, QuorumProven: proven}
-	d := ChooseOrder(OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: c, Victim: victim, AddsLearners: learners})
-	name := fmt.Sprintf("V%d_H%d_U%d_proven%t_%s_learners%t", v, h, u, proven, victim, learners)
-	t.Run(name, func(t *testing.T) {
-		g := NewWithT(t)
-		if proven {
-			g.Expect(d.WaitReason).NotTo(Equal(caprv1.MachineRemediationQuorumLostReason), d.WaitMessage)
+// checkChosenOrder says what is wrong with the order chosen for oc ("" when nothing is).
+func checkChosenOrder(oc orderCase) string {
+	d := ChooseOrder(oc.input())
+	switch {
+	case oc.proven && d.WaitReason == caprv1.MachineRemediationQuorumLostReason:
+		return "quorum said lost while proven: " + d.WaitMessage
+	case d.WaitReason != "" && d.WaitMessage == "":
+		return "a wait without a message"
+	case d.WaitReason != "":
+		return ""
+	case oc.serializable:
+		return fmt.Sprintf("order %s chosen on a node-local view", d.Order)
+	}
+	// The members: m0..m(h-1) healthy voters; the other voters unknown (up or not per world); the
+	// learners l0...; the victim m0 when healthy, the last voter when unhealthy, l0 when a learner.
+	victimName := ""
+	switch oc.victim {
+	case VictimHealthy:
+		victimName = "m0"
+	case VictimUnhealthy:
+		victimName = fmt.Sprintf("m%d", oc.v-1)
+	case VictimLearner:
+		victimName = "l0"
+	}
+	unknown := oc.v - oc.h
+	for world := range 1 << unknown {
+		var s simCluster
+		for i := range oc.v {
+			s = append(s, simMember{name: fmt.Sprintf("m%d", i), voter: true, up: i < oc.h || world&(1<<(i-oc.h)) != 0})
 		}
-		if d.WaitReason != "" {
+		for i := range oc.learners {
+			s = append(s, simMember{name: fmt.Sprintf("l%d", i), up: true})
+		}
+		if oc.proven && !s.hasQuorum() {
+			continue // etcd could not have answered the linearizable read
+		}
+		if msg := runOrder(oc, d.Order, s, victimName); msg != "" {
+			return fmt.Sprintf("order %s, world %s: %s", d.Order, s.String(), msg)
+		}
+	}
+	return ""
+}
+
+func (s simCluster) String() string {
+	parts := make([]string, 0, len(s))
+	for _, m := range s {
+		state := "down"
+		if m.up {
+			state = "up"
+		}
+		if !m.voter {
+			state += ",learner"
+		}
+		parts = append(parts, m.name+"("+state+")")
+	}
+	return strings.Join(parts, " ")
+}
+
+// runOrder applies an order's membership changes and provider actions to s: ScaleUpFirst adds the
+// surge then removes the victim, RemoveMemberFirst removes then adds the surge, DeleteFirst removes
+// the victim and the provider adds one replacement (no surge); the surge orders end with the
+// provider scaling back down, the surplus replacement of a surge of two leaving etcd then.
+func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victimName string) string {
+	if !s.hasQuorum() {
+		return "an order was chosen without quorum"
+	}
+	var err string
+	add := func(name string, afterRemoval bool) {
+		switch {
+		case err != "":
+			return
+		case !afterRemoval && oc.refuseUpNow:
+			err = "the provider refuses to scale up now"
+			return
+		case afterRemoval && oc.refuseUpAfter:
+			err = "the provider refuses to scale up after the removal"
+			return
+		case !s.acceptsAdd(oc.addsLearners):
+			err = "etcd refuses adding " + name
 			return
 		}
-		// The members: h up voters, the rest down (unreachable ones simulated as dead); the victim is
-		// an up voter when healthy, a down one when unhealthy.
-		var s simCluster
-		for i := range v {
-			s = append(s, simMember{name: fmt.Sprintf("m%d", i), voter: true, up: i < h})
+		s = append(s, simMember{name: name, voter: !oc.addsLearners})
+		if !s.hasQuorum() {
+			err = "quorum lost while " + name + " joins"
+			return
 		}
-		victimName := ""
-		switch victim {
-		case VictimHealthy:
-			victimName = "m0"
-		case VictimUnhealthy:
-			victimName = fmt.Sprintf("m%d", v-1)
-		}
-		g.Expect(s.hasQuorum()).To(BeTrue(), "an order was chosen without quorum")
-		add := func(s simCluster, step string) simCluster {
-			g.Expect(s.acceptsAdd()).To(BeTrue(), "etcd refuses the add (%s)", step)
-			s = append(s, simMember{name: "new", voter: !learners})
-			g.Expect(s.hasQuorum()).To(BeTrue(), "quorum lost while the replacement joins (%s)", step)
-			s = s.set("new", !learners, true)
-			if learners {
-				g.Expect(s.acceptsPromote()).To(BeTrue(), "etcd refuses the promotion (%s)", step)
-				s = s.set("new", true, true)
+		s = s.set(name, !oc.addsLearners, true)
+		if oc.addsLearners {
+			if !s.acceptsPromote() {
+				err = "etcd refuses promoting " + name
+				return
 			}
-			g.Expect(s.hasQuorum()).To(BeTrue(), "quorum lost after the replacement joined (%s)", step)
-			return s
+			s = s.set(name, true, true)
 		}
-		remove := func(s simCluster, step string) simCluster {
-			if victimName == "" {
-				return s
-			}
-			g.Expect(s.acceptsRemove(victimName)).To(BeTrue(), "etcd refuses the removal (%s)", step)
-			s = s.without(victimName)
-			g.Expect(s.hasQuorum()).To(BeTrue(), "quorum lost by the removal (%s)", step)
-			return s
+		if !s.hasQuorum() {
+			err = "quorum lost after " + name + " joined"
 		}
-		switch d.Order {
-		case caprv1.ControlPlaneOrderScaleUpFirst:
-			remove(add(s, "scale up first"), "scale up first")
-		case caprv1.ControlPlaneOrderRemoveMemberFirst:
-			add(remove(s, "remove first"), "remove first")
-		default:
-			t.Fatalf("unexpected order %q", d.Order)
+	}
+	remove := func(name string) {
+		if err != "" || name == "" {
+			return
 		}
-	})
+		if !s.acceptsRemove(name) {
+			err = "etcd refuses removing " + name
+			return
+		}
+		s = s.without(name)
+		if !s.hasQuorum() {
+			err = "quorum lost by removing " + name
+		}
+	}
+	scaleDown := func() {
+		if err != "" {
+			return
+		}
+		if oc.refuseDown {
+			err = "the provider refuses to scale down"
+			return
+		}
+		if oc.surge == 2 {
+			remove("new2")
+		}
+	}
+	surge := func(afterRemoval bool) {
+		add("new1", afterRemoval)
+		if oc.surge == 2 {
+			add("new2", afterRemoval)
+		}
+	}
+	switch order {
+	case caprv1.ControlPlaneOrderScaleUpFirst:
+		surge(false)
+		remove(victimName)
+		scaleDown()
+	case caprv1.ControlPlaneOrderRemoveMemberFirst:
+		remove(victimName)
+		surge(true)
+		scaleDown()
+	case caprv1.ControlPlaneOrderDeleteFirst:
+		remove(victimName)
+		add("new1", true)
+	default:
+		return fmt.Sprintf("unexpected order %q", order)
+	}
+	return err
 }
 
 func TestCheckRetryLimits(t *testing.T) {

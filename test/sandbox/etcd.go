@@ -434,6 +434,25 @@ func (c *EtcdCluster) Kill(name string) {
 	<-p.exited
 }
 
+// Restart starts a killed member's process again, as its node's boot would: same name, ports and data
+// directory, so it rejoins with its membership and data (etcd ignores the initial cluster when the
+// data directory holds a WAL). It does not wait for the member to be healthy: without a quorum to
+// rejoin it never is. A member that runs is left alone.
+func (c *EtcdCluster) Restart(name string) error {
+	c.mu.Lock()
+	old, ok := c.members[name]
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("restarting etcd member %s: the sandbox never started it", name)
+	}
+	if c.Running(name) {
+		return nil
+	}
+	// A new process record: Running reads the old one's fields without the lock.
+	p := &etcdProcess{name: name, clientPort: old.clientPort, peerPort: old.peerPort, dir: old.dir}
+	return c.start(p, fmt.Sprintf("%s=%s", name, p.peerURL()), "existing")
+}
+
 // Leave is what `kubeadm reset` does on a control-plane node: remove the member if it is still in the
 // list (through another member), then stop it.
 func (c *EtcdCluster) Leave(ctx context.Context, name string) error {

@@ -591,10 +591,17 @@ const NodeMonitorGracePeriod = 8 * time.Second
 func (s *Sandbox) KillEtcdMember(wc *WorkloadCluster, node string) {
 	wc.Etcd.Kill(node)
 	s.Log.Add(wc.LogKey(), "FAULT: etcd member %s killed (its node and kubelet stay up)", node)
-	if s.opts.Provider == ProviderKubeadm {
-		if err := setMirrorPod(context.Background(), s.Client, node, "etcd", false); err != nil {
-			s.Log.Add(wc.LogKey(), "kubelet of %s could not report the etcd pod down: %v", node, err)
-		}
+	s.setEtcdPod(context.Background(), wc, node, false)
+}
+
+// setEtcdPod reports the etcd static pod of a Node up or down, as its kubelet would on the full
+// stack (nothing to report otherwise).
+func (s *Sandbox) setEtcdPod(ctx context.Context, wc *WorkloadCluster, node string, up bool) {
+	if s.opts.Provider != ProviderKubeadm {
+		return
+	}
+	if err := setMirrorPod(ctx, s.Client, node, "etcd", up); err != nil {
+		s.Log.Add(wc.LogKey(), "kubelet of %s could not report the etcd pod (up: %t): %v", node, up, err)
 	}
 }
 

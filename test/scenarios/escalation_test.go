@@ -1,6 +1,8 @@
 package scenarios_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
@@ -20,8 +23,9 @@ import (
 
 // Escalation of control-plane Machines (spec.remediation.escalation): a reboot is tried, while the
 // remediation holds the control plane, before any membership change. The reboot operator is the
-// sandbox's stand-in (test/sandbox/reboot.go): it restarts the node's kubelet heartbeat, or, with
-// fails, leaves the node down.
+// sandbox's stand-in (test/sandbox/reboot.go): it stops the node's etcd member for
+// sandbox.RebootDuration, then restarts the node's kubelet heartbeat, or, with fails, leaves the node
+// down.
 
 // escalationSeconds is the escalation step's timeoutSeconds (the API's minimum); escalationTimeout
 // turns it into 15 s here.
@@ -34,12 +38,20 @@ func escalationTimeout(seconds int32) time.Duration {
 // withReboot gives the cluster's health check a one-step escalation, a SandboxReboot, created from a
 // template in the cluster's namespace (fails: the reboot does not bring the node back).
 func withReboot(t *testing.T, fails bool) clusterOption {
+	return withReboots(t, fails, escalationSeconds)
+}
+
+// withReboots is withReboot with one SandboxReboot step per timeout (timeoutSeconds each).
+func withReboots(t *testing.T, fails bool, timeouts ...int32) clusterOption {
 	return withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
 		NewWithT(t).Expect(sb.Client.Create(ctx, sandbox.RebootTemplate(mhc.Namespace, "reboot", fails))).To(Succeed())
-		mhc.Spec.Remediation.Escalation = []caprv1.EscalationStep{{
-			TemplateRef:    caprv1.TemplateReference{APIVersion: sandbox.RebootGroupVersion.String(), Kind: "SandboxRebootTemplate", Name: "reboot"},
-			TimeoutSeconds: escalationSeconds,
-		}}
+		mhc.Spec.Remediation.Escalation = nil
+		for _, seconds := range timeouts {
+			mhc.Spec.Remediation.Escalation = append(mhc.Spec.Remediation.Escalation, caprv1.EscalationStep{
+				TemplateRef:    caprv1.TemplateReference{APIVersion: sandbox.RebootGroupVersion.String(), Kind: "SandboxRebootTemplate", Name: "reboot"},
+				TimeoutSeconds: seconds,
+			})
+		}
 	})
 }
 
@@ -174,4 +186,84 @@ func TestAbortDuringEscalationDeletesTheReboot(t *testing.T) {
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
 	g.Expect(controlPlane(g, wc)).To(HaveLen(3))
 	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationAborted)).To(Equal(1))
+}
+
+// TestRebootWaitsWhileUnreachableMembersCarryQuorum (issue 34): three members; the victim C's kubelet
+// stops, its etcd member keeps running. The first reboot (2 of 3 healthy: A and B) stops C's member
+// for a while and does not help. Then B's member dies and A leads: a linearizable read is answered
+// (A and C are the quorum), but only A can be seen healthy. Rebooting C again would leave A alone, so
+// the second step must wait with NotQuorumSafe, create nothing, and quorum must hold throughout.
+func TestRebootWaitsWhileUnreachableMembersCarryQuorum(t *testing.T) {
+	g := NewWithT(t)
+	// The first step's timeout leaves time to kill B and move the leadership before the second begins.
+	wc := newCluster(t, withReboots(t, true, 2*escalationSeconds, escalationSeconds))
+	machines := controlPlane(g, wc)
+	a, b, victim := machines[0], machines[1], machines[2]
+	nodeA, nodeB, nodeC := a.Status.NodeRef.Name, b.Status.NodeRef.Name, victim.Status.NodeRef.Name
+	startCAPRWithEscalation(t, nil)
+	watch := sb.WatchQuorum(ctx, wc)
+	start := time.Now()
+
+	g.Expect(sb.StopKubelet(ctx, wc, nodeC)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		r := rebootOf(g, wc, victim.Name)
+		g.Expect(r).NotTo(BeNil())
+		result, _, _ := unstructured.NestedString(r.Object, "status", "result")
+		g.Expect(result).To(Equal("NodeDidNotComeBack"))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed(), "the first reboot ends")
+	g.Expect(sb.EtcdRunning(wc, nodeC)).To(BeTrue(), "the reboot restarts the victim's member")
+	_, stopped := sb.Log.Find(wc.LogKey(), start, "node "+nodeC+" rebooting (SandboxReboot): its etcd member is stopped")
+	g.Expect(stopped).To(BeTrue())
+
+	sb.KillEtcdMember(wc, nodeB)
+	// A must lead: an unreachable leader followed by A would be counted alive (etcdutil markLeaderAlive).
+	direct := &etcdutil.Cluster{Connector: wc.Etcd.Direct(), CallTimeout: 2 * time.Second}
+	g.Eventually(func(g Gomega) {
+		state, err := sb.EtcdState(ctx, wc)
+		g.Expect(err).NotTo(HaveOccurred())
+		leader, memberA := state.ByID(state.LeaderID), state.ByName(nodeA)
+		g.Expect(leader).NotTo(BeNil(), "no leader yet")
+		g.Expect(memberA).NotTo(BeNil())
+		if leader.Name != nodeA {
+			g.Expect(direct.MoveLeader(ctx, leader.Name, memberA.ID)).To(Succeed())
+		}
+		g.Expect(leader.Name).To(Equal(nodeA))
+	}, time.Minute, 200*time.Millisecond).Should(Succeed())
+	g.Expect(getRemediation(g, wc, victim.Name).Status.CurrentStep).To(Equal(caprv1.EscalationStepName(0)),
+		"the scenario needs B dead and A leading before the second step begins")
+
+	g.Eventually(func(g Gomega) {
+		if n := rebootsOf(wc, nodeC, start); n > 1 {
+			StopTrying(fmt.Sprintf("the victim was rebooted again (%d reboots) while it carried the quorum; quorum lost: %v", n, watch.Lost())).Now()
+		}
+		mr := getRemediation(g, wc, victim.Name)
+		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.EscalationStepName(1)))
+		g.Expect(mr.Status.Conditions).To(ContainElement(And(
+			HaveField("Type", caprv1.MachineRemediationProgressingCondition),
+			HaveField("Reason", caprv1.MachineRemediationNotQuorumSafeReason),
+			HaveField("Message", ContainSubstring("not quorum-safe")))))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationWaiting)).To(BeNumerically(">=", 1))
+
+	// The second step times out without its reboot: created once in all (the first step's).
+	g.Eventually(func(g Gomega) {
+		g.Expect(stepOutcome(getRemediation(g, wc, victim.Name), caprv1.EscalationStepName(1))).To(Equal(caprv1.StepOutcomeFailed))
+	}, remediationTimeout, 200*time.Millisecond).Should(Succeed())
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, escalation.EventCreated)).To(Equal(1), "the second reboot was created")
+	g.Expect(rebootsOf(wc, nodeC, start)).To(Equal(1), "the victim was rebooted while it carried the quorum")
+	g.Expect(rebootOf(g, wc, victim.Name)).To(BeNil())
+	g.Expect(sb.EtcdRunning(wc, nodeC)).To(BeTrue())
+	_, lost := watch.Stop()
+	g.Expect(lost).To(BeEmpty(), "etcd lost quorum")
+}
+
+// rebootsOf counts the sandbox reboots of node begun since start.
+func rebootsOf(wc *sandbox.WorkloadCluster, node string, start time.Time) int {
+	n := 0
+	for _, e := range sb.Log.Since(wc.LogKey(), start) {
+		if strings.Contains(e.Text, "node "+node+" rebooting") {
+			n++
+		}
+	}
+	return n
 }
