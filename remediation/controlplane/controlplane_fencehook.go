@@ -20,8 +20,8 @@ import (
 // remediator). A KCP rollout started mid-remediation scales down outdated Machines first, a person
 // may delete the victim: the hook holds such a deletion until the victim is fenced.
 
-// ensureFenceHook puts the hook on the victim while it exists and is not fenced yet, unless fencing is
-// Disabled or the victim has no Node (nothing would be fenced: no deletion is worth holding).
+// ensureFenceHook puts the hook on the victim while it exists and is not fenced yet, unless fencing
+// can only be skipped (fencing.HookNeeded: no deletion is worth holding).
 func (r *Reconciler) ensureFenceHook(ctx context.Context, s *scope) error {
 	if s.machineGone || s.machine == nil || fencing.StepFinished(s.mr) || !fencing.HookNeeded(s.mr.Spec.Fencing, s.victimNode()) {
 		return nil

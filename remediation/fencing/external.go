@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,9 +20,11 @@ import (
 // The External fencing contract (docs/user/fencing.md, Fencing backends): for a backend
 // {type: External, templateRef: {apiVersion, kind: <Kind>Template, name}} CAPR creates, in the
 // Machine's namespace of the management cluster, a <Kind> named after the Machine, whose spec is the
-// template's spec.template.spec, labelled with the Cluster's name and annotated with the Machine's
-// and the Node's names. The provider fences the node (e.g. powers it off through its BMC) and sets
-// the condition Fenced=True in status.conditions (metav1.Condition). CAPR deletes the object to
+// template's spec.template.spec, labelled with the Cluster's name and ManagedByLabel=capr, and
+// annotated with the Machine's and the Node's names and the MachineRemediation's UID (owned.go: CAPR
+// confirms only that object, with the template's spec; any other object of the name is replaced).
+// The provider fences the node (e.g. powers it off through its BMC) and sets the condition
+// Fenced=True in status.conditions (metav1.Condition). CAPR deletes the object to
 // unfence, once the Machine is gone or the remediation is undone; a provider that must act on
 // unfence holds the deletion with a finalizer of its own. The object has no owner: garbage
 // collection must never unfence a node CAPR has not released.
@@ -65,6 +68,9 @@ func ExternalFenceKey(spec caprv1.FencingBackend, machine *clusterv1.Machine) (*
 
 // Fence implements Backend.
 func (b *ExternalBackend) Fence(ctx context.Context, req Request, spec caprv1.FencingBackend) (bool, string, error) {
+	if req.Remediation == "" {
+		return false, "", errNoRemediation
+	}
 	obj, err := ExternalFenceKey(spec, req.Machine)
 	if err != nil {
 		return false, "", err
@@ -82,8 +88,20 @@ func (b *ExternalBackend) Fence(ctx context.Context, req Request, spec caprv1.Fe
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return false, fmt.Sprintf("%s of an earlier unfence is being deleted; fencing again once it is gone", what), nil
 	}
-	if node := obj.GetAnnotations()[ExternalFenceNodeAnnotation]; node != req.Node {
+	if node := obj.GetAnnotations()[ExternalFenceNodeAnnotation]; node != req.Node && obj.GetLabels()[ManagedByLabel] == ManagedBy {
+		// CAPR's fence of another node (the Machine's name was reused): releasing it could unfence a
+		// node whose remediation still relies on it, so it is neither believed nor replaced.
 		return false, fmt.Sprintf("%s exists for node %q, not %s: it is not this fence; delete it to fence again", what, node, req.Node), nil
+	}
+	why, unknown, err := b.notThisFence(ctx, obj, req, spec)
+	switch {
+	case err != nil:
+		return false, "", err
+	case len(why) > 0:
+		msg, err := replace(ctx, b.Client, obj, what, why)
+		return false, msg, err
+	case unknown != "":
+		return false, fmt.Sprintf("%s cannot be confirmed: %s", what, unknown), nil
 	}
 	c := fencedCondition(obj)
 	switch {
@@ -96,31 +114,27 @@ func (b *ExternalBackend) Fence(ctx context.Context, req Request, spec caprv1.Fe
 }
 
 func (b *ExternalBackend) create(ctx context.Context, req Request, spec caprv1.FencingBackend, what string) (bool, string, error) {
-	ref := spec.TemplateRef
-	template := &unstructured.Unstructured{}
-	template.SetAPIVersion(ref.APIVersion)
-	template.SetKind(ref.Kind)
-	if err := b.APIReader.Get(ctx, client.ObjectKey{Namespace: req.Machine.Namespace, Name: ref.Name}, template); err != nil {
-		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-			return false, fmt.Sprintf("template %s %s not found in namespace %s; %s not created", ref.Kind, ref.Name, req.Machine.Namespace, what), nil
-		}
-		return false, "", fmt.Errorf("reading template %s %s: %w", ref.Kind, ref.Name, err)
+	tmpl, missing, err := b.templateSpec(ctx, req, spec)
+	switch {
+	case err != nil:
+		return false, "", err
+	case missing != "":
+		return false, fmt.Sprintf("%s; %s not created", missing, what), nil
 	}
 	obj, err := ExternalFenceKey(spec, req.Machine)
 	if err != nil {
 		return false, "", err
 	}
 	obj.SetLabels(map[string]string{clusterv1.ClusterNameLabel: req.Cluster.Name})
-	obj.SetAnnotations(map[string]string{
-		ExternalFenceMachineAnnotation: req.Machine.Name,
-		ExternalFenceNodeAnnotation:    req.Node,
-	})
-	if s, found, err := unstructured.NestedMap(template.Object, "spec", "template", "spec"); err == nil && found {
-		obj.Object["spec"] = s
+	obj.SetAnnotations(map[string]string{ExternalFenceMachineAnnotation: req.Machine.Name})
+	markOwned(obj, req)
+	if tmpl != nil {
+		obj.Object["spec"] = tmpl
 	}
 	if err := b.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
 		return false, "", fmt.Errorf("creating %s: %w", what, err)
 	}
+	ref := spec.TemplateRef
 	return false, fmt.Sprintf("%s created from %s %s, waiting for its %s condition", what, ref.Kind, ref.Name, ExternalFencedCondition), nil
 }
 
@@ -138,8 +152,8 @@ func (b *ExternalBackend) Unfence(ctx context.Context, req Request, spec caprv1.
 		return true, fmt.Sprintf("no %s left", what), nil
 	case err != nil:
 		return false, "", fmt.Errorf("reading %s: %w", what, err)
-	case obj.GetAnnotations()[ExternalFenceNodeAnnotation] != req.Node:
-		return true, fmt.Sprintf("%s is not the fence of node %s: left alone", what, req.Node), nil
+	case obj.GetAnnotations()[ExternalFenceNodeAnnotation] != req.Node || ofAnotherRemediation(obj, req):
+		return true, fmt.Sprintf("%s is not the fence of node %s by this remediation: left alone", what, req.Node), nil
 	case !obj.GetDeletionTimestamp().IsZero():
 		return false, fmt.Sprintf("%s is being deleted (the provider unfences)", what), nil
 	}
@@ -147,6 +161,39 @@ func (b *ExternalBackend) Unfence(ctx context.Context, req Request, spec caprv1.
 		return false, "", fmt.Errorf("deleting %s: %w", what, err)
 	}
 	return false, fmt.Sprintf("%s deleted, waiting for it to go", what), nil
+}
+
+// notThisFence lists why obj is not the object CAPR creates for req (none when it is): its marks
+// (notMarkedFor) and its spec, which must hold every field of the template's spec.template.spec with
+// the template's value (fields the provider's defaulting adds are allowed). unknown says why the spec
+// cannot be checked (the template is gone): then the fence cannot be confirmed either.
+func (b *ExternalBackend) notThisFence(ctx context.Context, obj *unstructured.Unstructured, req Request, spec caprv1.FencingBackend) (why []string, unknown string, err error) {
+	why = notMarkedFor(obj, req)
+	want, missing, err := b.templateSpec(ctx, req, spec)
+	if err != nil || missing != "" {
+		return why, missing, err
+	}
+	have, _, _ := unstructured.NestedMap(obj.Object, "spec")
+	if !equality.Semantic.DeepDerivative(want, have) {
+		why = append(why, fmt.Sprintf("spec is not the spec.template.spec of %s %s", spec.TemplateRef.Kind, spec.TemplateRef.Name))
+	}
+	return why, "", nil
+}
+
+// templateSpec reads the template's spec.template.spec; missing says so when the template is gone.
+func (b *ExternalBackend) templateSpec(ctx context.Context, req Request, spec caprv1.FencingBackend) (tmpl map[string]any, missing string, err error) {
+	ref := spec.TemplateRef
+	template := &unstructured.Unstructured{}
+	template.SetAPIVersion(ref.APIVersion)
+	template.SetKind(ref.Kind)
+	if err := b.APIReader.Get(ctx, client.ObjectKey{Namespace: req.Machine.Namespace, Name: ref.Name}, template); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			return nil, fmt.Sprintf("template %s %s not found in namespace %s", ref.Kind, ref.Name, req.Machine.Namespace), nil
+		}
+		return nil, "", fmt.Errorf("reading template %s %s: %w", ref.Kind, ref.Name, err)
+	}
+	tmpl, _, _ = unstructured.NestedMap(template.Object, "spec", "template", "spec")
+	return tmpl, "", nil
 }
 
 // fencedCondition returns the object's Fenced condition (nil when absent or unreadable).

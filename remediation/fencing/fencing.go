@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,9 +29,15 @@ const DefaultTimeout = 300 * time.Second
 type Request struct {
 	Cluster *clusterv1.Cluster
 	Machine *clusterv1.Machine
-	// Node is the victim's Node name ("" when it never had one).
+	// Node is the victim's Node name: the Machine's nodeRef, or the one the remediation recorded ("" when
+	// neither names one; under Required, Fence then confirms that the Machine never had a Node).
 	Node string
-	Spec *caprv1.FencingSpec
+	// Remediation is the UID of the MachineRemediation this fence is for (FenceRecorded and
+	// UnfenceRecorded set it). Backends mark what they create with it and confirm only their own
+	// objects: an object of the same name left by another remediation, or made by someone else, is
+	// no proof of this fence.
+	Remediation types.UID
+	Spec        *caprv1.FencingSpec
 	// Started is when the fencing step started (for the timeout).
 	Started time.Time
 	// AfterDelete asks Unfence for the unfencing owed once the Machine is gone: it waits for the Node
@@ -45,7 +52,8 @@ type Outcome int
 const (
 	// Fenced means every configured backend confirmed.
 	Fenced Outcome = iota
-	// Skipped means the policy is Disabled (or there is no Node to fence).
+	// Skipped means the policy is Disabled, or there is no Node to fence (under Required: the Machine
+	// provably never had one).
 	Skipped
 	// Waiting means some backend has not confirmed yet; ask again later.
 	Waiting
@@ -114,7 +122,7 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 		return Result{Outcome: Skipped, Message: "fencing policy is Disabled"}, nil
 	}
 	if req.Node == "" {
-		return Result{Outcome: Skipped, Message: "the Machine has no Node: nothing can write through it"}, nil
+		return p.fenceWithoutNode(ctx, req)
 	}
 	var waiting []string
 	results := make([]BackendResult, 0, len(spec.Backends))
@@ -141,6 +149,59 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 		msg = "fencing is Required and not confirmed, the Machine is not deleted: " + msg
 	}
 	return Result{Outcome: Waiting, Message: msg, Backends: results}, nil
+}
+
+// fenceWithoutNode answers for a Machine that names no Node. BestEffort skips: nothing is known to
+// write through it. Required skips only when the Machine provably never had a Node; a Node may have
+// registered without the Machine saying so yet (CAPI sets status.nodeRef once it finds the Node whose
+// spec.providerID is the Machine's: sigs.k8s.io/cluster-api core/reconcilers/machine,
+// machine_controller_noderef.go reconcileNode), so until then the fence cannot be confirmed.
+func (p *PolicyFencer) fenceWithoutNode(ctx context.Context, req Request) (Result, error) {
+	if req.Spec.Policy != caprv1.FencingRequired {
+		return Result{Outcome: Skipped, Message: "the Machine has no Node: nothing can write through it"}, nil
+	}
+	why := p.nodeOfMachine(ctx, req)
+	if why == "" {
+		return Result{Outcome: Skipped, Message: fmt.Sprintf(
+			"the Machine never had a Node (no nodeRef, and no Node has its providerID %q): nothing can write through it", req.Machine.Spec.ProviderID)}, nil
+	}
+	return Result{Outcome: Waiting, Message: "fencing is Required and cannot be confirmed, the Machine is not deleted: " + why}, nil
+}
+
+// nodeOfMachine says why the Machine of a request without a Node may still have one ("" when it
+// provably has none): a nodeRef, or a Node in the workload cluster with its providerID, read live.
+func (p *PolicyFencer) nodeOfMachine(ctx context.Context, req Request) string {
+	m := req.Machine
+	switch {
+	case m == nil:
+		return "no Machine was given to look for its Node"
+	case m.Status.NodeRef.IsDefined():
+		return fmt.Sprintf("Machine %s has Node %s, but no Node was given to fence", m.Name, m.Status.NodeRef.Name)
+	case m.Spec.ProviderID == "":
+		// CAPI links a Node to a Machine by providerID only: without one, no Node is the Machine's.
+		return ""
+	}
+	c, err := workloadClient(ctx, p.Workload, req)
+	if err != nil {
+		return fmt.Sprintf("cannot tell whether a Node has the Machine's providerID %q: %v", m.Spec.ProviderID, err)
+	}
+	nodes := &corev1.NodeList{}
+	opts := &client.ListOptions{Limit: 500}
+	for {
+		if err := c.List(ctx, nodes, opts); err != nil {
+			return fmt.Sprintf("cannot tell whether a Node has the Machine's providerID %q: listing Nodes: %v", m.Spec.ProviderID, err)
+		}
+		for i := range nodes.Items {
+			if nodes.Items[i].Spec.ProviderID == m.Spec.ProviderID {
+				return fmt.Sprintf("Node %s has the Machine's providerID %q but the Machine has no nodeRef yet; fencing waits until CAPI sets it",
+					nodes.Items[i].Name, m.Spec.ProviderID)
+			}
+		}
+		if nodes.Continue == "" {
+			return ""
+		}
+		opts.Continue = nodes.Continue
+	}
 }
 
 // fenceOne asks one backend. earlierWaiting is true while a backend before it has not confirmed.
@@ -270,7 +331,7 @@ func Timeout(spec *caprv1.FencingSpec) time.Duration {
 type Verdict struct {
 	// Done: the Machine may now be deleted (fenced, skipped, or BestEffort gave up).
 	Done bool
-	// Skipped: done without fencing (the policy is Disabled, or there is no Node).
+	// Skipped: done without fencing (the policy is Disabled, or there is no Node: PolicyFencer.Fence).
 	Skipped bool
 	// GaveUp: done unconfirmed (BestEffort past its timeout); the remediator warns in an event.
 	GaveUp bool

@@ -39,7 +39,7 @@ func TestPolicyFencer(t *testing.T) {
 	}{
 		{"no spec: disabled", nil, "n", nil, 0, Skipped},
 		{"disabled", spec(caprv1.FencingDisabled), "n", nil, 0, Skipped},
-		{"no node", spec(caprv1.FencingRequired), "", nil, 0, Skipped},
+		{"best effort, no node", spec(caprv1.FencingBestEffort), "", nil, 0, Skipped},
 		{"required, backend confirms", spec(caprv1.FencingRequired), "n", map[caprv1.FencingBackendType]Backend{caprv1.FencingBackendNetworkFence: fakeBackend{done: true}}, 0, Fenced},
 		{"required, backend pending, timed out: still waits", spec(caprv1.FencingRequired), "n", map[caprv1.FencingBackendType]Backend{caprv1.FencingBackendNetworkFence: fakeBackend{}}, time.Hour, Waiting},
 		{"required, backend not available: waits, never deletes unfenced", spec(caprv1.FencingRequired), "n", nil, time.Hour, Waiting},
@@ -56,6 +56,62 @@ func TestPolicyFencer(t *testing.T) {
 			g.Expect(r.Message).NotTo(BeEmpty())
 			if tt.backends == nil && tt.spec != nil && tt.spec.Policy != caprv1.FencingDisabled && tt.node != "" {
 				g.Expect(r.Message).To(ContainSubstring("not available"))
+			}
+		})
+	}
+}
+
+// TestRequiredWithoutNode: under Required, a request without a Node is skipped only when the Machine
+// provably never had one (no nodeRef, no Node in the workload cluster with its providerID); otherwise
+// the fence cannot be confirmed and the step waits, saying why.
+func TestRequiredWithoutNode(t *testing.T) {
+	node := func(name, providerID string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: providerID}}
+	}
+	machine := func(providerID, nodeRef string) *clusterv1.Machine {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}, Spec: clusterv1.MachineSpec{ProviderID: providerID}}
+		m.Status.NodeRef.Name = nodeRef
+		return m
+	}
+	unreachable := func(context.Context, client.ObjectKey) (client.Client, error) {
+		return nil, fmt.Errorf("connection refused")
+	}
+	tests := []struct {
+		name     string
+		machine  *clusterv1.Machine
+		nodes    []client.Object
+		workload WorkloadClientFunc
+		want     Outcome
+		message  string
+	}{
+		{"no Node has its providerID: never had one", machine("p://m", ""), []client.Object{node("other", "p://other")}, nil, Skipped, `no Node has its providerID "p://m"`},
+		{"no providerID: no Node can be linked to it", machine("", ""), []client.Object{node("other", "")}, nil, Skipped, "never had a Node"},
+		{"a Node has its providerID: cannot confirm", machine("p://m", ""), []client.Object{node("other", "p://other"), node("late", "p://m")}, nil, Waiting,
+			`Node late has the Machine's providerID "p://m" but the Machine has no nodeRef yet`},
+		{"a nodeRef the caller did not pass: cannot confirm", machine("p://m", "n1"), nil, nil, Waiting, "Machine m has Node n1, but no Node was given to fence"},
+		{"no Machine: cannot confirm", nil, nil, nil, Waiting, "no Machine was given"},
+		{"workload cluster unreachable: cannot confirm", machine("p://m", ""), nil, unreachable, Waiting, "cannot tell whether a Node has the Machine's providerID"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			workload := tt.workload
+			if workload == nil {
+				c := fake.NewClientBuilder().WithObjects(tt.nodes...).Build()
+				workload = func(context.Context, client.ObjectKey) (client.Client, error) { return c, nil }
+			}
+			var asked []caprv1.FencingBackendType
+			p := &PolicyFencer{Workload: workload, Backends: map[caprv1.FencingBackendType]Backend{
+				caprv1.FencingBackendNetworkFence: recordingBackend{done: true, fenced: &asked, kind: caprv1.FencingBackendNetworkFence}}}
+			spec := &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{{Type: caprv1.FencingBackendNetworkFence}}}
+			r, err := p.Fence(context.Background(), Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}},
+				Machine: tt.machine, Spec: spec})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(r.Outcome).To(Equal(tt.want), r.Message)
+			g.Expect(r.Message).To(ContainSubstring(tt.message))
+			g.Expect(asked).To(BeEmpty(), "no backend can fence a Node that is not named")
+			if tt.want == Waiting {
+				g.Expect(r.Message).To(HavePrefix("fencing is Required and cannot be confirmed"))
 			}
 		})
 	}

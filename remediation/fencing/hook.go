@@ -55,9 +55,11 @@ func RemoveHook(ctx context.Context, c client.Client, live client.Reader, key cl
 }
 
 // HookNeeded is false when fencing can only be skipped (policy Disabled or unset, or no Node to
-// fence): then nothing is worth holding a deletion for.
+// fence under BestEffort): then nothing is worth holding a deletion for. Under Required a Machine
+// without a Node is held too: its Node may register at any time, and only the Fencer can confirm it
+// never had one (PolicyFencer.Fence).
 func HookNeeded(spec *caprv1.FencingSpec, node string) bool {
-	return spec != nil && spec.Policy != "" && spec.Policy != caprv1.FencingDisabled && node != ""
+	return spec != nil && spec.Policy != "" && spec.Policy != caprv1.FencingDisabled && (node != "" || spec.Policy == caprv1.FencingRequired)
 }
 
 // HeldDeletion reports whether m is being deleted by someone else while the hook holds it: the

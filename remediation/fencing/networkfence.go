@@ -45,7 +45,8 @@ const (
 )
 
 // Annotations CAPR puts on the NetworkFences it creates, saying for whom (a NetworkFence is
-// cluster-scoped in the workload cluster; the Machine lives in the management cluster).
+// cluster-scoped in the workload cluster; the Machine lives in the management cluster), with the
+// marks of owned.go.
 const (
 	NetworkFenceMachineAnnotation = "remediation.cluster.x-k8s.io/machine"
 	NetworkFenceNodeAnnotation    = "remediation.cluster.x-k8s.io/node"
@@ -83,6 +84,9 @@ func NetworkFenceName(cluster client.ObjectKey, node, class string) string {
 
 // Fence implements Backend.
 func (b *NetworkFenceBackend) Fence(ctx context.Context, req Request, spec caprv1.FencingBackend) (bool, string, error) {
+	if req.Remediation == "" {
+		return false, "", errNoRemediation
+	}
 	c, err := workloadClient(ctx, b.Workload, req)
 	if err != nil {
 		return false, "", err
@@ -129,8 +133,12 @@ func (b *NetworkFenceBackend) fenceOne(ctx context.Context, c client.Client, req
 		// it is gone, so csi-addons fences again from a clean object.
 		return false, fmt.Sprintf("NetworkFence %s of an earlier unfence is being deleted; fencing again once it is gone", name), nil
 	}
-	// An unfence of an earlier remediation of this node that has not finished, or a hand edit: fence
-	// again (the object is kept, so csi-addons sees a spec change).
+	if why := notThisNetworkFence(nf, req, class, cidrs); len(why) > 0 {
+		msg, err := replace(ctx, c, nf, "NetworkFence "+name, why)
+		return false, msg, err
+	}
+	// This fence, unfenced meanwhile (an unfence of this remediation that has not finished, or a hand
+	// edit): fence again (the object is kept, so csi-addons sees a spec change).
 	if patched, err := ensureFenceState(ctx, c, nf, networkFenceFenced); patched || err != nil {
 		return false, fmt.Sprintf("NetworkFence %s set back to %s, waiting for csi-addons", name, networkFenceFenced), err
 	}
@@ -160,11 +168,8 @@ func (b *NetworkFenceBackend) create(ctx context.Context, c client.Client, req R
 	nf := &unstructured.Unstructured{}
 	nf.SetGroupVersionKind(NetworkFenceGVK)
 	nf.SetName(name)
-	nf.SetLabels(map[string]string{NetworkFenceManagedByLabel: "capr"})
-	nf.SetAnnotations(map[string]string{
-		NetworkFenceMachineAnnotation: req.Machine.Namespace + "/" + req.Machine.Name,
-		NetworkFenceNodeAnnotation:    req.Node,
-	})
+	nf.SetAnnotations(map[string]string{NetworkFenceMachineAnnotation: req.Machine.Namespace + "/" + req.Machine.Name})
+	markOwned(nf, req)
 	nf.Object["spec"] = map[string]any{
 		"networkFenceClassName": class,
 		"fenceState":            networkFenceFenced,
@@ -185,17 +190,20 @@ func (b *NetworkFenceBackend) Unfence(ctx context.Context, req Request, spec cap
 		return false, "", err
 	}
 	return forEachClass(spec.NetworkFenceClassNames, func(class string) (bool, string, error) {
-		return unfenceOne(ctx, c, NetworkFenceName(client.ObjectKeyFromObject(req.Cluster), req.Node, class))
+		return unfenceOne(ctx, c, req, NetworkFenceName(client.ObjectKeyFromObject(req.Cluster), req.Node, class))
 	}, fmt.Sprintf("no NetworkFence left for node %s", req.Node))
 }
 
-func unfenceOne(ctx context.Context, c client.Client, name string) (bool, string, error) {
+func unfenceOne(ctx context.Context, c client.Client, req Request, name string) (bool, string, error) {
 	nf, err := getNetworkFence(ctx, c, name)
 	switch {
 	case errors.Is(err, ErrNotAvailable) || err == nil && nf == nil:
 		return true, "", nil // none left, or csi-addons is not installed: nothing can be fenced
 	case err != nil:
 		return false, "", err
+	case ofAnotherRemediation(nf, req):
+		// Ours was replaced (fenceOne): this one is another remediation's to undo.
+		return true, "", nil
 	}
 	if !nf.GetDeletionTimestamp().IsZero() {
 		return false, fmt.Sprintf("NetworkFence %s is being deleted (csi-addons' finalizer)", name), nil
@@ -212,6 +220,32 @@ func unfenceOne(ctx context.Context, c client.Client, name string) (bool, string
 		return false, "", fmt.Errorf("deleting unfenced NetworkFence %s: %w", name, err)
 	}
 	return false, fmt.Sprintf("NetworkFence %s unfenced, deleting", name), nil
+}
+
+// notThisNetworkFence lists why nf is not the NetworkFence CAPR creates for req and class with cidrs
+// (nil when it is): its marks (notMarkedFor), its class, no driver of its own (CAPR names a class
+// only; csi-addons' deprecated spec.driver would fence through something else), and every address
+// to fence among its cidrs. fenceState is not checked here: this fence set to Unfenced is fenced
+// again, not replaced (fenceOne).
+func notThisNetworkFence(nf *unstructured.Unstructured, req Request, class string, cidrs []string) []string {
+	why := notMarkedFor(nf, req)
+	if v, _, _ := unstructured.NestedString(nf.Object, "spec", "networkFenceClassName"); v != class {
+		why = append(why, fmt.Sprintf("spec.networkFenceClassName is %q, not %q", v, class))
+	}
+	if v, found, _ := unstructured.NestedFieldNoCopy(nf.Object, "spec", "driver"); found && v != nil && v != "" {
+		why = append(why, fmt.Sprintf("spec.driver is set (%v); CAPR names only a class", v))
+	}
+	have, _, _ := unstructured.NestedStringSlice(nf.Object, "spec", "cidrs")
+	var missing []string
+	for _, cidr := range cidrs {
+		if !slices.Contains(have, cidr) {
+			missing = append(missing, cidr)
+		}
+	}
+	if len(missing) > 0 {
+		why = append(why, fmt.Sprintf("spec.cidrs %v lacks %v", have, missing))
+	}
+	return why
 }
 
 // getNetworkFence reads the NetworkFence name: nil when there is none, an error wrapping

@@ -25,11 +25,11 @@ import (
 // maxMessage is the API's limit on status.fencing.backends[].message.
 const maxMessage = 1024
 
-// Begin records that the Node is about to be fenced, unless fencing can only be skipped (HookNeeded)
-// or it is recorded already. It reports whether the status changed: the caller then writes it before
-// asking the Fencer, so a crash after a backend acted cannot lose the fence.
+// Begin records that the Node is about to be fenced, unless there is no Node, fencing can only be
+// skipped (HookNeeded) or it is recorded already. It reports whether the status changed: the caller
+// then writes it before asking the Fencer, so a crash after a backend acted cannot lose the fence.
 func Begin(mr *caprv1.MachineRemediation, node string, now time.Time) bool {
-	if !HookNeeded(mr.Spec.Fencing, node) {
+	if node == "" || !HookNeeded(mr.Spec.Fencing, node) {
 		return false
 	}
 	if f := mr.Status.Fencing; f != nil && f.NodeName == node && f.UnfencedTime == nil {
@@ -62,8 +62,10 @@ func Observe(mr *caprv1.MachineRemediation, res Result, now time.Time) {
 }
 
 // FenceRecorded asks f to fence, recording the fence in mr's status: Begin, then persist when that
-// changed the status (before any backend acts), then the answers (Observe).
+// changed the status (before any backend acts), then the answers (Observe). The request is marked
+// with mr's UID (Request.Remediation).
 func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation, req Request, now time.Time, persist func(context.Context) error) (Result, error) {
+	req.Remediation = mr.UID
 	if Begin(mr, req.Node, now) {
 		if err := persist(ctx); err != nil {
 			return Result{}, err
@@ -89,7 +91,7 @@ func UnfenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediatio
 	if !Owed(mr) {
 		return true, "", nil
 	}
-	req.Node, req.Spec = mr.Status.Fencing.NodeName, mr.Spec.Fencing
+	req.Node, req.Spec, req.Remediation = mr.Status.Fencing.NodeName, mr.Spec.Fencing, mr.UID
 	if u, ok := f.(Unfencer); ok {
 		err := u.Unfence(ctx, req)
 		if errors.Is(err, ErrUnfencePending) {

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -70,7 +71,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 	if !s.machine.DeletionTimestamp.IsZero() && !deleteIssued(s.mr) {
 		return r.waitForDeletionByOthers(ctx, s, "")
 	}
-	if !fencing.StepFinished(s.mr) && fencing.HookNeeded(s.mr.Spec.Fencing, s.mr.Status.Worker.NodeName) {
+	if !fencing.StepFinished(s.mr) && fencing.HookNeeded(s.mr.Spec.Fencing, s.victimNode(ctx)) {
 		m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
 		if err != nil {
 			return ctrl.Result{}, err
@@ -88,7 +89,7 @@ func (r *Reconciler) waitForDeletionByOthers(ctx context.Context, s *scope, pref
 	// Whatever the Fence step did: a hook that holds a deletion (also one put back while an abort
 	// unfences) is released only once the Machine is fenced again.
 	if fencing.HeldDeletion(s.machine) {
-		v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencingRequest(s, time.Time{}), time.Now(), r.persistFunc(s))
+		v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencingRequest(ctx, s, time.Time{}), time.Now(), r.persistFunc(s))
 		if err != nil {
 			return ctrl.Result{}, err
 		}
@@ -189,12 +190,30 @@ func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.Reme
 
 // fencingRequest is what the Fencer is asked for this remediation. A Machine that is gone is named
 // from the request (same name and namespace): an External fence is found by the Machine's name.
-func fencingRequest(s *scope, started time.Time) fencing.Request {
+func fencingRequest(ctx context.Context, s *scope, started time.Time) fencing.Request {
 	m := s.machine
 	if s.machineGone {
 		m = &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: s.mr.Namespace, Name: s.mr.Name}}
 	}
-	return fencing.Request{Cluster: s.cluster, Machine: m, Node: s.mr.Status.Worker.NodeName, Spec: s.mr.Spec.Fencing, Started: started}
+	return fencing.Request{Cluster: s.cluster, Machine: m, Node: s.victimNode(ctx), Spec: s.mr.Spec.Fencing, Started: started}
+}
+
+// victimNode is the Node to fence: the one recorded in status.worker.nodeName, else the Machine's
+// nodeRef as it is now, recorded (persisted with the reconcile's other changes, before any backend
+// acts: fencing.FenceRecorded). A Node can register after the request was recorded (a node-startup
+// timeout, an escalation reboot): the control-plane remediator reads it the same way
+// (controlplane's scope.victimNode). CAPI sets a nodeRef once and never changes it (cluster-api
+// core/reconcilers/machine, machine_controller_noderef.go reconcileNode), so a recorded name stays right.
+func (s *scope) victimNode(ctx context.Context) string {
+	w := s.mr.Status.Worker
+	if w == nil {
+		return ""
+	}
+	if w.NodeName == "" && !s.machineGone && s.machine.Status.NodeRef.IsDefined() {
+		w.NodeName = s.machine.Status.NodeRef.Name
+		ctrl.LoggerFrom(ctx).Info("Machine has a Node now, recorded as the fencing target", "Node", klog.KRef("", w.NodeName))
+	}
+	return w.NodeName
 }
 
 // persistFunc writes the request now (fencing.FenceRecorded: the fence is recorded before it is made).
@@ -221,7 +240,7 @@ func (r *Reconciler) unfenceKept(ctx context.Context, s *scope, prefix string) (
 // its Node are gone (afterDelete), or for a Machine kept by an abort. While it is not done the
 // request says so and waits; done is true at once when nothing is owed.
 func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, prefix string) (done bool, res ctrl.Result, err error) {
-	req := fencingRequest(s, time.Time{})
+	req := fencingRequest(ctx, s, time.Time{})
 	req.AfterDelete = afterDelete
 	done, msg, err := fencing.UnfenceRecorded(ctx, r.Fencer, s.mr, req, time.Now())
 	if err != nil || done {
@@ -234,9 +253,9 @@ func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, pr
 // stepFence asks the Fencer until its outcome is final. Required never finishes unconfirmed: past
 // the fencing timeout it reports StepTimedOut and keeps waiting; BestEffort finishes with a Warning.
 func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
-	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencingRequest(s, rec.StartTime.Time), time.Now(), r.persistFunc(s))
+	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencingRequest(ctx, s, rec.StartTime.Time), time.Now(), r.persistFunc(s))
 	if err != nil {
-		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.mr.Status.Worker.NodeName, err)
+		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.victimNode(ctx), err)
 	}
 	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
 	if v.Done {

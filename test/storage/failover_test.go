@@ -102,7 +102,7 @@ func TestFencedFailoverMovesTheVolumeWithoutASecondWriter(t *testing.T) {
 			ServerVersion: fencing.DiscoveryServerVersion(func(context.Context, client.ObjectKey) (*rest.Config, error) { return testEnv.Config, nil })},
 	}}
 	req := fencing.Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wc"}},
-		Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m-a"}}, Node: "node-a",
+		Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m-a"}}, Node: "node-a", Remediation: "failover-m-a",
 		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{
 			{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"fake-storage"}},
 			{Type: caprv1.FencingBackendOutOfServiceTaint},

@@ -41,7 +41,7 @@ func newExternalFixture(t *testing.T) *externalFixture {
 }
 
 func (f *externalFixture) request() fencing.Request {
-	return fencing.Request{Cluster: f.cluster, Machine: f.machine, Node: f.node,
+	return fencing.Request{Cluster: f.cluster, Machine: f.machine, Node: f.node, Remediation: f.remediation,
 		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{f.spec}}}
 }
 
@@ -93,9 +93,10 @@ func TestExternalFenceFollowsTheContract(t *testing.T) {
 	obj := f.object()
 	f.g.Expect(obj).NotTo(BeNil(), "named after the Machine, in its namespace, kind without Template")
 	f.g.Expect(obj.Object["spec"]).To(Equal(map[string]any{"action": "power-off", "bmcSecret": "bmc"}))
-	f.g.Expect(obj.GetLabels()).To(HaveKeyWithValue(clusterv1.ClusterNameLabel, f.cluster.Name))
+	f.g.Expect(obj.GetLabels()).To(Equal(map[string]string{clusterv1.ClusterNameLabel: f.cluster.Name, fencing.ManagedByLabel: fencing.ManagedBy}))
 	f.g.Expect(obj.GetAnnotations()).To(Equal(map[string]string{
-		fencing.ExternalFenceMachineAnnotation: f.machine.Name, fencing.ExternalFenceNodeAnnotation: f.node}))
+		fencing.ExternalFenceMachineAnnotation: f.machine.Name, fencing.ExternalFenceNodeAnnotation: f.node,
+		fencing.RemediationUIDAnnotation: string(f.remediation)}))
 	f.g.Expect(obj.GetOwnerReferences()).To(BeEmpty(), "garbage collection must never unfence")
 
 	done, msg = f.fence() // a crash after the create: nothing new

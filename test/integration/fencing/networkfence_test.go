@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -34,7 +35,9 @@ type fixture struct {
 	cluster *clusterv1.Cluster
 	machine *clusterv1.Machine
 	node    string
-	backend *fencing.NetworkFenceBackend
+	// remediation is the UID of the MachineRemediation the fence is for (fencing.Request.Remediation).
+	remediation types.UID
+	backend     *fencing.NetworkFenceBackend
 }
 
 func newFixture(t *testing.T, nodeAddresses ...corev1.NodeAddress) *fixture {
@@ -50,7 +53,7 @@ func newFixture(t *testing.T, nodeAddresses ...corev1.NodeAddress) *fixture {
 	f := &fixture{t: t, g: g,
 		cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wc"}},
 		machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m-" + name}},
-		node:    "node-" + name,
+		node:    "node-" + name, remediation: types.UID("uid-" + name),
 		backend: &fencing.NetworkFenceBackend{Workload: func(_ context.Context, key client.ObjectKey) (client.Client, error) {
 			return k8sClient, nil
 		}},
@@ -66,7 +69,7 @@ func newFixture(t *testing.T, nodeAddresses ...corev1.NodeAddress) *fixture {
 
 func (f *fixture) request(classes ...string) (fencing.Request, caprv1.FencingBackend) {
 	spec := caprv1.FencingBackend{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: classes}
-	return fencing.Request{Cluster: f.cluster, Machine: f.machine, Node: f.node,
+	return fencing.Request{Cluster: f.cluster, Machine: f.machine, Node: f.node, Remediation: f.remediation,
 		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{spec}}}, spec
 }
 
@@ -330,7 +333,7 @@ func TestNetworkFenceNotInstalledIsNotAvailable(t *testing.T) {
 	backend := &fencing.NetworkFenceBackend{Workload: func(context.Context, client.ObjectKey) (client.Client, error) { return bare.Client, nil }}
 	spec := caprv1.FencingBackend{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"ceph"}}
 	req := fencing.Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "wc"}},
-		Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}}, Node: "n1",
+		Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}}, Node: "n1", Remediation: "uid-m",
 		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{spec}}}
 	_, _, err = backend.Fence(ctx, req, spec)
 	g.Expect(errors.Is(err, fencing.ErrNotAvailable)).To(BeTrue(), "%v", err)

@@ -80,7 +80,7 @@ func run(timeout time.Duration) error {
 	defer stopFencing()
 	withCAPR, err := failover(ctx, env, "capr", timeout, func(w storage.Workload, node string) error {
 		req := fencing.Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "wc"}},
-			Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "m-a"}}, Node: node,
+			Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "m-a"}}, Node: node, Remediation: "compare-m-a",
 			Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{
 				{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"fake-storage"}},
 				{Type: caprv1.FencingBackendOutOfServiceTaint},
