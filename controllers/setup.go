@@ -97,9 +97,8 @@ func (o *Options) Defaults() {
 	}
 }
 
-// ManagerCacheOptions and ManagerClientOptions are CAPI core's, so CAPR caches what CAPI caches
-// (unstructured reads through the cache). Their Secret settings go unused: CAPR reads Secrets by
-// name, uncached (SetupWithManager).
+// ManagerCacheOptions are CAPI core's. Their Secret settings go unused: CAPR reads Secrets by name,
+// uncached (SetupWithManager).
 func ManagerCacheOptions(scheme *runtime.Scheme, namespace string, syncPeriod time.Duration) cache.Options {
 	return setup.ManagerCacheOptions(scheme, ControllerName, namespace, syncPeriod)
 }
@@ -110,9 +109,20 @@ func ManagerCacheOptionsNamed(scheme *runtime.Scheme, name, namespace string, sy
 	return setup.ManagerCacheOptions(scheme, name, namespace, syncPeriod)
 }
 
-// ManagerClientOptions returns the manager's client options.
+// ManagerClientOptions returns the manager's client options: CAPI core's, except that unstructured
+// reads are not served from the cache. Every kind CAPR reads unstructured is one a user chooses: a
+// health check's remediation templates and the requests made from them, the Cluster's control-plane
+// object. A cached read of a kind is a promise to list and watch it for good: the first one starts
+// an informer and waits for it to sync (controller-runtime pkg/cache/internal/informers.go Get), which
+// never happens when CAPR may not list or watch that kind, so the worker never returned and the
+// Forbidden error was never seen; ten such health checks stopped health checking everywhere. Read
+// live, the read fails at once with Forbidden, which the health check reports. The kinds CAPR owns
+// and watches (Machines, Clusters, MachineRemediations, Nodes) are typed and stay cached, and so do
+// the CustomResourceDefinitions' metadata that contract-versioned references are resolved with.
 func ManagerClientOptions() client.Options {
-	return setup.ManagerClientOptions()
+	o := setup.ManagerClientOptions()
+	o.Cache.Unstructured = false
+	return o
 }
 
 // Setup is what SetupWithManager built, for callers that need the pieces (e.g. the sandbox).
