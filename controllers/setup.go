@@ -37,6 +37,23 @@ const (
 	DefaultKubeAPIBurst = 200
 )
 
+// DefaultReconcileTimeout bounds every reconcile of every controller of the manager (--reconcile-timeout):
+// a call that never returns (a read waiting for an informer that cannot sync, an API server or
+// webhook that does not answer) then takes a worker for this long, not for good. It is KCP's
+// (cluster-api controlplane/kubeadm/main.go: 3 minutes, because its reconciles talk to every etcd
+// member), three times CAPI's default of one minute (cluster-api util/controller/builder.go): the
+// longest legitimate reconciles here are the control-plane remediator's and the etcd member check's,
+// an etcd Inspect (bounded by 3 x the call timeout, etcdutil.Cluster.InspectTimeout) plus a dial
+// and a membership call, 70 s with the default etcd timeouts. MinReconcileTimeout checks that a
+// configured value leaves room for that.
+const DefaultReconcileTimeout = 3 * time.Minute
+
+// MinReconcileTimeout is the shortest reconcile timeout that does not cut a legitimate reconcile
+// short with these etcd timeouts: one etcd Inspect (3 x callTimeout) plus a dial and a call.
+func MinReconcileTimeout(dialTimeout, callTimeout time.Duration) time.Duration {
+	return 3*callTimeout + dialTimeout + callTimeout
+}
+
 // Options configures CAPR's controllers.
 type Options struct {
 	// WatchFilterValue restricts reconciliation to objects labelled cluster.x-k8s.io/watch-filter=<value>.
@@ -70,6 +87,8 @@ type Options struct {
 	WorkerDeleteTimeout time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
+	// ReconcileTimeout bounds every reconcile of every controller; 0 means DefaultReconcileTimeout.
+	ReconcileTimeout time.Duration
 }
 
 // Defaults fills unset options with CAPI-like defaults.
@@ -94,6 +113,9 @@ func (o *Options) Defaults() {
 	}
 	if o.EtcdCallTimeout == 0 {
 		o.EtcdCallTimeout = etcdutil.DefaultCallTimeout
+	}
+	if o.ReconcileTimeout == 0 {
+		o.ReconcileTimeout = DefaultReconcileTimeout
 	}
 }
 
@@ -164,7 +186,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		WatchFilterValue: opts.WatchFilterValue,
 		Cache:            setup.ClusterCacheCacheOptions(),
 		Client:           setup.ClusterCacheClientOptions(ControllerName, opts.ClusterCacheQPS, opts.ClusterCacheBurst),
-	}, controllerOptions(opts.ClusterCacheConcurrency))
+	}, controllerOptions(opts.ClusterCacheConcurrency, opts.ReconcileTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("setting up the ClusterCache: %w", err)
 	}
@@ -189,7 +211,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		ClusterCache:     cc,
 		EtcdMembers:      members,
 		WatchFilterValue: opts.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, controllerOptions(opts.HealthCheckConcurrency)); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.HealthCheckConcurrency, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	if err := (&controlplane.Reconciler{
@@ -201,7 +223,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		StepObserver:     opts.StepObserver,
 		// Escalation steps have one meaning of timeoutSeconds for both remediators.
 		EscalationTimeout: opts.EscalationTimeout,
-	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	if err := (&worker.Reconciler{
@@ -211,7 +233,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		WatchFilterValue:  opts.WatchFilterValue,
 		EscalationTimeout: opts.EscalationTimeout,
 		DeleteTimeout:     opts.WorkerDeleteTimeout,
-	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	return &Setup{ClusterCache: cc, Etcd: workload}, nil
