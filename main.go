@@ -47,6 +47,7 @@ type options struct {
 	remediationConcurrency  int
 	etcdDialTimeout         time.Duration
 	etcdCallTimeout         time.Duration
+	reconcileTimeout        time.Duration
 	managerOptions          flags.ManagerOptions
 	zap                     zap.Options
 }
@@ -72,6 +73,8 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&o.remediationConcurrency, "machineremediation-concurrency", 10, "Number of MachineRemediations reconciled at once.")
 	fs.DurationVar(&o.etcdDialTimeout, "etcd-dial-timeout-duration", 10*time.Second, "Timeout for connecting to a workload cluster's etcd member (port-forward and gRPC).")
 	fs.DurationVar(&o.etcdCallTimeout, "etcd-call-timeout-duration", 15*time.Second, "Timeout for each call to a workload cluster's etcd.")
+	fs.DurationVar(&o.reconcileTimeout, "reconcile-timeout", controllers.DefaultReconcileTimeout,
+		"Longest time one reconcile of any controller may take before its context is cancelled, so that a call that never returns cannot take a worker for good; must leave room for an etcd inspection (3 x --etcd-call-timeout-duration + --etcd-dial-timeout-duration + --etcd-call-timeout-duration).")
 	flags.AddManagerOptions(fs, &o.managerOptions)
 	zfs := flag.NewFlagSet("zap", flag.ExitOnError)
 	o.zap.BindFlags(zfs)
@@ -98,6 +101,9 @@ func main() {
 
 func run(ctx context.Context, o *options) error {
 	log := ctrl.LoggerFrom(ctx).WithName("setup")
+	if err := o.validate(); err != nil {
+		return err
+	}
 	scheme, err := controllers.NewScheme()
 	if err != nil {
 		return err
@@ -142,6 +148,7 @@ func run(ctx context.Context, o *options) error {
 		RemediationConcurrency:  o.remediationConcurrency,
 		EtcdDialTimeout:         o.etcdDialTimeout,
 		EtcdCallTimeout:         o.etcdCallTimeout,
+		ReconcileTimeout:        o.reconcileTimeout,
 	}); err != nil {
 		return err
 	}
@@ -154,6 +161,17 @@ func run(ctx context.Context, o *options) error {
 	log.Info("Starting CAPR manager", "namespace", o.namespace, "watchFilter", o.watchFilter, "leaderElect", o.leaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
+	}
+	return nil
+}
+
+// validate checks the flags that the controllers cannot correct themselves.
+func (o *options) validate() error {
+	lowest := controllers.MinReconcileTimeout(o.etcdDialTimeout, o.etcdCallTimeout)
+	if o.reconcileTimeout < lowest {
+		return fmt.Errorf("invalid --reconcile-timeout=%s: must be at least %s, so that a reconcile that inspects etcd is not cut short "+
+			"(3 x --etcd-call-timeout-duration=%s + --etcd-dial-timeout-duration=%s + --etcd-call-timeout-duration)",
+			o.reconcileTimeout, lowest, o.etcdCallTimeout, o.etcdDialTimeout)
 	}
 	return nil
 }

@@ -86,3 +86,25 @@ func TestManagerManifestUsesRealFlagsWithTheirDefaults(t *testing.T) {
 	g.Expect(seen).To(HaveKey("CAPR_LOG_LEVEL"))
 	g.Expect(args).To(ContainElement("--leader-elect"))
 }
+
+// A reconcile timeout shorter than an etcd inspection would cut legitimate control-plane
+// remediations short: refused, naming the flag.
+func TestReconcileTimeoutMustLeaveRoomForEtcd(t *testing.T) {
+	g := NewWithT(t)
+	fs := pflag.NewFlagSet("capr", pflag.ContinueOnError)
+	o := &options{}
+	o.bind(fs)
+	g.Expect(fs.Parse(nil)).To(Succeed())
+	g.Expect(o.validate()).To(Succeed(), "the defaults are valid")
+
+	g.Expect(fs.Parse([]string{"--reconcile-timeout=30s"})).To(Succeed())
+	err := o.validate()
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(err.Error()).To(ContainSubstring("--reconcile-timeout=30s"))
+	g.Expect(err.Error()).To(ContainSubstring("at least 1m10s"))
+
+	g.Expect(fs.Parse([]string{"--reconcile-timeout=1m10s"})).To(Succeed())
+	g.Expect(o.validate()).To(Succeed())
+	g.Expect(fs.Parse([]string{"--etcd-call-timeout-duration=30s"})).To(Succeed())
+	g.Expect(o.validate()).To(MatchError(ContainSubstring("at least 2m10s")), "the bound follows the etcd timeouts")
+}

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"time"
+
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 )
@@ -16,6 +18,9 @@ import (
 // return, and the manager outlives its graceful-shutdown timeout (it did in CI after every test had
 // passed). TestControllersStopUnderLoad reproduces it. The fix (controller-runtime #3540) is only in
 // v0.25, which requires the k8s.io v0.37 libraries; CAPI v1.14.2 is built on v0.36.
-func controllerOptions(concurrency int) controller.Options {
-	return controller.Options{MaxConcurrentReconciles: concurrency, UsePriorityQueue: ptr.To(false)}
+//
+// Every reconcile is bounded by reconcileTimeout (DefaultReconcileTimeout): a call that never returns
+// must not take a worker for good, or a few such objects stop the controller for everyone.
+func controllerOptions(concurrency int, reconcileTimeout time.Duration) controller.Options {
+	return controller.Options{MaxConcurrentReconciles: concurrency, UsePriorityQueue: ptr.To(false), ReconciliationTimeout: reconcileTimeout}
 }

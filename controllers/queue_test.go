@@ -38,7 +38,7 @@ func TestControllersStopUnderLoad(t *testing.T) {
 		})
 		g.Expect(err).NotTo(HaveOccurred())
 		events := make(chan event.GenericEvent)
-		c, err := controller.New(fmt.Sprintf("stop-under-load-%d", round), mgr, withReconciler(controllerOptions(20),
+		c, err := controller.New(fmt.Sprintf("stop-under-load-%d", round), mgr, withReconciler(controllerOptions(20, DefaultReconcileTimeout),
 			reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 				return reconcile.Result{}, nil
 			})))

@@ -37,6 +37,23 @@ const (
 	DefaultKubeAPIBurst = 200
 )
 
+// DefaultReconcileTimeout bounds every reconcile of every controller of the manager (--reconcile-timeout):
+// a call that never returns (a read waiting for an informer that cannot sync, an API server or
+// webhook that does not answer) then takes a worker for this long, not for good. It is KCP's
+// (cluster-api controlplane/kubeadm/main.go: 3 minutes, because its reconciles talk to every etcd
+// member), three times CAPI's default of one minute (cluster-api util/controller/builder.go): the
+// longest legitimate reconciles here are the control-plane remediator's and the etcd member check's,
+// an etcd Inspect (bounded by 3 x the call timeout, etcdutil.Cluster.InspectTimeout) plus a dial
+// and a membership call, 70 s with the default etcd timeouts. MinReconcileTimeout checks that a
+// configured value leaves room for that.
+const DefaultReconcileTimeout = 3 * time.Minute
+
+// MinReconcileTimeout is the shortest reconcile timeout that does not cut a legitimate reconcile
+// short with these etcd timeouts: one etcd Inspect (3 x callTimeout) plus a dial and a call.
+func MinReconcileTimeout(dialTimeout, callTimeout time.Duration) time.Duration {
+	return 3*callTimeout + dialTimeout + callTimeout
+}
+
 // Options configures CAPR's controllers.
 type Options struct {
 	// WatchFilterValue restricts reconciliation to objects labelled cluster.x-k8s.io/watch-filter=<value>.
@@ -70,6 +87,8 @@ type Options struct {
 	WorkerDeleteTimeout time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
+	// ReconcileTimeout bounds every reconcile of every controller; 0 means DefaultReconcileTimeout.
+	ReconcileTimeout time.Duration
 }
 
 // Defaults fills unset options with CAPI-like defaults.
@@ -95,11 +114,13 @@ func (o *Options) Defaults() {
 	if o.EtcdCallTimeout == 0 {
 		o.EtcdCallTimeout = etcdutil.DefaultCallTimeout
 	}
+	if o.ReconcileTimeout == 0 {
+		o.ReconcileTimeout = DefaultReconcileTimeout
+	}
 }
 
-// ManagerCacheOptions and ManagerClientOptions are CAPI core's, so CAPR caches what CAPI caches
-// (unstructured reads through the cache). Their Secret settings go unused: CAPR reads Secrets by
-// name, uncached (SetupWithManager).
+// ManagerCacheOptions are CAPI core's. Their Secret settings go unused: CAPR reads Secrets by name,
+// uncached (SetupWithManager).
 func ManagerCacheOptions(scheme *runtime.Scheme, namespace string, syncPeriod time.Duration) cache.Options {
 	return setup.ManagerCacheOptions(scheme, ControllerName, namespace, syncPeriod)
 }
@@ -110,9 +131,20 @@ func ManagerCacheOptionsNamed(scheme *runtime.Scheme, name, namespace string, sy
 	return setup.ManagerCacheOptions(scheme, name, namespace, syncPeriod)
 }
 
-// ManagerClientOptions returns the manager's client options.
+// ManagerClientOptions returns the manager's client options: CAPI core's, except that unstructured
+// reads are not served from the cache. Every kind CAPR reads unstructured is one a user chooses: a
+// health check's remediation templates and the requests made from them, the Cluster's control-plane
+// object. A cached read of a kind is a promise to list and watch it for good: the first one starts
+// an informer and waits for it to sync (controller-runtime pkg/cache/internal/informers.go Get), which
+// never happens when CAPR may not list or watch that kind, so the worker never returned and the
+// Forbidden error was never seen; ten such health checks stopped health checking everywhere. Read
+// live, the read fails at once with Forbidden, which the health check reports. The kinds CAPR owns
+// and watches (Machines, Clusters, MachineRemediations, Nodes) are typed and stay cached, and so do
+// the CustomResourceDefinitions' metadata that contract-versioned references are resolved with.
 func ManagerClientOptions() client.Options {
-	return setup.ManagerClientOptions()
+	o := setup.ManagerClientOptions()
+	o.Cache.Unstructured = false
+	return o
 }
 
 // Setup is what SetupWithManager built, for callers that need the pieces (e.g. the sandbox).
@@ -154,7 +186,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		WatchFilterValue: opts.WatchFilterValue,
 		Cache:            setup.ClusterCacheCacheOptions(),
 		Client:           setup.ClusterCacheClientOptions(ControllerName, opts.ClusterCacheQPS, opts.ClusterCacheBurst),
-	}, controllerOptions(opts.ClusterCacheConcurrency))
+	}, controllerOptions(opts.ClusterCacheConcurrency, opts.ReconcileTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("setting up the ClusterCache: %w", err)
 	}
@@ -179,7 +211,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		ClusterCache:     cc,
 		EtcdMembers:      members,
 		WatchFilterValue: opts.WatchFilterValue,
-	}).SetupWithManager(ctx, mgr, controllerOptions(opts.HealthCheckConcurrency)); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.HealthCheckConcurrency, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	if err := (&controlplane.Reconciler{
@@ -191,7 +223,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		StepObserver:     opts.StepObserver,
 		// Escalation steps have one meaning of timeoutSeconds for both remediators.
 		EscalationTimeout: opts.EscalationTimeout,
-	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	if err := (&worker.Reconciler{
@@ -201,7 +233,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		WatchFilterValue:  opts.WatchFilterValue,
 		EscalationTimeout: opts.EscalationTimeout,
 		DeleteTimeout:     opts.WorkerDeleteTimeout,
-	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
+	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	return &Setup{ClusterCache: cc, Etcd: workload}, nil

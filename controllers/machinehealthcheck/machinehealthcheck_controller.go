@@ -112,8 +112,14 @@ type EtcdMemberHealth struct {
 // patch of owned conditions → reconcileNormal / reconcileDelete.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	defer func() {
-		if ctx.Err() != nil {
+		switch {
+		case errors.Is(ctx.Err(), context.Canceled):
 			reterr = nil // shutting down: whoever runs next starts from the API's state
+		case ctx.Err() != nil && reterr == nil:
+			// The reconcile timeout (controllers.DefaultReconcileTimeout) cut the round short: an
+			// error, so that the health check is reconciled again, with backoff, instead of at the
+			// next event.
+			reterr = fmt.Errorf("reconciling MachineHealthCheck: %w", context.Cause(ctx))
 		}
 	}()
 	mhc := &caprv1.MachineHealthCheck{}

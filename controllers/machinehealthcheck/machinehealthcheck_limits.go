@@ -171,7 +171,9 @@ func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int, placement c
 }
 
 // controlPlaneObject reads the Cluster's control-plane object, which the control-plane limit (its
-// replicas) and the etcd member check (its etcd placement) depend on.
+// replicas) and the etcd member check (its etcd placement) depend on. It is read live, not from the
+// cache (controllers.ManagerClientOptions): its kind is whatever the Cluster names, and CAPR may
+// have no role to list and watch it; a Forbidden read is reported in the limit's message.
 func (r *Reconciler) controlPlaneObject(ctx context.Context, cluster *clusterv1.Cluster) (*unstructured.Unstructured, error) {
 	if !cluster.Spec.ControlPlaneRef.IsDefined() {
 		return nil, errors.New("the Cluster has no spec.controlPlaneRef")

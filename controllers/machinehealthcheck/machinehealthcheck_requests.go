@@ -52,7 +52,8 @@ func requestScopeOf(mhc *caprv1.MachineHealthCheck) (requestScope, error) {
 }
 
 // listRequests returns the remediation requests of the health check's kind in its namespace, by
-// name (= Machine name). One List per reconcile, from the cache for CAPR's own kind, instead of one
+// name (= Machine name). One List per reconcile, from the cache for CAPR's own kind (live for any
+// other: a kind the user chose is never cached, controllers.ManagerClientOptions), instead of one
 // read per target; the requests this process created that the cache does not show yet stand in for
 // the cache's copies (machinehealthcheck_created.go). It also reports whether one did: the round is
 // to run again after standInRecheck. The requests are the cache's own objects, not copies (every

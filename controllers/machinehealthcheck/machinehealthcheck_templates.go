@@ -22,7 +22,9 @@ import (
 // (spec.template.spec), as medik8s NodeHealthCheck does before it remediates: a typo in an escalation
 // step would otherwise only show when a Machine reaches that step, possibly hours later. What it finds
 // is reported in RemediationTemplatesValid (and a Warning event when it turns False); nothing else
-// changes: a remediator still reports a missing template when it needs it.
+// changes: a remediator still reports a missing template when it needs it. Templates are of any kind
+// a user names, so they are read live (controllers.ManagerClientOptions): a kind CAPR may not read
+// answers Forbidden at once, reported here, instead of a cache waiting forever to sync.
 
 // templateRecheck is how long a successful check is trusted while the health check's spec is
 // unchanged (a template deleted later is seen within it); templateRetry is how soon a problem is

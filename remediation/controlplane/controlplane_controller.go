@@ -259,9 +259,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	defer func() {
 		err := r.persist(ctx, s)
 		switch {
-		case ctx.Err() != nil:
+		case errors.Is(ctx.Err(), context.Canceled):
 			// Shutting down: nothing unrecorded was issued (see persist); the next run continues.
 			reterr = nil
+		case ctx.Err() != nil:
+			// The reconcile timeout (controllers.DefaultReconcileTimeout) cut it short: as when
+			// shutting down nothing unrecorded was issued, and the error has the request reconciled
+			// again, with backoff, instead of at the next event.
+			reterr = kerrors.NewAggregate([]error{reterr, err, fmt.Errorf("reconciling MachineRemediation: %w", context.Cause(ctx))})
 		case apierrors.IsConflict(err):
 			// Someone wrote first: read again and redo from the new state (nothing was issued on
 			// the basis of an unrecorded change, see persist).
