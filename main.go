@@ -25,6 +25,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/retention"
 )
 
 // options are the command-line flags.
@@ -47,6 +48,8 @@ type options struct {
 	remediationConcurrency  int
 	etcdDialTimeout         time.Duration
 	etcdCallTimeout         time.Duration
+	retentionTTL            time.Duration
+	retentionMaxPerCluster  int
 	managerOptions          flags.ManagerOptions
 	zap                     zap.Options
 }
@@ -72,6 +75,10 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&o.remediationConcurrency, "machineremediation-concurrency", 10, "Number of MachineRemediations reconciled at once.")
 	fs.DurationVar(&o.etcdDialTimeout, "etcd-dial-timeout-duration", 10*time.Second, "Timeout for connecting to a workload cluster's etcd member (port-forward and gRPC).")
 	fs.DurationVar(&o.etcdCallTimeout, "etcd-call-timeout-duration", 15*time.Second, "Timeout for each call to a workload cluster's etcd.")
+	fs.DurationVar(&o.retentionTTL, "machineremediation-ttl-after-finished", retention.DefaultTTL,
+		"How long a finished (Succeeded or Failed) MachineRemediation is kept after its completionTime, as a Job's ttlSecondsAfterFinished; 0: no time limit. Requests that still matter (a fence to undo, a Failed one whose Machine exists) are kept regardless.")
+	fs.IntVar(&o.retentionMaxPerCluster, "machineremediation-max-finished-per-cluster", retention.DefaultMaxPerCluster,
+		"Maximum number of finished MachineRemediations kept per Cluster, the oldest deleted first; 0: no limit.")
 	flags.AddManagerOptions(fs, &o.managerOptions)
 	zfs := flag.NewFlagSet("zap", flag.ExitOnError)
 	o.zap.BindFlags(zfs)
@@ -142,6 +149,7 @@ func run(ctx context.Context, o *options) error {
 		RemediationConcurrency:  o.remediationConcurrency,
 		EtcdDialTimeout:         o.etcdDialTimeout,
 		EtcdCallTimeout:         o.etcdCallTimeout,
+		Retention:               retention.Settings{TTL: o.retentionTTL, MaxPerCluster: o.retentionMaxPerCluster},
 	}); err != nil {
 		return err
 	}

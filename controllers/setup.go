@@ -18,6 +18,7 @@ import (
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/remediation/retention"
 	"github.com/capr-io/capr/remediation/worker"
 )
 
@@ -70,6 +71,9 @@ type Options struct {
 	WorkerDeleteTimeout time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
+	// Retention bounds the life of finished MachineRemediations (--machineremediation-ttl-after-finished,
+	// --machineremediation-max-finished-per-cluster); its zero value keeps them without bound.
+	Retention retention.Settings
 }
 
 // Defaults fills unset options with CAPI-like defaults.
@@ -202,6 +206,14 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		EscalationTimeout: opts.EscalationTimeout,
 		DeleteTimeout:     opts.WorkerDeleteTimeout,
 	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency)); err != nil {
+		return nil, err
+	}
+	if err := (&retention.Reconciler{
+		Client:           mgr.GetClient(),
+		Settings:         opts.Retention,
+		Etcd:             workload,
+		WatchFilterValue: opts.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, controllerOptions(1)); err != nil {
 		return nil, err
 	}
 	return &Setup{ClusterCache: cc, Etcd: workload}, nil
