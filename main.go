@@ -25,6 +25,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/remediation/retention"
 )
 
 // options are the command-line flags.
@@ -48,6 +49,8 @@ type options struct {
 	etcdDialTimeout         time.Duration
 	etcdCallTimeout         time.Duration
 	reconcileTimeout        time.Duration
+	retentionTTL            time.Duration
+	retentionMaxPerCluster  int
 	managerOptions          flags.ManagerOptions
 	zap                     zap.Options
 }
@@ -75,6 +78,10 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.etcdCallTimeout, "etcd-call-timeout-duration", 15*time.Second, "Timeout for each call to a workload cluster's etcd.")
 	fs.DurationVar(&o.reconcileTimeout, "reconcile-timeout", controllers.DefaultReconcileTimeout,
 		"Longest time one reconcile of any controller may take before its context is cancelled, so that a call that never returns cannot take a worker for good; must leave room for an etcd inspection (3 x --etcd-call-timeout-duration + --etcd-dial-timeout-duration + --etcd-call-timeout-duration).")
+	fs.DurationVar(&o.retentionTTL, "machineremediation-ttl-after-finished", retention.DefaultTTL,
+		"How long a finished (Succeeded or Failed) MachineRemediation is kept after its completionTime, as a Job's ttlSecondsAfterFinished; 0: no time limit. Requests that still matter (a fence to undo, a Failed one whose Machine exists) are kept regardless.")
+	fs.IntVar(&o.retentionMaxPerCluster, "machineremediation-max-finished-per-cluster", retention.DefaultMaxPerCluster,
+		"Maximum number of finished MachineRemediations kept per Cluster, the oldest deleted first; 0: no limit.")
 	flags.AddManagerOptions(fs, &o.managerOptions)
 	zfs := flag.NewFlagSet("zap", flag.ExitOnError)
 	o.zap.BindFlags(zfs)
@@ -149,6 +156,7 @@ func run(ctx context.Context, o *options) error {
 		EtcdDialTimeout:         o.etcdDialTimeout,
 		EtcdCallTimeout:         o.etcdCallTimeout,
 		ReconcileTimeout:        o.reconcileTimeout,
+		Retention:               retention.Settings{TTL: o.retentionTTL, MaxPerCluster: o.retentionMaxPerCluster},
 	}); err != nil {
 		return err
 	}

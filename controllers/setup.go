@@ -18,6 +18,7 @@ import (
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/remediation/retention"
 	"github.com/capr-io/capr/remediation/worker"
 )
 
@@ -89,6 +90,9 @@ type Options struct {
 	StepObserver func(controlplane.StepEvent)
 	// ReconcileTimeout bounds every reconcile of every controller; 0 means DefaultReconcileTimeout.
 	ReconcileTimeout time.Duration
+	// Retention bounds the life of finished MachineRemediations (--machineremediation-ttl-after-finished,
+	// --machineremediation-max-finished-per-cluster); its zero value keeps them without bound.
+	Retention retention.Settings
 }
 
 // Defaults fills unset options with CAPI-like defaults.
@@ -234,6 +238,14 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		EscalationTimeout: opts.EscalationTimeout,
 		DeleteTimeout:     opts.WorkerDeleteTimeout,
 	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency, opts.ReconcileTimeout)); err != nil {
+		return nil, err
+	}
+	if err := (&retention.Reconciler{
+		Client:           mgr.GetClient(),
+		Settings:         opts.Retention,
+		Etcd:             workload,
+		WatchFilterValue: opts.WatchFilterValue,
+	}).SetupWithManager(ctx, mgr, controllerOptions(1, opts.ReconcileTimeout)); err != nil {
 		return nil, err
 	}
 	return &Setup{ClusterCache: cc, Etcd: workload}, nil

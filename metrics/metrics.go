@@ -52,6 +52,9 @@ var (
 		Name: "capr_fencing_duration_seconds", Help: "Time from a Fence step's start to its final outcome (Fenced, Skipped, GaveUp), by kind and outcome.",
 		Buckets: []float64{0.1, 1, 5, 10, 30, 60, 120, 300, 600, 1800},
 	}, []string{"kind", "outcome"})
+	requestsDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capr_remediation_requests_deleted_total", Help: "Finished MachineRemediations deleted by the retention controller, by reason (Expired: older than the TTL after finishing; OverLimit: beyond the per-Cluster maximum).",
+	}, []string{"reason"})
 	lockWaits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "capr_controlplane_lock_waits_total", Help: "Times a control-plane remediation started waiting because another one of its cluster was in progress.",
 	})
@@ -59,7 +62,7 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(healthCheckTargets, healthCheckUnhealthy, healthCheckEvaluated, marks, shortCircuits, remediationsStarted,
-		remediationsFinished, stepDuration, etcdCallDuration, etcdCallErrors, fencingDuration, lockWaits)
+		remediationsFinished, stepDuration, etcdCallDuration, etcdCallErrors, fencingDuration, requestsDeleted, lockWaits)
 }
 
 // HealthCheckRound records a health check's targets and unhealthy targets after a round.
@@ -125,3 +128,6 @@ func Fenced(kind, outcome string, d time.Duration) {
 
 // LockWait records a control-plane remediation starting to wait for another one.
 func LockWait() { lockWaits.Inc() }
+
+// RequestDeleted records a finished MachineRemediation deleted by the retention controller.
+func RequestDeleted(reason string) { requestsDeleted.WithLabelValues(reason).Inc() }

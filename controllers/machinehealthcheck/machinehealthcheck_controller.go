@@ -125,11 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	mhc := &caprv1.MachineHealthCheck{}
 	if err := r.Client.Get(ctx, req.NamespacedName, mhc); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.memories.forget(req.NamespacedName) // also when its finalizer was removed by hand
-			r.statusWrites.forget(req.NamespacedName)
-			r.newMarks.take(req.NamespacedName)
-			r.selectors.forget(req.NamespacedName)
-			return ctrl.Result{}, nil
+			return ctrl.Result{}, r.forgetGone(ctx, req.NamespacedName) // also when its finalizer was removed by hand
 		}
 		return ctrl.Result{}, fmt.Errorf("reading MachineHealthCheck: %w", err)
 	}

@@ -108,6 +108,8 @@ func TestClusterctlInstallsCAPRAsAnAddonProvider(t *testing.T) {
 		"--sync-period=10m",
 		"--kube-api-qps=-1",
 		"--kube-api-burst=200",
+		"--machineremediation-ttl-after-finished=24h",
+		"--machineremediation-max-finished-per-cluster=100",
 	))
 }
 

@@ -25,6 +25,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/remediation/retention"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -182,6 +183,9 @@ func run(m *testing.M) int {
 		EscalationTimeout: func(seconds int32) time.Duration { return time.Duration(seconds) * 100 * time.Millisecond },
 		// The Delete step's 10 minutes are too long to wait for (TestDeleteThatNeverEndsIsReported).
 		WorkerDeleteTimeout: 5 * time.Second,
+		// The shipped TTL; a limit above any other test's finished requests per Cluster (3), low
+		// enough for retention_test.go to exceed.
+		Retention: retention.Settings{TTL: retention.DefaultTTL, MaxPerCluster: retentionLimit},
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
