@@ -21,19 +21,26 @@ import (
 // check (applyMark), so overlapping health checks do not undo each other's marks; the overlap itself
 // is reported on each of them, in TargetsOverlap and a Warning event when it starts.
 
-// overlaps returns the other health checks of mhc's cluster (not being deleted) that select one of
-// targets, each with the name of one Machine they share, by health check name. It reads the health
-// checks from the cache without copies, as the watch mappers do (healthChecksFor), and tests the
-// targets only against health checks whose selectors may meet mhc's.
-func (r *Reconciler) overlaps(ctx context.Context, mhc *caprv1.MachineHealthCheck, targets []target) (map[string]string, error) {
-	if len(targets) == 0 {
-		return nil, nil
-	}
+// overlapping is what a round found of the overlaps of its health check.
+type overlapping struct {
+	// machines has, by name, the other health checks that select one of the round's targets, each with
+	// the name of one such Machine.
+	machines map[string]string
+	// possible says that some other health check may select a target of this one: without any, no
+	// target overlaps, whichever targets the round saw.
+	possible bool
+}
+
+// overlaps finds the other health checks of mhc's cluster (not being deleted) that select one of
+// targets. It reads the health checks from the cache without copies, as the watch mappers do
+// (healthChecksFor), and tests the targets only against health checks whose selectors may meet
+// mhc's.
+func (r *Reconciler) overlaps(ctx context.Context, mhc *caprv1.MachineHealthCheck, targets []target) (overlapping, error) {
+	var out overlapping
 	list := &caprv1.MachineHealthCheckList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing MachineHealthChecks for overlaps: %w", err)
+		return out, fmt.Errorf("listing MachineHealthChecks for overlaps: %w", err)
 	}
-	var out map[string]string
 	for i := range list.Items {
 		other := &list.Items[i]
 		if other.Name == mhc.Name || other.Spec.ClusterName != mhc.Spec.ClusterName || !other.DeletionTimestamp.IsZero() || disjoint(mhc, other) {
@@ -43,12 +50,13 @@ func (r *Reconciler) overlaps(ctx context.Context, mhc *caprv1.MachineHealthChec
 		if err != nil {
 			continue // it selects nothing; its own round reports the invalid selector
 		}
+		out.possible = true
 		for _, t := range targets {
 			if sel.Matches(labels.Set(t.machine.Labels)) {
-				if out == nil {
-					out = map[string]string{}
+				if out.machines == nil {
+					out.machines = map[string]string{}
 				}
-				out[other.Name] = t.machine.Name
+				out.machines[other.Name] = t.machine.Name
 				break
 			}
 		}
@@ -67,14 +75,16 @@ func disjoint(a, b *caprv1.MachineHealthCheck) bool {
 	return false
 }
 
-// setTargetsOverlap reports the overlaps a round found (overlaps). A full pass saw every target and
-// sets the condition either way; a round over some targets only can only add to what is known, so
-// it sets the condition when it finds an overlap not reported yet. The Warning event is recorded when
-// the condition becomes True (setCondition: once per transition), so an overlap that lasts costs one
-// event, not one per round.
-func (r *Reconciler) setTargetsOverlap(mhc *caprv1.MachineHealthCheck, overlaps map[string]string, full bool) {
+// setTargetsOverlap reports the overlaps a round found. A full pass saw every target and sets the
+// condition either way, and so does any round when no other health check may overlap (the last one
+// was deleted, or its selector changed); otherwise a round over some targets only can only add to
+// what is known, so it sets the condition when it finds an overlap not reported yet. The Warning
+// event is recorded when the condition becomes True (setCondition: once per transition), so an
+// overlap that lasts costs one event, not one per round.
+func (r *Reconciler) setTargetsOverlap(mhc *caprv1.MachineHealthCheck, found overlapping, full bool) {
+	overlaps := found.machines
 	if len(overlaps) == 0 {
-		if full {
+		if full || !found.possible {
 			r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckTargetsOverlapCondition, Status: metav1.ConditionFalse,
 				Reason: caprv1.MachineHealthCheckNoTargetsOverlapReason})
 		}

@@ -37,8 +37,9 @@ func TestDisjointSelectors(t *testing.T) {
 }
 
 // TestTargetsOverlapCondition: a full pass sets TargetsOverlap either way; a round over some targets
-// only sets it when it finds an overlap not reported yet and never clears it; the Warning event is
-// recorded once per transition to True, however many rounds see the overlap.
+// only sets it when it finds an overlap not reported yet, and clears it only when no other health
+// check may overlap; the Warning event is recorded once per transition to True, however many rounds
+// see the overlap.
 func TestTargetsOverlapCondition(t *testing.T) {
 	g := NewWithT(t)
 	recorder := events.NewFakeRecorder(10)
@@ -46,26 +47,30 @@ func TestTargetsOverlapCondition(t *testing.T) {
 	mhc := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", UID: "uid-a"}}
 	overlap := func() *metav1.Condition { return conditions.Get(mhc, caprv1.MachineHealthCheckTargetsOverlapCondition) }
 
-	r.setTargetsOverlap(mhc, nil, false)
+	r.setTargetsOverlap(mhc, overlapping{possible: true}, false)
 	g.Expect(overlap()).To(BeNil(), "a partial round without overlap says nothing")
-	r.setTargetsOverlap(mhc, nil, true)
+	r.setTargetsOverlap(mhc, overlapping{possible: true}, true)
 	g.Expect(overlap()).To(HaveField("Reason", caprv1.MachineHealthCheckNoTargetsOverlapReason))
 	g.Expect(overlap().Status).To(Equal(metav1.ConditionFalse))
 
-	r.setTargetsOverlap(mhc, map[string]string{"b": "m1"}, false)
+	r.setTargetsOverlap(mhc, overlapping{machines: map[string]string{"b": "m1"}, possible: true}, false)
 	g.Expect(overlap().Status).To(Equal(metav1.ConditionTrue))
 	g.Expect(overlap().Message).To(ContainSubstring("b (Machine m1)"))
-	r.setTargetsOverlap(mhc, map[string]string{"c": "m2"}, false)
+	r.setTargetsOverlap(mhc, overlapping{machines: map[string]string{"c": "m2"}, possible: true}, false)
 	g.Expect(overlap().Message).To(ContainSubstring("b (Machine m1)"), "a partial round does not rewrite what is reported")
-	r.setTargetsOverlap(mhc, map[string]string{"c": "m2", "b": "m1"}, true)
+	r.setTargetsOverlap(mhc, overlapping{machines: map[string]string{"c": "m2", "b": "m1"}, possible: true}, true)
 	g.Expect(overlap().Message).To(ContainSubstring("b (Machine m1), c (Machine m2)"))
-	r.setTargetsOverlap(mhc, nil, false)
+	r.setTargetsOverlap(mhc, overlapping{possible: true}, false)
 	g.Expect(overlap().Status).To(Equal(metav1.ConditionTrue), "only a full pass clears it")
 	g.Expect(recorder.Events).To(HaveLen(1), "one Warning while the overlap lasts")
 	g.Expect(<-recorder.Events).To(And(HavePrefix("Warning "+caprv1.EventTargetsOverlap), ContainSubstring("b (Machine m1)")))
 
-	r.setTargetsOverlap(mhc, nil, true)
+	r.setTargetsOverlap(mhc, overlapping{possible: true}, true)
 	g.Expect(overlap().Status).To(Equal(metav1.ConditionFalse))
-	r.setTargetsOverlap(mhc, map[string]string{"b": "m1"}, true)
+	r.setTargetsOverlap(mhc, overlapping{machines: map[string]string{"b": "m1"}, possible: true}, true)
 	g.Expect(recorder.Events).To(HaveLen(1), "a new overlap is said again")
+	// The other health check is deleted: a partial round that finds no other health check that may
+	// overlap clears the condition without waiting for a full pass.
+	r.setTargetsOverlap(mhc, overlapping{}, false)
+	g.Expect(overlap().Status).To(Equal(metav1.ConditionFalse))
 }

@@ -193,8 +193,8 @@ func TestApplyMark(t *testing.T) {
 	foreign := machine(func(m *clusterv1.Machine) {
 		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
 	})
-	applyMark(foreign, unhealthy, "ns/hc")
-	applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")
+	g.Expect(applyMark(foreign, unhealthy, "ns/hc")).Error().NotTo(HaveOccurred())
+	g.Expect(applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")).Error().NotTo(HaveOccurred())
 	g.Expect(foreign.Annotations[caprv1.UnhealthyAnnotation]).To(Equal(`{"reason":"ManualRequest","checker":"alice"}`))
 }
 

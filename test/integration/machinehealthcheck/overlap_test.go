@@ -26,24 +26,24 @@ const overlapQuiet = 5 * time.Second
 
 // overlappingHealthChecks creates the two health checks of issue 30 over pool "a": "ready" finds a
 // Machine unhealthy when its Node is Ready=False or Unknown for 1 s, "disk" only when its Node has
-// DiskPressure=True for 1 s.
-func (f *fixture) overlappingHealthChecks(g *WithT) (ready, disk *caprv1.MachineHealthCheck) {
-	ready = capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
+// DiskPressure=True for 1 s. It returns "disk".
+func (f *fixture) overlappingHealthChecks(g *WithT) *caprv1.MachineHealthCheck {
+	ready := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
 	ready.Name = "ready"
-	disk = capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
+	disk := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
 	disk.Name = "disk"
 	disk.Spec.Checks.UnhealthyNodeConditions = []caprv1.UnhealthyNodeCondition{
 		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionTrue, TimeoutSeconds: ptr.To[int32](1)},
 	}
 	g.Expect(k8sClient.Create(ctx, ready)).To(Succeed())
 	g.Expect(k8sClient.Create(ctx, disk)).To(Succeed())
-	return ready, disk
+	return disk
 }
 
-// markCheckers returns the Machine's mark condition (nil when it has none) and the health checks
-// whose entries it has, in order (none when it is not at False).
-func markCheckers(g Gomega, ns, name string) (*metav1.Condition, []string) {
-	cond := conditions.Get(getMachine(g, ns, name), caprv1.MachineCAPRHealthCheckSucceededCondition)
+// markCheckers returns the mark condition of Machine "m" (nil when it has none) and the health
+// checks whose entries it has, in order (none when it is not at False).
+func markCheckers(g Gomega, ns string) (*metav1.Condition, []string) {
+	cond := conditions.Get(getMachine(g, ns, "m"), caprv1.MachineCAPRHealthCheckSucceededCondition)
 	if cond == nil || cond.Status != metav1.ConditionFalse {
 		return cond, nil
 	}
@@ -84,7 +84,7 @@ func TestOverlappingHealthChecksDoNotFight(t *testing.T) {
 		}, eventually, poll).Should(Succeed(), "health check %s reports the overlap with %s", pair[0], pair[1])
 	}
 	g.Eventually(func(g Gomega) {
-		cond, _ := markCheckers(g, f.ns, "m")
+		cond, _ := markCheckers(g, f.ns)
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
 	}, eventually, poll).Should(Succeed())
@@ -92,7 +92,7 @@ func TestOverlappingHealthChecksDoNotFight(t *testing.T) {
 	g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m", corev1.ConditionUnknown)).To(Succeed())
 	var since metav1.Time
 	g.Eventually(func(g Gomega) {
-		cond, checkers := markCheckers(g, f.ns, "m")
+		cond, checkers := markCheckers(g, f.ns)
 		g.Expect(checkers).To(Equal([]string{f.ns + "/ready"}))
 		g.Expect(cond.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))
 		since = cond.LastTransitionTime
@@ -102,7 +102,7 @@ func TestOverlappingHealthChecksDoNotFight(t *testing.T) {
 	}, eventually, poll).Should(Succeed())
 
 	g.Consistently(func(g Gomega) {
-		cond, checkers := markCheckers(g, f.ns, "m")
+		cond, checkers := markCheckers(g, f.ns)
 		g.Expect(checkers).To(Equal([]string{f.ns + "/ready"}), "the mark stays")
 		g.Expect(cond.LastTransitionTime.Time).To(BeTemporally("==", since.Time), "never cleared and set again")
 		g.Expect(remediationExists(f.ns, "m")).To(BeTrue())
@@ -135,7 +135,7 @@ func TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark(t *testing.T)
 			g := NewWithT(t)
 			f := newFixture(t, g, 0)
 			f.machine(g, "m")
-			_, disk := f.overlappingHealthChecks(g)
+			disk := f.overlappingHealthChecks(g)
 			want := []string{f.ns + "/ready"}
 			g.Expect(capienv.SetNodeReady(ctx, k8sClient, f.ns+"-m", corev1.ConditionUnknown)).To(Succeed())
 			if tc.diskPressure {
@@ -144,7 +144,7 @@ func TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark(t *testing.T)
 			}
 			var since metav1.Time
 			g.Eventually(func(g Gomega) {
-				cond, checkers := markCheckers(g, f.ns, "m")
+				cond, checkers := markCheckers(g, f.ns)
 				g.Expect(checkers).To(ConsistOf(want))
 				since = cond.LastTransitionTime
 			}, eventually, poll).Should(Succeed())
@@ -153,11 +153,11 @@ func TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark(t *testing.T)
 			g.Eventually(func(g Gomega) {
 				err := k8sClient.Get(ctx, client.ObjectKeyFromObject(disk), &caprv1.MachineHealthCheck{})
 				g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
-				_, checkers := markCheckers(g, f.ns, "m")
+				_, checkers := markCheckers(g, f.ns)
 				g.Expect(checkers).To(Equal([]string{f.ns + "/ready"}))
 			}, eventually, poll).Should(Succeed())
 			g.Consistently(func(g Gomega) {
-				cond, checkers := markCheckers(g, f.ns, "m")
+				cond, checkers := markCheckers(g, f.ns)
 				g.Expect(checkers).To(Equal([]string{f.ns + "/ready"}), "the other's mark stays")
 				g.Expect(cond.LastTransitionTime.Time).To(BeTemporally("==", since.Time), "never cleared and set again")
 			}, overlapQuiet, poll).Should(Succeed())
