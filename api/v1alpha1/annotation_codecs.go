@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Each annotation format has exactly one codec here: a parse function and a Marshal method, in the
@@ -72,4 +73,92 @@ func (l *ControlPlaneLock) Marshal() (string, error) {
 		return "", fmt.Errorf("marshalling the control-plane lock of %s: %w", l.MachineRemediation, err)
 	}
 	return string(b), nil
+}
+
+// The mark's entries (MarkEntries) are the message of MachineCAPRHealthCheckSucceededCondition at
+// False, a list in the style of CAPI's condition messages (sigs.k8s.io/cluster-api
+// util/conditions/merge_strategies.go: items start with "* ", their further lines are indented by
+// two spaces), one item per health check: "* <namespace>/<name> (<reason>): <message>", each further
+// line of the message on a line of its own after "  ". A health check's name has no space, and a
+// reason neither a space nor ')': the first " (" and the first "): " of an item separate its fields.
+// The message keeps its lines; a message ending with a newline loses that newline.
+const (
+	markItemPrefix         = "* "
+	markContinuationPrefix = "  "
+)
+
+// MarkEntriesFromMessage parses the message of MachineCAPRHealthCheckSucceededCondition at False. A
+// message of another form (a mark written before marks named their health checks) is an error.
+func MarkEntriesFromMessage(message string) (MarkEntries, error) {
+	var out MarkEntries
+	for i, line := range strings.Split(message, "\n") {
+		if rest, ok := strings.CutPrefix(line, markContinuationPrefix); ok && len(out) > 0 {
+			out[len(out)-1].Message += "\n" + rest
+			continue
+		}
+		item, ok := strings.CutPrefix(line, markItemPrefix)
+		if !ok {
+			return nil, fmt.Errorf("line %d of the message of condition %s: want %q or, after one, %q: %q", i+1,
+				MachineCAPRHealthCheckSucceededCondition, markItemPrefix+"<namespace>/<name> (<reason>): <message>", markContinuationPrefix+"<more message>", line)
+		}
+		checker, rest, ok := strings.Cut(item, " (")
+		if !ok {
+			return nil, fmt.Errorf("line %d of the message of condition %s: want \"<namespace>/<name> (<reason>)\" after %q: %q", i+1,
+				MachineCAPRHealthCheckSucceededCondition, markItemPrefix, line)
+		}
+		reason, msg, hasMessage := strings.Cut(rest, "): ")
+		if !hasMessage {
+			var closed bool
+			reason, closed = strings.CutSuffix(rest, ")")
+			if !closed {
+				return nil, fmt.Errorf("line %d of the message of condition %s: the reason is not closed by \")\": %q", i+1,
+					MachineCAPRHealthCheckSucceededCondition, line)
+			}
+		}
+		entry := MarkEntry{Checker: checker, Reason: reason, Message: msg}
+		if err := entry.validate(); err != nil {
+			return nil, fmt.Errorf("line %d of the message of condition %s: %w", i+1, MachineCAPRHealthCheckSucceededCondition, err)
+		}
+		if out.Index(checker) >= 0 {
+			return nil, fmt.Errorf("line %d of the message of condition %s: checker %q has two entries", i+1, MachineCAPRHealthCheckSucceededCondition, checker)
+		}
+		out = append(out, entry)
+	}
+	return out, nil
+}
+
+// Marshal returns the message of MachineCAPRHealthCheckSucceededCondition for these entries.
+func (e MarkEntries) Marshal() (string, error) {
+	if len(e) == 0 {
+		return "", errors.New("marshalling the mark: no entry")
+	}
+	var b strings.Builder
+	for i, entry := range e {
+		if err := entry.validate(); err != nil {
+			return "", fmt.Errorf("marshalling the mark: entry %d: %w", i, err)
+		}
+		if e[:i].Index(entry.Checker) >= 0 {
+			return "", fmt.Errorf("marshalling the mark: checker %q has two entries", entry.Checker)
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(markItemPrefix + entry.Checker + " (" + entry.Reason + ")")
+		if entry.Message != "" {
+			b.WriteString(": " + strings.ReplaceAll(strings.TrimSuffix(entry.Message, "\n"), "\n", "\n"+markContinuationPrefix))
+		}
+	}
+	return b.String(), nil
+}
+
+// validate checks what makes an entry parse back: a checker without spaces or " (" and a reason
+// without spaces or ')'.
+func (e MarkEntry) validate() error {
+	switch {
+	case e.Checker == "" || strings.ContainsAny(e.Checker, " \t\n") || strings.Contains(e.Checker, "("):
+		return fmt.Errorf("checker %q must be a non-empty <namespace>/<name>", e.Checker)
+	case e.Reason == "" || strings.ContainsAny(e.Reason, " \t\n)"):
+		return fmt.Errorf("reason %q of checker %s must be non-empty, without spaces or \")\"", e.Reason, e.Checker)
+	}
+	return nil
 }

@@ -279,3 +279,55 @@ type TemplateReference struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Name string `json:"name"`
 }
+
+// MarkEntry is one health check's part of the health checker's mark, the
+// MachineCAPRHealthCheckSucceededCondition at False. Health checks may overlap (CAPI forbids it but
+// does not enforce it): the mark has one entry per health check that finds the Machine unhealthy,
+// each health check writes and clears only its own, and the Machine stays marked while any entry
+// remains. The entries are the condition's message (MarkEntriesFromMessage, MarkEntries.Marshal), so
+// that a mark stays one write to the Machine's status.
+// +kubebuilder:object:generate=false
+type MarkEntry struct {
+	// Checker is "<namespace>/<name>" of the MachineHealthCheck that wrote the entry.
+	Checker string
+	// Reason is one of the MachineCAPRHealthCheckSucceededCondition reasons (e.g. UnhealthyNode).
+	Reason string
+	// Message says what failed.
+	Message string
+}
+
+// MarkEntries are the entries of a mark, in the order they were added: the first one's reason is
+// the condition's reason.
+// +kubebuilder:object:generate=false
+type MarkEntries []MarkEntry
+
+// Index returns the index of checker's entry, -1 when it has none.
+func (e MarkEntries) Index(checker string) int {
+	for i := range e {
+		if e[i].Checker == checker {
+			return i
+		}
+	}
+	return -1
+}
+
+// With returns the entries with entry in place of its checker's entry, or added last.
+func (e MarkEntries) With(entry MarkEntry) MarkEntries {
+	out := append(MarkEntries(nil), e...)
+	if i := out.Index(entry.Checker); i >= 0 {
+		out[i] = entry
+		return out
+	}
+	return append(out, entry)
+}
+
+// Without returns the entries without checker's.
+func (e MarkEntries) Without(checker string) MarkEntries {
+	out := make(MarkEntries, 0, len(e))
+	for _, entry := range e {
+		if entry.Checker != checker {
+			out = append(out, entry)
+		}
+	}
+	return out
+}

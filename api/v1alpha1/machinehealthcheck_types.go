@@ -57,6 +57,19 @@ const (
 	// MachineHealthCheckRemediationTemplateInvalidReason is used when a template cannot be read or is not a template.
 	MachineHealthCheckRemediationTemplateInvalidReason = "RemediationTemplateInvalid"
 
+	// MachineHealthCheckTargetsOverlapCondition is True while another CAPR MachineHealthCheck of the
+	// same cluster selects some of this health check's targets; its message names the other health
+	// checks and one Machine each shares with this one. CAPI forbids overlapping health checks but
+	// does not enforce it. CAPR keeps one entry per health check in a Machine's mark (MarkEntries):
+	// overlapping health checks never clear each other's marks, and a Machine stays marked while any
+	// of them finds it unhealthy. Set by every full pass over the targets (False when no other
+	// health check selects any of them); a round over some targets only sets it True.
+	MachineHealthCheckTargetsOverlapCondition = "TargetsOverlap"
+	// MachineHealthCheckTargetsOverlapReason is used while another health check selects some of the targets.
+	MachineHealthCheckTargetsOverlapReason = "TargetsOverlap"
+	// MachineHealthCheckNoTargetsOverlapReason is used when no other health check selects any target.
+	MachineHealthCheckNoTargetsOverlapReason = "NoTargetsOverlap"
+
 	// MachineHealthCheckPausedCondition mirrors CAPI's Paused condition.
 	MachineHealthCheckPausedCondition = "Paused"
 )
@@ -103,6 +116,9 @@ const (
 	EventStormCooldownStarted = "StormCooldownStarted"
 	// EventStormCooldownEnded is emitted on a MachineHealthCheck when the cooldown after a storm is over.
 	EventStormCooldownEnded = "StormCooldownEnded"
+	// EventTargetsOverlap is emitted (Warning) on a MachineHealthCheck when TargetsOverlap becomes
+	// True, naming the other health checks that select some of its targets.
+	EventTargetsOverlap = "TargetsOverlap"
 	// EventWorkloadClusterUnreachable is emitted when the workload cluster cannot be reached.
 	EventWorkloadClusterUnreachable = "WorkloadClusterUnreachable"
 )

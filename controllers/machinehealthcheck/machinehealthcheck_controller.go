@@ -167,6 +167,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		opts := []patch.Option{patch.WithOwnedConditions{Conditions: []string{
 			caprv1.MachineHealthCheckPausedCondition, caprv1.MachineHealthCheckRemediationAllowedCondition, caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
 			caprv1.MachineHealthCheckStormCooldownCondition, caprv1.MachineHealthCheckRemediationTemplatesValidCondition,
+			caprv1.MachineHealthCheckTargetsOverlapCondition,
 		}}}
 		if reterr == nil {
 			opts = append(opts, patch.WithStatusObservedGeneration{})
@@ -219,6 +220,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		return ctrl.Result{}, err
 	}
 	rd, excluded, etcdState, cp, cpErr := obs.rd, obs.excluded, obs.etcd, obs.cp, obs.cpErr
+	overlaps, err := r.overlaps(ctx, mhc, rd.targets)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.setTargetsOverlap(mhc, overlaps, full)
 
 	lim, err := r.decideLimits(mhc, rd, etcdState, cp, cpErr, now)
 	if err != nil {
@@ -562,6 +568,11 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			}
 			requested[k] = created
 		case verdictHealthy:
+			if markedByOthers(t.machine, cfg.checker) {
+				// Another health check still finds the Machine unhealthy and needs the request: it
+				// withdraws it once it finds the Machine healthy too.
+				return
+			}
 			if err := r.withdrawRequest(ctx, mhc, t.machine, requests, "the Machine is healthy again"); err != nil {
 				fail(err)
 			}
@@ -577,8 +588,8 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 
 // needsWrite reports whether applying the evaluation may write anything for the Machine: a
 // pending target is left as it is, and a healthy one that carries no mark of this health check,
-// already reports healthy and has no request to withdraw needs nothing. It is the cheap filter
-// in front of applyMark, which decides exactly.
+// already reports healthy or is marked by another health check only, and has no request to
+// withdraw needs nothing. It is the cheap filter in front of applyMark, which decides exactly.
 func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests map[string]client.Object) bool {
 	switch ev.verdict {
 	case verdictUnhealthy:
@@ -587,8 +598,11 @@ func needsWrite(m *clusterv1.Machine, ev evaluation, checker string, requests ma
 		if _, ok := requests[m.Name]; ok {
 			return true
 		}
-		if hasOwnAnnotation(m, checker) {
+		if isMarked(m, checker) {
 			return true
+		}
+		if conditions.IsFalse(m, caprv1.MachineCAPRHealthCheckSucceededCondition) {
+			return false // another health check's mark, which this one leaves alone
 		}
 		return !hasSameCondition(m, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition,
 			Status: metav1.ConditionTrue, Reason: caprv1.MachineCAPRHealthCheckSucceededReason})
@@ -661,8 +675,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		client.MatchingLabels{clusterv1.ClusterNameLabel: mhc.Spec.ClusterName}); err != nil {
 		return fmt.Errorf("listing Machines: %w", err)
 	}
-	// The mark (a condition) does not name its health check: it is this one's on the Machines it
-	// selects. A selector that no longer parses selects none of them.
+	// The mark names its health checks (applyMark); one written before it did is this one's on the
+	// Machines it selects. A selector that no longer parses selects none of them.
 	selector, err := r.selectors.of(mhc)
 	if err != nil {
 		selector = labels.Nothing()
@@ -674,18 +688,22 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	var errs []error
 	for i := range machines.Items {
 		m := &machines.Items[i]
-		if hasOwnAnnotation(m, checker) || (selector.Matches(labels.Set(m.Labels)) && isMarked(m, checker)) {
+		if isMarked(m, checker) {
 			after := m.DeepCopy()
-			delete(after.Annotations, caprv1.UnhealthyAnnotation)
-			conditions.Delete(after, caprv1.MachineCAPRHealthCheckSucceededCondition)
-			if err := patchMark(ctx, r.Client, m, after); err != nil {
+			changed, err := unmark(after, checker, selector.Matches(labels.Set(m.Labels)))
+			if err == nil && changed {
+				err = patchMark(ctx, r.Client, m, after)
+			}
+			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
 		}
 		// Every Pending request of this health check is withdrawn, whether or not the Machine still
 		// carries the mark: a withdrawal refused by a conflict (a remediator wrote the request) is
-		// retried on the next reconcile, when the mark cleared above is already gone.
+		// retried on the next reconcile, when the mark cleared above is already gone. Another health
+		// check that still marks the Machine requests it again: the deletion is an event of the
+		// request, which starts its round over the Machine (requestToHealthChecks).
 		if err := r.withdrawRequest(ctx, mhc, m, requests, "its health check is being deleted"); err != nil {
 			errs = append(errs, err)
 		}
@@ -712,9 +730,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 // the written copy is returned instead.
 func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string) (*clusterv1.Machine, markChange, error) {
 	after := m.DeepCopy()
-	change := applyMark(after, ev, checker)
-	if change == markUnchanged {
-		return m, markUnchanged, nil
+	change, err := applyMark(after, ev, checker)
+	if err != nil || change == markUnchanged {
+		return m, markUnchanged, err
 	}
 	if err := patchMark(ctx, r.Client, m, after); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -747,9 +765,13 @@ func (r *Reconciler) markEvent(ctx context.Context, said *roundEvents, m *cluste
 		said.add(r.recorder, m, caprv1.EventRemediationRequested, true,
 			"Remediation of Machine %s requested by %s: %s", m.Name, checker, ev.reason)
 	case change == markCleared:
-		ctrl.LoggerFrom(ctx).Info("Machine healthy again, mark cleared", "Machine", klog.KObj(m))
+		others := ""
+		if markedByOthers(m, checker) {
+			others = "; another health check still marks it (see its condition " + caprv1.MachineCAPRHealthCheckSucceededCondition + ")"
+		}
+		ctrl.LoggerFrom(ctx).Info("Machine healthy again, mark cleared", "Machine", klog.KObj(m), "markedByOthers", others != "")
 		said.add(r.recorder, m, caprv1.EventMachineMarkCleared, false,
-			"Machine %s is healthy again; mark by %s cleared", m.Name, checker)
+			"Machine %s is healthy again; mark by %s cleared%s", m.Name, checker, others)
 	}
 }
 

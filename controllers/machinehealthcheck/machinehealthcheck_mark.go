@@ -33,50 +33,120 @@ const (
 // applyMark sets the mark of a Machine from its evaluation, in memory, and says what changed.
 // Pending targets keep whatever they have: a timeout still running neither marks nor clears.
 //
-// The mark is the condition MachineCAPRHealthCheckSucceededCondition at False: its reason and
-// message say what failed and its lastTransitionTime since when. It is one write to the Machine's
-// status, as CAPI's MachineHealthCheck's mark is (its HealthCheckSucceeded and OwnerRemediated
-// conditions, sigs.k8s.io/cluster-api core/reconcilers/machinehealthcheck
-// machinehealthcheck_targets.go). The UnhealthyAnnotation is not written: it is how a person or
-// another tool requests remediation (evaluate), and this health check never touches one it did not
-// write. One carrying this health check's name was written by an earlier CAPR, whose mark was the
-// annotation and the condition; it still counts as this health check's mark and is removed when the
-// mark clears.
-func applyMark(m *clusterv1.Machine, ev evaluation, checker string) markChange {
+// The mark is the condition MachineCAPRHealthCheckSucceededCondition at False: its message has one
+// entry per health check that finds the Machine unhealthy (caprv1.MarkEntries, naming the health
+// check, its reason and message), its reason is the first entry's and its lastTransitionTime since
+// when the Machine is marked. A health check writes and clears only its own entry, so two health
+// checks over one Machine (CAPI forbids that but does not enforce it: machinehealthcheck_overlap.go
+// reports it) do not undo each other's marks, and the Machine stays marked while any of them finds
+// it unhealthy. It is one write to the Machine's status, as CAPI's MachineHealthCheck's mark is (its
+// HealthCheckSucceeded and OwnerRemediated conditions, sigs.k8s.io/cluster-api
+// core/reconcilers/machinehealthcheck machinehealthcheck_targets.go). A mark whose message is not a
+// list of entries was written before marks named their health checks: every health check that
+// selects the Machine takes it for its own, as it did then, and replaces it with its entry.
+//
+// The UnhealthyAnnotation is not written: it is how a person or another tool requests remediation
+// (evaluate), and this health check never touches one it did not write. One carrying this health
+// check's name was written by an earlier CAPR, whose mark was the annotation and the condition; it
+// still counts as this health check's mark and is removed when the mark clears.
+func applyMark(m *clusterv1.Machine, ev evaluation, checker string) (markChange, error) {
 	switch ev.verdict {
 	case verdictUnhealthy:
 		return setMark(m, ev, checker)
 	case verdictHealthy:
 		return clearMark(m, checker)
 	default:
-		return markUnchanged
+		return markUnchanged, nil
 	}
 }
 
-func setMark(m *clusterv1.Machine, ev evaluation, checker string) markChange {
+func setMark(m *clusterv1.Machine, ev evaluation, checker string) (markChange, error) {
 	wasMarked := isMarked(m, checker)
-	changed := setCondition(m, metav1.Condition{
-		Type:    caprv1.MachineCAPRHealthCheckSucceededCondition,
-		Status:  metav1.ConditionFalse,
-		Reason:  ev.reason,
-		Message: ev.message,
-	})
-	return transition(changed, wasMarked, markUpdated, markSet)
+	entries, _ := markEntriesOf(m) // an unparsed mark is replaced
+	cond, err := markCondition(entries.With(caprv1.MarkEntry{Checker: checker, Reason: ev.reason, Message: ev.message}))
+	if err != nil {
+		return markUnchanged, fmt.Errorf("marking Machine %s: %w", m.Name, err)
+	}
+	return transition(setCondition(m, cond), wasMarked, markUpdated, markSet), nil
 }
 
-func clearMark(m *clusterv1.Machine, checker string) markChange {
+func clearMark(m *clusterv1.Machine, checker string) (markChange, error) {
 	wasMarked := isMarked(m, checker)
 	changed := false
 	if hasOwnAnnotation(m, checker) {
 		delete(m.Annotations, caprv1.UnhealthyAnnotation)
 		changed = true
 	}
-	changed = setCondition(m, metav1.Condition{
-		Type:   caprv1.MachineCAPRHealthCheckSucceededCondition,
-		Status: metav1.ConditionTrue,
-		Reason: caprv1.MachineCAPRHealthCheckSucceededReason,
-	}) || changed
-	return transition(changed, wasMarked, markCleared, markUpdated)
+	entries, _ := markEntriesOf(m) // an unparsed mark is cleared
+	cond, err := markCondition(entries.Without(checker))
+	if err != nil {
+		return markUnchanged, fmt.Errorf("clearing the mark of Machine %s: %w", m.Name, err)
+	}
+	changed = setCondition(m, cond) || changed
+	return transition(changed, wasMarked, markCleared, markUpdated), nil
+}
+
+// unmark removes checker's mark from the Machine, in memory, when its health check is deleted: its
+// entry (the condition is removed with the last entry), an unparsed mark when selected (see
+// applyMark), and the annotation an earlier CAPR wrote with its name. It reports whether it changed
+// anything.
+func unmark(m *clusterv1.Machine, checker string, selected bool) (bool, error) {
+	changed := false
+	if hasOwnAnnotation(m, checker) {
+		delete(m.Annotations, caprv1.UnhealthyAnnotation)
+		changed = true
+	}
+	entries, unparsed := markEntriesOf(m)
+	if entries.Index(checker) < 0 && (!unparsed || !selected) {
+		return changed, nil
+	}
+	rest := entries.Without(checker)
+	if len(rest) == 0 {
+		conditions.Delete(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
+		return true, nil
+	}
+	cond, err := markCondition(rest)
+	if err != nil {
+		return changed, fmt.Errorf("removing the mark of %s from Machine %s: %w", checker, m.Name, err)
+	}
+	conditions.Set(m, cond)
+	return true, nil
+}
+
+// markEntriesOf returns the entries of the Machine's mark (none when it is not marked) and whether
+// the mark's message is not a list of entries (a mark written before marks named their health
+// checks: see applyMark).
+func markEntriesOf(m *clusterv1.Machine) (entries caprv1.MarkEntries, unparsed bool) {
+	c := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		return nil, false
+	}
+	entries, err := caprv1.MarkEntriesFromMessage(c.Message)
+	if err != nil {
+		return nil, true
+	}
+	return entries, false
+}
+
+// markCondition is the condition of a mark with these entries: False with the first entry's reason,
+// or True when there is none.
+func markCondition(entries caprv1.MarkEntries) (metav1.Condition, error) {
+	if len(entries) == 0 {
+		return metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineCAPRHealthCheckSucceededReason}, nil
+	}
+	message, err := entries.Marshal()
+	if err != nil {
+		return metav1.Condition{}, err
+	}
+	return metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition, Status: metav1.ConditionFalse,
+		Reason: entries[0].Reason, Message: message}, nil
+}
+
+// markedByOthers reports whether another health check's entry marks the Machine.
+func markedByOthers(m *clusterv1.Machine, checker string) bool {
+	entries, _ := markEntriesOf(m)
+	return len(entries.Without(checker)) > 0
 }
 
 // setCondition sets the condition unless the Machine already has it (same status, reason, message);
@@ -102,14 +172,14 @@ func transition(changed, wasMarked bool, ifWasMarked, ifWasNot markChange) markC
 	}
 }
 
-// isMarked reports whether the Machine carries this health check's mark: the condition at False, or
-// the annotation an earlier CAPR wrote with it.
+// isMarked reports whether the Machine carries this health check's mark: its entry, a mark not
+// parsed (see applyMark), or the annotation an earlier CAPR wrote with its name.
 func isMarked(m *clusterv1.Machine, checker string) bool {
 	if hasOwnAnnotation(m, checker) {
 		return true
 	}
-	c := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
-	return c != nil && c.Status == metav1.ConditionFalse
+	entries, unparsed := markEntriesOf(m)
+	return unparsed || entries.Index(checker) >= 0
 }
 
 func hasSameCondition(m *clusterv1.Machine, want metav1.Condition) bool {

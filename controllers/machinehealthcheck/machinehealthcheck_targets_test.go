@@ -172,7 +172,7 @@ func TestApplyMark(t *testing.T) {
 	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markSet))
 	g.Expect(mark()).To(HaveField("Status", metav1.ConditionFalse))
 	g.Expect(mark().Reason).To(Equal(unhealthy.reason))
-	g.Expect(mark().Message).To(Equal(unhealthy.message))
+	g.Expect(caprv1.MarkEntriesFromMessage(mark().Message)).To(Equal(caprv1.MarkEntries{{Checker: "ns/hc", Reason: unhealthy.reason, Message: unhealthy.message}}))
 	g.Expect(m.Annotations).NotTo(HaveKey(caprv1.UnhealthyAnnotation), "the mark is the condition alone: one write")
 	since := metav1.NewTime(now.Add(-time.Hour))
 	mark().LastTransitionTime = since
@@ -193,8 +193,8 @@ func TestApplyMark(t *testing.T) {
 	foreign := machine(func(m *clusterv1.Machine) {
 		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
 	})
-	applyMark(foreign, unhealthy, "ns/hc")
-	applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")
+	g.Expect(applyMark(foreign, unhealthy, "ns/hc")).Error().NotTo(HaveOccurred())
+	g.Expect(applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")).Error().NotTo(HaveOccurred())
 	g.Expect(foreign.Annotations[caprv1.UnhealthyAnnotation]).To(Equal(`{"reason":"ManualRequest","checker":"alice"}`))
 }
 

@@ -143,6 +143,11 @@ func CreateNode(ctx context.Context, c client.Client, node *corev1.Node) error {
 
 // SetNodeReady sets the Node's Ready condition, as the kubelet or the node lifecycle controller would.
 func SetNodeReady(ctx context.Context, c client.Client, name string, ready corev1.ConditionStatus) error {
+	return SetNodeCondition(ctx, c, name, corev1.NodeReady, ready)
+}
+
+// SetNodeCondition sets one condition of the Node (added when missing), as the kubelet would.
+func SetNodeCondition(ctx context.Context, c client.Client, name string, condition corev1.NodeConditionType, status corev1.ConditionStatus) error {
 	node := &corev1.Node{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
 		return fmt.Errorf("reading Node %s: %w", name, err)
@@ -151,22 +156,22 @@ func SetNodeReady(ctx context.Context, c client.Client, name string, ready corev
 	now := metav1.Now()
 	found := false
 	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == corev1.NodeReady {
+		if node.Status.Conditions[i].Type == condition {
 			found = true
-			if node.Status.Conditions[i].Status != ready {
+			if node.Status.Conditions[i].Status != status {
 				node.Status.Conditions[i].LastTransitionTime = now
 			}
-			node.Status.Conditions[i].Status = ready
+			node.Status.Conditions[i].Status = status
 			node.Status.Conditions[i].LastHeartbeatTime = now
 		}
 	}
 	if !found {
 		node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{
-			Type: corev1.NodeReady, Status: ready, Reason: "Sandbox", LastTransitionTime: now, LastHeartbeatTime: now,
+			Type: condition, Status: status, Reason: "Sandbox", LastTransitionTime: now, LastHeartbeatTime: now,
 		})
 	}
 	if err := c.Status().Patch(ctx, node, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("setting Ready=%s on Node %s: %w", ready, name, err)
+		return fmt.Errorf("setting %s=%s on Node %s: %w", condition, status, name, err)
 	}
 	return nil
 }

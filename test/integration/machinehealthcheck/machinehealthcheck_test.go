@@ -529,7 +529,8 @@ func TestManualRequests(t *testing.T) {
 	// A hand-written mark is never rewritten or cleared by the health check.
 	rec, cond := markOf(g, f.ns, "hand-marked")
 	g.Expect(rec.Checker).To(Equal("alice"))
-	g.Expect(cond.Message).To(Equal("disk is failing"))
+	g.Expect(caprv1.MarkEntriesFromMessage(cond.Message)).To(Equal(caprv1.MarkEntries{
+		{Checker: f.ns + "/hc", Reason: caprv1.MachineCAPRHealthCheckManualRequestReason, Message: "disk is failing"}}))
 }
 
 // setPhase sets a MachineRemediation's phase as a remediator would; the remediators running in the
