@@ -11,7 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -109,4 +113,47 @@ func (r *Reconciler) setTargetsOverlap(mhc *caprv1.MachineHealthCheck, found ove
 		Reason: caprv1.MachineHealthCheckTargetsOverlapReason, Message: message}) {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventTargetsOverlap, "HealthCheck", "%s", message)
 	}
+}
+
+// selectionChanged lets through the health-check events that may start or end an overlap: a health
+// check created or deleted, its spec changed, or its deletion started (it no longer counts then).
+func selectionChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld, e.ObjectNew
+			return o == nil || n == nil || o.GetGeneration() != n.GetGeneration() ||
+				o.GetDeletionTimestamp().IsZero() != n.GetDeletionTimestamp().IsZero()
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// healthCheckToOverlapping maps such an event of one health check to the other health checks of its
+// cluster that it may overlap, and makes their next round a full pass: only a pass over every target
+// finds an overlap that starts or ends without any Machine changing (the health check that changed
+// finds it in its own round). An update is mapped for the old and the new version, so a selector
+// that no longer overlaps reaches the health checks it overlapped. Health checks whose selectors
+// cannot meet (disjoint) are left alone: with one health check per pool, nothing is done.
+func (r *Reconciler) healthCheckToOverlapping(ctx context.Context, o client.Object) []reconcile.Request {
+	mhc, ok := o.(*caprv1.MachineHealthCheck)
+	if !ok {
+		return nil
+	}
+	list := &caprv1.MachineHealthCheckList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Listing MachineHealthChecks for a health-check event")
+		r.memories.invalidateAll()
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		other := &list.Items[i]
+		if other.Name == mhc.Name || other.Spec.ClusterName != mhc.Spec.ClusterName || disjoint(mhc, other) {
+			continue
+		}
+		key := client.ObjectKeyFromObject(other)
+		r.memories.invalidate(key)
+		out = append(out, reconcile.Request{NamespacedName: key})
+	}
+	return out
 }

@@ -40,6 +40,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		For(&caprv1.MachineHealthCheck{}, builder.WithPredicates(healthCheckChanged())).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToHealthChecks),
 			builder.WithPredicates(machineChanged())).
+		Watches(&caprv1.MachineHealthCheck{}, handler.EnqueueRequestsFromMapFunc(r.healthCheckToOverlapping),
+			builder.WithPredicates(selectionChanged())).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToHealthChecks)).
 		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.requestToHealthChecks),
 			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).

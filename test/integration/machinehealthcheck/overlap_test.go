@@ -119,7 +119,8 @@ func TestOverlappingHealthChecksDoNotFight(t *testing.T) {
 }
 
 // TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark: a health check being deleted
-// removes only its own entry of a mark: the Machine stays marked, since kept, by the other.
+// removes only its own entry of a mark: the Machine stays marked, since kept, by the other, which
+// reports that the overlap ended.
 func TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -156,6 +157,11 @@ func TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark(t *testing.T)
 				_, checkers := markCheckers(g, f.ns)
 				g.Expect(checkers).To(Equal([]string{f.ns + "/ready"}))
 			}, eventually, poll).Should(Succeed())
+			g.Eventually(func(g Gomega) {
+				mhc := &caprv1.MachineHealthCheck{}
+				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "ready"}, mhc)).To(Succeed())
+				g.Expect(conditions.GetReason(mhc, caprv1.MachineHealthCheckTargetsOverlapCondition)).To(Equal(caprv1.MachineHealthCheckNoTargetsOverlapReason))
+			}, eventually, poll).Should(Succeed(), "the overlap ended with the other health check")
 			g.Consistently(func(g Gomega) {
 				cond, checkers := markCheckers(g, f.ns)
 				g.Expect(checkers).To(Equal([]string{f.ns + "/ready"}), "the other's mark stays")
@@ -164,4 +170,33 @@ func TestDeletingOneOfTwoOverlappingHealthChecksKeepsTheOthersMark(t *testing.T)
 			g.Eventually(func() bool { return remediationExists(f.ns, "m") }, eventually, poll).Should(BeTrue())
 		})
 	}
+}
+
+// TestAnOverlapIsReportedWhenTheOtherHealthCheckIsCreated: a health check learns of an overlap that
+// starts without any Machine changing: "disk" is created over the Machines "ready" already checks
+// and found healthy, so neither writes a Machine, and "ready" reports the overlap all the same.
+func TestAnOverlapIsReportedWhenTheOtherHealthCheckIsCreated(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m")
+	ready := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
+	ready.Name = "ready"
+	g.Expect(k8sClient.Create(ctx, ready)).To(Succeed())
+	reason := func(g Gomega) string {
+		mhc := &caprv1.MachineHealthCheck{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ready), mhc)).To(Succeed())
+		return conditions.GetReason(mhc, caprv1.MachineHealthCheckTargetsOverlapCondition)
+	}
+	g.Eventually(func(g Gomega) {
+		g.Expect(reason(g)).To(Equal(caprv1.MachineHealthCheckNoTargetsOverlapReason))
+		cond, _ := markCheckers(g, f.ns)
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+	}, eventually, poll).Should(Succeed())
+
+	disk := capienv.NewHealthCheck(f.ns, f.cluster.Name, "a", 1)
+	disk.Name = "disk"
+	g.Expect(k8sClient.Create(ctx, disk)).To(Succeed())
+	g.Eventually(reason, eventually, poll).Should(Equal(caprv1.MachineHealthCheckTargetsOverlapReason))
 }
