@@ -281,7 +281,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return r.reconcileTerminal(ctx, s), nil
 	}
 	if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && mr.Status.ControlPlane == nil {
-		return reconcileRunningWithoutRecord(s), nil
+		reconcileRunningWithoutRecord(s)
+		return ctrl.Result{}, nil
 	}
 	clusterName := clusterNameOf(s)
 	if clusterName == "" {
@@ -343,14 +344,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 // status.controlPlane: start records both in one write, so CAPR did not write it (a hand-written or
 // edited status). Nothing can be resumed from it and nothing is done; its deletion is let through
 // (it holds nothing CAPR could undo, and a lock naming it is stale once it is gone: lockHolderActive).
-func reconcileRunningWithoutRecord(s *scope) ctrl.Result {
+func reconcileRunningWithoutRecord(s *scope) {
 	if !s.mr.DeletionTimestamp.IsZero() {
 		controllerutil.RemoveFinalizer(s.mr, caprv1.MachineRemediationFinalizer)
-		return ctrl.Result{}
+		return
 	}
 	setWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
 		"status.phase is Running but status.controlPlane is missing (the status was not written by CAPR's control-plane remediator): nothing is done; delete the request to start again")
-	return ctrl.Result{}
 }
 
 // IsWorkerRequest reports whether a request belongs to the worker remediator: it recorded
