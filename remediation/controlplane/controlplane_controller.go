@@ -232,9 +232,11 @@ func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object)
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	// The request of an existing worker Machine is remediation/worker's unless this remediator
 	// recorded it (IsWorkerRequest on the cached copies): leave it before the live read. A cached
-	// request older than the live one is reconciled again when the cache catches up.
+	// request older than the live one is reconciled again when the cache catches up; one the cache
+	// does not have is gone (its deletion costs the API server no read) or its create event is coming.
 	if m := (&clusterv1.Machine{}); r.Client.Get(ctx, req.NamespacedName, m) == nil && !util.IsControlPlaneMachine(m) {
-		if cached := (&caprv1.MachineRemediation{}); r.Client.Get(ctx, req.NamespacedName, cached) == nil && IsWorkerRequest(cached, m, false) {
+		cached := &caprv1.MachineRemediation{}
+		if err := r.Client.Get(ctx, req.NamespacedName, cached); apierrors.IsNotFound(err) || (err == nil && IsWorkerRequest(cached, m, false)) {
 			return ctrl.Result{}, nil
 		}
 	}
