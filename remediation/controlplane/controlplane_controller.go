@@ -230,10 +230,15 @@ func (r *Reconciler) machineToRemediations(ctx context.Context, o client.Object)
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → patch helper → paused → deferred
 // persist → delete / Machine gone / running / pending.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
-	// The request of an existing worker Machine is remediation/worker's whatever the request says
-	// (IsWorkerRequest, on the same cached read of the Machine as below): leave it before the live read.
+	// The request of an existing worker Machine is remediation/worker's unless this remediator
+	// recorded it (IsWorkerRequest on the cached copies): leave it before the live read. A cached
+	// request older than the live one is reconciled again when the cache catches up; one the cache
+	// does not have is gone (its deletion costs the API server no read) or its create event is coming.
 	if m := (&clusterv1.Machine{}); r.Client.Get(ctx, req.NamespacedName, m) == nil && !util.IsControlPlaneMachine(m) {
-		return ctrl.Result{}, nil
+		cached := &caprv1.MachineRemediation{}
+		if err := r.Client.Get(ctx, req.NamespacedName, cached); apierrors.IsNotFound(err) || (err == nil && IsWorkerRequest(cached, m, false)) {
+			return ctrl.Result{}, nil
+		}
 	}
 	mr := &caprv1.MachineRemediation{}
 	if err := r.APIReader.Get(ctx, req.NamespacedName, mr); err != nil {
@@ -353,11 +358,14 @@ func reconcileRunningWithoutRecord(s *scope) {
 		"status.phase is Running but status.controlPlane is missing (the status was not written by CAPR's control-plane remediator): nothing is done; delete the request to start again")
 }
 
-// IsWorkerRequest reports whether a request belongs to the worker remediator: it recorded
-// status.worker (durable, also once the Machine is gone), or its Machine exists and is not a
-// control-plane Machine. The control-plane remediator leaves such requests alone.
+// IsWorkerRequest reports whether a request belongs to the worker remediator: the control-plane
+// remediator did not record it (status.controlPlane: it may hold its cluster's lock and have changed
+// etcd's membership, which only it can finish or undo, so that record decides over any other), and
+// it recorded status.worker (durable, also once the Machine is gone) or its Machine exists and is
+// not a control-plane Machine. The control-plane remediator leaves such requests alone and takes up
+// every other one, so each request has exactly one owner.
 func IsWorkerRequest(mr *caprv1.MachineRemediation, machine *clusterv1.Machine, machineGone bool) bool {
-	return mr.Status.Worker != nil || (!machineGone && !util.IsControlPlaneMachine(machine))
+	return mr.Status.ControlPlane == nil && (mr.Status.Worker != nil || (!machineGone && !util.IsControlPlaneMachine(machine)))
 }
 
 // clusterNameOf returns the Cluster of the remediation: the Machine's, or, once the Machine is gone,

@@ -130,9 +130,9 @@ type scope struct {
 }
 
 // ownedByWorker reports whether the request is this remediator's: the control-plane remediator's
-// discriminator, and never a request the control-plane remediator has started.
+// discriminator (which never hands over a request the control-plane remediator has recorded).
 func ownedByWorker(mr *caprv1.MachineRemediation, m *clusterv1.Machine, machineGone bool) bool {
-	return mr.Status.ControlPlane == nil && controlplane.IsWorkerRequest(mr, m, machineGone)
+	return controlplane.IsWorkerRequest(mr, m, machineGone)
 }
 
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → base for the patch → paused → deferred

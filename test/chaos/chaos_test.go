@@ -293,7 +293,11 @@ func runScenario(t *testing.T, seed int64) {
 				if capr.Stopped() {
 					t.Logf("seed %d: controller killed after %d writes; restarting", seed, capr.Crash.Writes())
 					next, err := sb.StartCAPR(ctx, opts)
-					if err == nil {
+					if err != nil {
+						// Nothing runs CAPR any more: whatever the invariants say after this, the
+						// scenario did not test what it meant to.
+						t.Errorf("seed %d: restarting the killed controller: %v", seed, err)
+					} else {
 						capr = next
 					}
 					caprMu.Unlock()
@@ -325,7 +329,10 @@ func runScenario(t *testing.T, seed int64) {
 	killed := 0
 	victims := map[string]bool{}
 	skipped := map[string]bool{}
-	for _, f := range p.faults {
+	// firstVictim is the Machine the first fault broke (newPlan: always a machine fault), which is
+	// not machines[target] when that fault went to the etcd leader's Machine.
+	var firstVictim clusterv1.Machine
+	for i, f := range p.faults {
 		m := machines[f.target]
 		if f.kind.machineFault() {
 			if f.kind == stopLeaderKubelet {
@@ -338,8 +345,11 @@ func runScenario(t *testing.T, seed int64) {
 				killed++
 			}
 		}
+		if i == 0 {
+			firstVictim = m
+		}
 		if f.kind == skipRemediation {
-			m = machines[p.faults[0].target]
+			m = firstVictim
 			skipped[m.Name] = true
 		}
 		wg.Add(1)
@@ -350,7 +360,9 @@ func runScenario(t *testing.T, seed int64) {
 				return
 			case <-time.After(f.after):
 			}
-			inject(t, wc, f.kind, m, stopAll)
+			if err := inject(wc, f.kind, m, stopAll); err != nil {
+				t.Errorf("seed %d: injecting %s (Machine %s): %v", seed, f.kind, m.Name, err)
+			}
 		}()
 	}
 
@@ -422,6 +434,12 @@ func runScenario(t *testing.T, seed int64) {
 			// is owned by the Machine, so garbage collection removes it (the lightweight sandbox runs
 			// no garbage collector).
 			_, faultDeleted := deletedRequests.Load(ns + "/" + victim)
+			if at, ok := skipAnnotatedAt.Load(ns + "/" + victim); ok && err == nil && mr.Status.StartTime != nil {
+				// A skipped victim may only be replaced by a remediation that started before the
+				// annotation (one past its start runs to its end).
+				g.Expect(startedBefore(mr, at.(time.Time))).To(BeTrue(), "seed %d: %s replaced by a remediation started at %s, after skip-remediation was added at %s",
+					seed, victim, mr.Status.StartTime, at.(time.Time).Format(time.StampMilli))
+			}
 			switch {
 			case faultDeleted && apierrors.IsNotFound(err):
 			case faultDeleted && err == nil && neverStartedForGoneMachine(mr):
@@ -435,7 +453,23 @@ func runScenario(t *testing.T, seed int64) {
 			g.Expect(ok).To(BeTrue(), "seed %d: no deletion of %s recorded", seed, victim)
 			g.Expect(fenced.Before(deleted)).To(BeTrue(), "seed %d: %s deleted at %s before fenced at %s", seed, victim, deleted, fenced)
 		case skipped[victim]:
-			// Skips remediation: never started after the annotation, or finished.
+			// Skips remediation (CAPI's cluster.x-k8s.io/skip-remediation): the annotation is there,
+			// the health checker requests nothing for it and a Pending request is withdrawn
+			// (remediation/controlplane withdraw), so there is no request; or one that had started
+			// before the annotation ended without replacing the Machine. Never one waiting to start.
+			at, ok := skipAnnotatedAt.Load(ns + "/" + victim)
+			g.Expect(ok).To(BeTrue(), "seed %d: skip-remediation was never added to %s", seed, victim)
+			m := &clusterv1.Machine{}
+			g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, m)).To(Succeed())
+			g.Expect(m.Annotations).To(HaveKey(clusterv1.MachineSkipRemediationAnnotation), "seed %d: %s", seed, victim)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(mr.Status.StartTime).NotTo(BeNil(), "seed %d: skipped %s keeps a request that never started (%s): it is not withdrawn", seed, victim, mr.Status.Phase)
+			g.Expect(startedBefore(mr, at.(time.Time))).To(BeTrue(), "seed %d: remediation of skipped %s started at %s, after the annotation at %s",
+				seed, victim, mr.Status.StartTime, at.(time.Time).Format(time.StampMilli))
+			g.Expect(mr.Status.Phase).To(BeElementOf(caprv1.MachineRemediationPhaseSucceeded, caprv1.MachineRemediationPhaseFailed), "seed %d: skipped %s", seed, victim)
 		default:
 			// Still there: it must wait, saying why (its request, or the health check's limits).
 			if apierrors.IsNotFound(err) {
@@ -449,6 +483,13 @@ func runScenario(t *testing.T, seed int64) {
 			g.Expect(c.Message).NotTo(BeEmpty(), "seed %d: %s waits without saying why", seed, victim)
 		}
 	}
+}
+
+// startedBefore reports whether mr started before the skip-remediation annotation was added at at.
+// startTime has whole seconds (metav1.Time), and a start decided from a cache that had not seen the
+// annotation yet is a race the annotation cannot win: a second of grace.
+func startedBefore(mr *caprv1.MachineRemediation, at time.Time) bool {
+	return mr.Status.StartTime != nil && !mr.Status.StartTime.After(at.Add(time.Second))
 }
 
 // neverStartedForGoneMachine reports whether mr is a request that never started, owned by its
@@ -622,31 +663,43 @@ func leaderMachine(wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) *c
 	return nil
 }
 
-// inject applies one fault.
-func inject(t *testing.T, wc *sandbox.WorkloadCluster, kind faultKind, m clusterv1.Machine, stop <-chan struct{}) {
+// skipAnnotatedAt holds, by "namespace/name", when a skipRemediation fault added the annotation.
+var skipAnnotatedAt sync.Map
+
+// inject applies one fault, and says why when it could not.
+func inject(wc *sandbox.WorkloadCluster, kind faultKind, m clusterv1.Machine, stop <-chan struct{}) error {
 	node := m.Status.NodeRef.Name
 	var err error
 	switch kind {
 	case killMember:
 		sb.KillEtcdMember(wc, node)
 	case stopKubelet, stopLeaderKubelet:
-		err = sb.StopKubelet(ctx, wc, node)
+		// The leader is chosen when the scenario is planned: it may be the first victim, whose Node
+		// can be gone (replaced) by now. That is no fault left uninjected, and the invariants check
+		// the replacement.
+		err = client.IgnoreNotFound(sb.StopKubelet(ctx, wc, node))
 	case stopHeartbeat:
-		err = sb.StopHeartbeat(ctx, wc, node)
+		err = client.IgnoreNotFound(sb.StopHeartbeat(ctx, wc, node))
 	case deleteRequest:
 		err = deleteWhenRunning(wc, stop)
 	case stripLock:
 		forDuration(stop, 20*time.Second, func() { _ = sb.StripControlPlaneLock(ctx, wc) })
 	case skipRemediation:
-		err = client.IgnoreNotFound(sb.AnnotateMachine(ctx, wc, m.Name, clusterv1.MachineSkipRemediationAnnotation, true))
+		// The victim may already be replaced (its remediation ran to its end): then there is nothing
+		// to annotate, and the invariants check the replacement.
+		if err = sb.AnnotateMachine(ctx, wc, m.Name, clusterv1.MachineSkipRemediationAnnotation, true); err == nil {
+			skipAnnotatedAt.Store(wc.Namespace+"/"+m.Name, time.Now())
+		}
+		err = client.IgnoreNotFound(err)
 	case writeConflicts:
 		forDuration(stop, 15*time.Second, func() { touchAll(wc) })
 	case crashController:
 		// Armed when the controller was started (CrashAfterWrites).
 	}
 	if err != nil {
-		t.Logf("injecting %s: %v", kind, err)
+		return fmt.Errorf("%s on %s: %w", kind, node, err)
 	}
+	return nil
 }
 
 // forDuration calls f every 100 ms for d or until stop.

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sort"
@@ -10,6 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -17,7 +21,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/capr-io/capr/controllers"
-	"github.com/capr-io/capr/etcdutil"
 )
 
 // CAPR is a running CAPR manager (health checker and remediators) against the sandbox. Tests stop
@@ -216,6 +219,10 @@ func (c *crashingStatus) Patch(ctx context.Context, obj client.Object, patch cli
 // sample where fewer than a quorum of the voting members (read from etcd's member list) had their
 // process running, and every stretch of more than 3 s in which no member answered at all (a leader
 // election in progress is not quorum loss).
+//
+// It is an oracle, so it shares nothing with the code under test: it reads the member list with a
+// plain etcd client (not etcdutil.Cluster.Inspect) and does the quorum arithmetic itself (not
+// etcdutil.Quorum), so that a fault in either cannot hide itself.
 type QuorumWatcher struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -254,6 +261,9 @@ func (w *QuorumWatcher) recordMargin(margin int, at time.Time, what string) {
 // unansweredIsLost is how long no member may answer before the watcher counts quorum as lost.
 const unansweredIsLost = 3 * time.Second
 
+// watcherCallTimeout bounds each of the watcher's etcd calls.
+const watcherCallTimeout = 500 * time.Millisecond
+
 // WatchQuorum starts sampling.
 func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumWatcher {
 	wctx, cancel := context.WithCancel(ctx)
@@ -262,27 +272,24 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 		defer close(w.done)
 		var failingSince time.Time
 		reported := false
-		// Connections are kept between samples (a client whose call failed is redialled): a fresh
-		// TLS handshake with every member every 50 ms was most of the fault suite's CPU.
-		clients := &etcdutil.ClientCache{}
-		defer clients.Forget(wc.Name)
+		// Connections are kept between samples: a fresh TLS handshake with every member every 50 ms
+		// was most of the fault suite's CPU.
+		clients := &rawMemberClients{tls: wc.Etcd.ClientTLS(), byName: map[string]*rawMemberClient{}}
+		defer clients.close()
 		for wctx.Err() == nil {
 			endpoints := wc.Etcd.Endpoints()
-			ec := &etcdutil.Cluster{CallTimeout: 500 * time.Millisecond, Connector: clients.For(wc.Name, nil, &etcdutil.Direct{
-				Endpoints: endpoints, TLS: wc.Etcd.ClientTLS(), DialTimeout: 500 * time.Millisecond})}
 			names := make([]string, 0, len(endpoints))
 			for n := range endpoints {
 				names = append(names, n)
 			}
 			sort.Strings(names)
-			clients.Retain(wc.Name, names)
 			// Which processes run is read before the member list: a member removed and then
 			// stopped between the two reads must not count as a voting member that is down.
 			running := map[string]bool{}
 			for _, n := range names {
 				running[n] = wc.Etcd.Running(n)
 			}
-			state, err := ec.Inspect(wctx, names)
+			members, err := clients.memberList(wctx, names, endpoints, running)
 			if wctx.Err() != nil {
 				return
 			}
@@ -292,37 +299,32 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 			case err != nil && failingSince.IsZero():
 				failingSince = time.Now()
 			case err != nil && time.Since(failingSince) > unansweredIsLost && !reported:
-				// A leader election makes linearizable calls (member list, alarms) time out for a
-				// moment; only a cluster that answers nothing for longer counts as without quorum.
+				// A leader election makes linearizable calls time out for a moment; only a cluster
+				// that answers nothing, not even a member's own view, for longer counts as without quorum.
 				w.lost = append(w.lost, fmt.Sprintf("%s: no member answered for %s: %v", time.Now().Format(time.StampMilli), unansweredIsLost, err))
 				reported = true
 			case err != nil:
 			default:
 				failingSince, reported = time.Time{}, false
-				voting, up := 0, 0
-				for _, m := range state.Members {
-					if !m.IsLearner {
-						voting++
-						if m.Reachable {
-							up++
-						}
-					}
-				}
-				// The margin counts members whose process runs (the sandbox knows): a slow answer under
+				// Every voter in etcd's own list counts, also one the sandbox never started (it has no
+				// name until its process first joins): it votes, and is not running. The margin and
+				// the loss count members whose process runs (the sandbox knows): a slow answer under
 				// load is not a failure, and a member behind a dead kubelet still votes.
-				alive := 0
-				for _, m := range state.Members {
-					if !m.IsLearner && running[m.Name] {
+				voting, alive := 0, 0
+				for _, m := range members {
+					if m.IsLearner {
+						continue
+					}
+					voting++
+					if m.Name != "" && running[m.Name] {
 						alive++
 					}
 				}
-				w.recordMargin(alive-etcdutil.Quorum(voting), time.Now(), fmt.Sprintf("%d of %d voting members running", alive, voting))
-				// Lost means fewer voting members running than quorum: the sandbox's faults kill
-				// processes, and it knows which run. Whether a member answered its status call within
-				// the watcher's 500 ms is not that (under load four of six running members once did
-				// not, while the linearizable member list above had just been answered by a quorum).
-				if alive < etcdutil.Quorum(voting) {
-					w.lost = append(w.lost, fmt.Sprintf("%s: %d of %d voting members running (%d answered)", time.Now().Format(time.StampMilli), alive, voting, up))
+				w.recordMargin(alive-(voting/2+1), time.Now(), fmt.Sprintf("%d of %d voting members running", alive, voting))
+				// Quorum is a strict majority of the voters (etcd's raft: a leader needs votes from
+				// more than half of them). The sandbox's faults kill processes, and it knows which run.
+				if 2*alive <= voting {
+					w.lost = append(w.lost, fmt.Sprintf("%s: %d of %d voting members running", time.Now().Format(time.StampMilli), alive, voting))
 				}
 			}
 			w.mu.Unlock()
@@ -333,6 +335,73 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 		}
 	}()
 	return w
+}
+
+// rawMemberClients are plain etcd clients, one per member endpoint, kept between samples.
+type rawMemberClients struct {
+	tls    *tls.Config
+	byName map[string]*rawMemberClient
+}
+
+type rawMemberClient struct {
+	endpoint string
+	cli      *clientv3.Client
+}
+
+// memberList reads etcd's member list through the running members: linearizable through any of
+// them (served only with a quorum), else the first member's own (serializable) view, so that a
+// cluster that lost quorum is still counted. It fails only when no running member answers.
+func (c *rawMemberClients) memberList(ctx context.Context, names []string, endpoints map[string]string, running map[string]bool) ([]*etcdserverpb.Member, error) {
+	var errs []error
+	for _, serializable := range []bool{false, true} {
+		for _, n := range names {
+			if !running[n] {
+				continue
+			}
+			cli, err := c.get(n, endpoints[n])
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			var opts []clientv3.OpOption
+			if serializable {
+				opts = append(opts, clientv3.WithSerializable())
+			}
+			cctx, cancel := context.WithTimeout(ctx, watcherCallTimeout)
+			resp, err := cli.MemberList(cctx, opts...)
+			cancel()
+			if err == nil {
+				return resp.Members, nil
+			}
+			errs = append(errs, fmt.Errorf("member list from %s (serializable %t): %w", n, serializable, err))
+		}
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no member process runs")
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (c *rawMemberClients) get(name, endpoint string) (*clientv3.Client, error) {
+	if rc, ok := c.byName[name]; ok {
+		if rc.endpoint == endpoint {
+			return rc.cli, nil
+		}
+		_ = rc.cli.Close() // the member was started again on other ports
+		delete(c.byName, name)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: c.tls, DialTimeout: watcherCallTimeout, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %s: %w", name, err)
+	}
+	c.byName[name] = &rawMemberClient{endpoint: endpoint, cli: cli}
+	return cli, nil
+}
+
+func (c *rawMemberClients) close() {
+	for _, rc := range c.byName {
+		_ = rc.cli.Close()
+	}
 }
 
 // Lost returns the samples without quorum so far.
