@@ -70,11 +70,12 @@ func TestMissingEntriesNamesTheConstant(t *testing.T) {
 		}
 		pkg := filepath.Base(src.dir)
 		body := "package " + pkg + "\n"
-		if src.suffixReason {
+		switch {
+		case src.suffixReason:
 			body += "const (\n\tFooCondition = \"Foo\"\n\tFooWaitingReason = \"FooWaiting\"\n\tFooDoneReason = \"FooDone\"\n\tunexportedReason = \"Hidden\"\n)\n"
-		} else if pkg == "escalation" {
+		case pkg == "escalation":
 			body += "const EventCreated = \"EscalationCreated\"\n"
-		} else {
+		default:
 			body += "import \"x/escalation\"\nconst (\n\tEventFoo = \"FooHappened\"\n\tEventCopied = escalation.EventCreated\n\tNotAnEvent = \"Other\"\n)\n"
 		}
 		if err := os.WriteFile(filepath.Join(dir, "c.go"), []byte(body), 0o644); err != nil {

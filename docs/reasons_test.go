@@ -46,8 +46,11 @@ func reasonConstants(root string) ([]reason, error) {
 	fset := token.NewFileSet()
 	for _, src := range reasonSources {
 		files, err := filepath.Glob(filepath.Join(root, src.dir, "*.go"))
-		if err != nil || len(files) == 0 {
-			return nil, fmt.Errorf("no Go files in %s (%v): reasonSources must follow the code", src.dir, err)
+		if err != nil {
+			return nil, fmt.Errorf("listing Go files in %s: %w", src.dir, err)
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("no Go files in %s: reasonSources must follow the code", src.dir)
 		}
 		for _, path := range files {
 			if strings.HasSuffix(path, "_test.go") {

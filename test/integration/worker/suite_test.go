@@ -193,7 +193,7 @@ func run(m *testing.M) int {
 	}
 	workloadClusters = setup.ClusterCache
 	// The policy fencer reads the workload cluster's Nodes for a Machine without a Node (Required).
-	fencer.stub.PolicyFencer.Workload = setup.ClusterCache.GetUncachedClient
+	fencer.stub.Workload = setup.ClusterCache.GetUncachedClient
 	fencer.real.Store(controllers.NewFencer(mgr, setup.ClusterCache))
 	// CAPI v1.14's own MachineHealthCheck reconciler, in its own manager as in CAPI's (interop tests).
 	capiMgr, err := capienv.CAPIMachineHealthCheckManager(mgrCtx, testEnv.Config, 2, false)
