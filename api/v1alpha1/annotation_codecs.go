@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Each annotation format has exactly one codec here: a parse function and a Marshal method, in the
@@ -17,6 +20,9 @@ func MarkRecordFromAnnotation(value string) (*MarkRecord, error) {
 	rec := &MarkRecord{}
 	if err := json.Unmarshal([]byte(value), rec); err != nil {
 		return nil, fmt.Errorf("unmarshalling value %q of annotation %s: %w", value, UnhealthyAnnotation, err)
+	}
+	if err := checkTimestamp(rec.Since); err != nil {
+		return nil, fmt.Errorf("value %q of annotation %s: since %w", value, UnhealthyAnnotation, err)
 	}
 	return rec, nil
 }
@@ -42,6 +48,12 @@ func RemediationRecordFromAnnotation(value string) (*RemediationRecord, error) {
 	if rec.Machine == "" {
 		return nil, fmt.Errorf("value %q of annotation %s: machine must not be empty", value, RemediationRecordAnnotation)
 	}
+	if rec.RetryCount < 0 {
+		return nil, fmt.Errorf("value %q of annotation %s: retryCount must not be negative", value, RemediationRecordAnnotation)
+	}
+	if err := checkTimestamp(rec.Timestamp); err != nil {
+		return nil, fmt.Errorf("value %q of annotation %s: timestamp %w", value, RemediationRecordAnnotation, err)
+	}
 	return rec, nil
 }
 
@@ -62,6 +74,9 @@ func ControlPlaneLockFromAnnotation(value string) (*ControlPlaneLock, error) {
 	}
 	if l.MachineRemediation == "" {
 		return nil, fmt.Errorf("value %q of annotation %s: machineRemediation must not be empty", value, ControlPlaneLockAnnotation)
+	}
+	if l.DesiredReplicas < 0 {
+		return nil, fmt.Errorf("value %q of annotation %s: desiredReplicas must not be negative", value, ControlPlaneLockAnnotation)
 	}
 	return l, nil
 }
@@ -159,6 +174,17 @@ func (e MarkEntry) validate() error {
 		return fmt.Errorf("checker %q must be a non-empty <namespace>/<name>", e.Checker)
 	case e.Reason == "" || strings.ContainsAny(e.Reason, " \t\n)"):
 		return fmt.Errorf("reason %q of checker %s must be non-empty, without spaces or \")\"", e.Reason, e.Checker)
+	}
+	return nil
+}
+
+// checkTimestamp refuses a time that metav1.Time would write back as text it cannot parse: it
+// parses any RFC 3339 offset but writes UTC with time.RFC3339, whose year has four digits, so
+// "9999-12-31T23:59:59-01:00" would come back as year 10000 (k8s.io/apimachinery
+// pkg/apis/meta/v1/time.go MarshalJSON). Found by FuzzMarkRecordFromAnnotation.
+func checkTimestamp(t metav1.Time) error {
+	if y := t.UTC().Year(); !t.IsZero() && (y < 0 || y > 9999) {
+		return fmt.Errorf("%s is outside years 0000-9999 in UTC", t.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
