@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -25,6 +26,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/remediation/retention"
 )
 
@@ -51,6 +53,7 @@ type options struct {
 	reconcileTimeout        time.Duration
 	retentionTTL            time.Duration
 	retentionMaxPerCluster  int
+	allowEtcdEndpoints      bool
 	managerOptions          flags.ManagerOptions
 	zap                     zap.Options
 }
@@ -82,6 +85,8 @@ func (o *options) bind(fs *pflag.FlagSet) {
 		"How long a finished (Succeeded or Failed) MachineRemediation is kept after its completionTime, as a Job's ttlSecondsAfterFinished; 0: no time limit. Requests that still matter (a fence to undo, a Failed one whose Machine exists) are kept regardless.")
 	fs.IntVar(&o.retentionMaxPerCluster, "machineremediation-max-finished-per-cluster", retention.DefaultMaxPerCluster,
 		"Maximum number of finished MachineRemediations kept per Cluster, the oldest deleted first; 0: no limit.")
+	fs.BoolVar(&o.allowEtcdEndpoints, strings.TrimPrefix(etcdutil.AllowEndpointsFlag, "--"), false,
+		fmt.Sprintf("Dial the etcd addresses a Cluster's %s annotation names (external etcd). Off: the annotation is ignored, with a Warning event on the Cluster, since anyone who may annotate a Cluster could point CAPR's etcd client at any address.", etcdutil.EndpointsAnnotation))
 	flags.AddManagerOptions(fs, &o.managerOptions)
 	zfs := flag.NewFlagSet("zap", flag.ExitOnError)
 	o.zap.BindFlags(zfs)
@@ -157,6 +162,7 @@ func run(ctx context.Context, o *options) error {
 		EtcdCallTimeout:         o.etcdCallTimeout,
 		ReconcileTimeout:        o.reconcileTimeout,
 		Retention:               retention.Settings{TTL: o.retentionTTL, MaxPerCluster: o.retentionMaxPerCluster},
+		AllowEtcdEndpoints:      o.allowEtcdEndpoints,
 	}); err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
 )
 
 func TestCheckCRDsNamesWhatIsMissing(t *testing.T) {
@@ -107,4 +108,21 @@ func TestReconcileTimeoutMustLeaveRoomForEtcd(t *testing.T) {
 	g.Expect(o.validate()).To(Succeed())
 	g.Expect(fs.Parse([]string{"--etcd-call-timeout-duration=30s"})).To(Succeed())
 	g.Expect(o.validate()).To(MatchError(ContainSubstring("at least 2m10s")), "the bound follows the etcd timeouts")
+}
+
+// TestEtcdEndpointsAnnotationIsOffByDefault: without the flag, the manager does not dial what a
+// Cluster's etcd-endpoints annotation names (etcdutil.DecideEndpoints); the flag is the one the
+// Warning event names.
+func TestEtcdEndpointsAnnotationIsOffByDefault(t *testing.T) {
+	g := NewWithT(t)
+	fs := pflag.NewFlagSet("defaults", pflag.ContinueOnError)
+	o := &options{}
+	o.bind(fs)
+	g.Expect(fs.Parse(nil)).To(Succeed())
+	g.Expect(o.allowEtcdEndpoints).To(BeFalse())
+	f := fs.Lookup(strings.TrimPrefix(etcdutil.AllowEndpointsFlag, "--"))
+	g.Expect(f).NotTo(BeNil(), "main.go defines no flag %s", etcdutil.AllowEndpointsFlag)
+	g.Expect(f.DefValue).To(Equal("false"))
+	g.Expect(fs.Parse([]string{etcdutil.AllowEndpointsFlag})).To(Succeed())
+	g.Expect(o.allowEtcdEndpoints).To(BeTrue())
 }

@@ -77,6 +77,9 @@ type Options struct {
 	// EtcdDialTimeout and EtcdCallTimeout bound every etcd connection and call (KCP's defaults: 10s, 15s).
 	EtcdDialTimeout time.Duration
 	EtcdCallTimeout time.Duration
+	// AllowEtcdEndpoints honours the etcd-endpoints annotation of Clusters (etcdutil.AllowEndpointsFlag,
+	// off by default): without it CAPR never dials an address a Cluster's annotation names.
+	AllowEtcdEndpoints bool
 	// Fencer overrides the fencing step (tests); nil means the policy fencer with the built-in backends
 	// (NewFencer).
 	Fencer fencing.Fencer
@@ -205,6 +208,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 	workload := &etcdutil.Workload{
 		SecretReader: mgr.GetAPIReader(), ClusterCache: cc,
 		DialTimeout: opts.EtcdDialTimeout, CallTimeout: opts.EtcdCallTimeout,
+		AllowEndpointsAnnotation: opts.AllowEtcdEndpoints, Recorder: mgr.GetEventRecorder("capr-etcd"),
 	}
 	members := opts.EtcdMembers
 	if members == nil {

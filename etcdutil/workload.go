@@ -6,20 +6,90 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // EndpointsAnnotation on a Cluster switches CAPR to direct etcd endpoints (external etcd, or any
 // setup where the etcd-<node> pods cannot be port-forwarded to). Its value is a JSON object mapping
-// each member name (the Node name for stacked etcd) to host:port.
+// each member name (the Node name for stacked etcd) to host:port. Anyone who may annotate a Cluster
+// could point CAPR's etcd client, with the cluster's client certificate, at any address, so the
+// manager honours it only with AllowEndpointsFlag (Workload.AllowEndpointsAnnotation).
 const EndpointsAnnotation = "remediation.cluster.x-k8s.io/etcd-endpoints"
+
+// AllowEndpointsFlag is the manager flag that makes CAPR dial the addresses of EndpointsAnnotation.
+const AllowEndpointsFlag = "--allow-etcd-endpoints-annotation"
+
+// EventEndpointsIgnored is the Warning event reason on a Cluster whose EndpointsAnnotation the
+// manager ignores because AllowEndpointsFlag is off.
+const EventEndpointsIgnored = "EtcdEndpointsAnnotationIgnored"
+
+// EndpointsFromAnnotation parses the value of EndpointsAnnotation: a JSON object of member name to
+// host:port, with a non-empty host and a port in 1-65535 (net.SplitHostPort; IPv6 as [addr]:port).
+// An error names the annotation and the member.
+func EndpointsFromAnnotation(value string) (map[string]string, error) {
+	endpoints := map[string]string{}
+	if err := json.Unmarshal([]byte(value), &endpoints); err != nil {
+		return nil, fmt.Errorf("annotation %s is not a JSON object of member name to host:port: %w", EndpointsAnnotation, err)
+	}
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("annotation %s names no member", EndpointsAnnotation)
+	}
+	for name, addr := range endpoints {
+		if name == "" {
+			return nil, fmt.Errorf("annotation %s has an empty member name", EndpointsAnnotation)
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("annotation %s, member %q: %q is not host:port: %w", EndpointsAnnotation, name, addr, err)
+		}
+		if host == "" {
+			return nil, fmt.Errorf("annotation %s, member %q: %q has no host", EndpointsAnnotation, name, addr)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("annotation %s, member %q: %q has no port in 1-65535", EndpointsAnnotation, name, addr)
+		}
+	}
+	return endpoints, nil
+}
+
+// EndpointsDecision is what CAPR does with a Cluster's EndpointsAnnotation.
+type EndpointsDecision struct {
+	// Endpoints are the addresses to dial; nil to reach etcd through the API server (port-forward).
+	Endpoints map[string]string
+	// Ignored, when set, says that the annotation is present but not honoured, and why.
+	Ignored string
+}
+
+// DecideEndpoints decides from a Cluster's annotations and the manager's AllowEndpointsFlag: without
+// the annotation, or with the flag off, etcd is reached through the API server, and an annotation
+// present but not honoured is said in Ignored; with both, the annotation must parse.
+func DecideEndpoints(cluster *clusterv1.Cluster, allow bool) (EndpointsDecision, error) {
+	v, ok := cluster.Annotations[EndpointsAnnotation]
+	switch {
+	case !ok:
+		return EndpointsDecision{}, nil
+	case !allow:
+		return EndpointsDecision{Ignored: fmt.Sprintf("annotation %s on Cluster %s is ignored: the manager dials its addresses only when started with %s; etcd is reached through the API server",
+			EndpointsAnnotation, cluster.Name, AllowEndpointsFlag)}, nil
+	}
+	endpoints, err := EndpointsFromAnnotation(v)
+	if err != nil {
+		return EndpointsDecision{}, fmt.Errorf("cluster %s: %w", cluster.Name, err)
+	}
+	return EndpointsDecision{Endpoints: endpoints}, nil
+}
 
 // clientCertValidity and clientCertRenewAfter bound the life of the client certificates CAPR signs.
 // secretRecheck is how long a cluster's etcd CA secret is trusted before it is read again (a rotated
@@ -49,6 +119,11 @@ type Workload struct {
 	ClusterCache clustercache.ClusterCache
 	DialTimeout  time.Duration
 	CallTimeout  time.Duration
+	// AllowEndpointsAnnotation honours EndpointsAnnotation (AllowEndpointsFlag; off by default).
+	AllowEndpointsAnnotation bool
+	// Recorder, when set, receives a Warning event EventEndpointsIgnored on a Cluster whose
+	// annotation is ignored.
+	Recorder events.EventRecorder
 
 	mu        sync.Mutex
 	certs     map[types.UID]*cachedTLS
@@ -124,13 +199,19 @@ func (w *Workload) ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (
 		return nil, err
 	}
 	scope := string(cluster.UID)
-	if v, ok := cluster.Annotations[EndpointsAnnotation]; ok {
-		endpoints := map[string]string{}
-		if err := json.Unmarshal([]byte(v), &endpoints); err != nil {
-			return nil, fmt.Errorf("annotation %s on Cluster %s is not a JSON object of member name to host:port: %w", EndpointsAnnotation, cluster.Name, err)
+	decision, err := DecideEndpoints(cluster, w.AllowEndpointsAnnotation)
+	if err != nil {
+		return nil, err
+	}
+	if decision.Ignored != "" {
+		ctrl.LoggerFrom(ctx).Info("Ignoring the etcd endpoints annotation", "cluster", klog.KObj(cluster), "reason", decision.Ignored)
+		if w.Recorder != nil {
+			w.Recorder.Eventf(cluster, nil, corev1.EventTypeWarning, EventEndpointsIgnored, "ConnectEtcd", "%s", decision.Ignored)
 		}
-		direct := &Direct{Endpoints: endpoints, TLS: tlsConfig, DialTimeout: w.DialTimeout}
-		return &Cluster{Connector: w.clients.For(scope, connectorGeneration{tls: tlsConfig, addr: v}, direct), CallTimeout: w.CallTimeout}, nil
+	}
+	if decision.Endpoints != nil {
+		direct := &Direct{Endpoints: decision.Endpoints, TLS: tlsConfig, DialTimeout: w.DialTimeout}
+		return &Cluster{Connector: w.clients.For(scope, connectorGeneration{tls: tlsConfig, addr: cluster.Annotations[EndpointsAnnotation]}, direct), CallTimeout: w.CallTimeout}, nil
 	}
 	restConfig, err := w.ClusterCache.GetRESTConfig(ctx, client.ObjectKeyFromObject(cluster))
 	if err != nil {

@@ -66,7 +66,7 @@ func TestWorkloadReadsTheCASecretThroughACache(t *testing.T) {
 	fc := fake.NewClientBuilder().WithScheme(scheme).WithObjects(secret).Build()
 	reader := &countingReader{Reader: fc}
 	clock := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	w := &Workload{SecretReader: reader, now: func() time.Time { return clock }}
+	w := &Workload{SecretReader: reader, AllowEndpointsAnnotation: true, now: func() time.Time { return clock }}
 	w.clients.now = w.now
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c1", UID: "uid-1",
 		Annotations: map[string]string{EndpointsAnnotation: `{"n1":"127.0.0.1:1"}`}}}

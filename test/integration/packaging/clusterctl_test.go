@@ -110,6 +110,7 @@ func TestClusterctlInstallsCAPRAsAnAddonProvider(t *testing.T) {
 		"--kube-api-burst=200",
 		"--machineremediation-ttl-after-finished=24h",
 		"--machineremediation-max-finished-per-cluster=100",
+		"--allow-etcd-endpoints-annotation=false",
 	))
 }
 

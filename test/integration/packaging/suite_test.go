@@ -21,6 +21,7 @@ var (
 // componentVariables are the clusterctl variables of CAPR's components: docs/user/install.md
 // ("Configuration variables") lists the same.
 var componentVariables = []string{
+	"CAPR_ALLOW_ETCD_ENDPOINTS_ANNOTATION",
 	"CAPR_CLUSTERCACHE_CLIENT_BURST",
 	"CAPR_CLUSTERCACHE_CLIENT_QPS",
 	"CAPR_CLUSTERCACHE_CONCURRENCY",
