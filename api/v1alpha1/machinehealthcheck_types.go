@@ -24,6 +24,10 @@ const (
 	// MachineHealthCheckStormCooldownReason is used (on RemediationAllowed and StormCooldown) while the
 	// cooldown after a storm runs (spec.remediation.stormCooldownSeconds).
 	MachineHealthCheckStormCooldownReason = "StormCooldown"
+	// MachineHealthCheckInvalidSelectorReason is used (on RemediationAllowed) when spec.selector does
+	// not parse as a label selector: nothing is checked until it is fixed. Admission refuses such a
+	// selector; one stored before it did (an older CRD) is reported so.
+	MachineHealthCheckInvalidSelectorReason = "InvalidSelector"
 
 	// MachineHealthCheckStormCooldownCondition is True while the cooldown after a remediation storm
 	// runs; its lastTransitionTime is when the storm ended. False with reason StormActive during a
@@ -121,6 +125,9 @@ const (
 	EventTargetsOverlap = "TargetsOverlap"
 	// EventWorkloadClusterUnreachable is emitted when the workload cluster cannot be reached.
 	EventWorkloadClusterUnreachable = "WorkloadClusterUnreachable"
+	// EventInvalidSelector is emitted (Warning) on a MachineHealthCheck when its spec.selector does
+	// not parse.
+	EventInvalidSelector = "InvalidSelector"
 )
 
 // Default values applied by the controller when a field is unset.
@@ -165,8 +172,8 @@ type MachineSelector struct {
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",message="selector.matchLabels: keys must be valid label keys"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 63)",message="selector.matchLabels: values must be at most 63 characters"
-	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.indexOf('/') <= 253)",message="selector.matchLabels: keys must be valid label keys (prefix at most 253 characters)"
+	MatchLabels map[string]LabelValue `json:"matchLabels,omitempty"`
 
 	// matchExpressions is a list of label selector requirements; all must match.
 	// +optional
@@ -175,6 +182,13 @@ type MachineSelector struct {
 	MatchExpressions []MachineSelectorRequirement `json:"matchExpressions,omitempty"`
 }
 
+// LabelValue is a label value (k8s.io/apimachinery pkg/util/validation IsValidLabelValue). A type of
+// its own because only a named type carries a schema for map values: a CEL rule with matches() over
+// the values of an unbounded map exceeds the CRD's estimated cost budget, maxLength bounds it.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:Pattern=`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`
+type LabelValue string
+
 // MachineSelectorRequirement is a metav1.LabelSelectorRequirement with its rules in the CRD.
 // +kubebuilder:validation:XValidation:rule="(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",message="values must be non-empty for operators In and NotIn, and empty for Exists and DoesNotExist"
 type MachineSelectorRequirement struct {
@@ -182,6 +196,7 @@ type MachineSelectorRequirement struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=316
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && self.indexOf('/') <= 253",message="key must be a valid label key"
 	Key string `json:"key"`
 	// operator is In, NotIn, Exists or DoesNotExist.
 	// +required
@@ -191,6 +206,8 @@ type MachineSelectorRequirement struct {
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`
 	Values []string `json:"values,omitempty"`
 }
 

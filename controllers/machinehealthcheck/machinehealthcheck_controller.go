@@ -191,6 +191,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck) (ctrl.Result, error) {
 	now := time.Now()
 	adoptByCluster(mhc, cluster)
+	// A selector that does not parse is the health check's own fault, not the workload cluster's: it
+	// is said as such, and the round waits for the spec to change (which starts the next round).
+	if _, err := r.selectors.of(mhc); err != nil {
+		r.setInvalidSelector(ctx, mhc, err)
+		return ctrl.Result{}, nil
+	}
 	templatesRetry := r.checkTemplates(ctx, mhc, now)
 	facts, cfg := factsOf(cluster), configOf(mhc)
 
@@ -980,14 +986,11 @@ var noCopy = &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}
 
 // machineSelector is the health check's selector restricted to its cluster.
 func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {
-	ls := &metav1.LabelSelector{MatchLabels: map[string]string{}}
-	for k, v := range mhc.Spec.Selector.MatchLabels {
-		ls.MatchLabels[k] = v
+	ls := mhc.Spec.Selector.LabelSelector()
+	if ls.MatchLabels == nil {
+		ls.MatchLabels = map[string]string{}
 	}
 	ls.MatchLabels[clusterv1.ClusterNameLabel] = mhc.Spec.ClusterName
-	for _, e := range mhc.Spec.Selector.MatchExpressions {
-		ls.MatchExpressions = append(ls.MatchExpressions, metav1.LabelSelectorRequirement{Key: e.Key, Operator: e.Operator, Values: e.Values})
-	}
 	s, err := metav1.LabelSelectorAsSelector(ls)
 	if err != nil {
 		return nil, fmt.Errorf("invalid spec.selector: %w", err)
@@ -1006,6 +1009,19 @@ func (r *Reconciler) setUnreachable(mhc *caprv1.MachineHealthCheck, err error) {
 	}) {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventWorkloadClusterUnreachable, "HealthCheck",
 			"Workload cluster %s cannot be reached; no Machine is marked until it can: %v", mhc.Spec.ClusterName, err)
+	}
+}
+
+// setInvalidSelector reports that spec.selector does not parse: RemediationAllowed is False with
+// reason InvalidSelector, and a Warning event when it just became so.
+func (r *Reconciler) setInvalidSelector(ctx context.Context, mhc *caprv1.MachineHealthCheck, err error) {
+	ctrl.LoggerFrom(ctx).Info("Health check not run: its selector does not parse", "machineHealthCheck", klog.KObj(mhc), "err", err.Error())
+	mhc.Status.RemediationsAllowed = ptr.To(int32(0))
+	msg := fmt.Sprintf("No Machine is checked until spec.selector is fixed: %v", err)
+	c := metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+		Reason: caprv1.MachineHealthCheckInvalidSelectorReason, Message: msg}
+	if r.setCondition(mhc, c) {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventInvalidSelector, "HealthCheck", "%s", msg)
 	}
 }
 

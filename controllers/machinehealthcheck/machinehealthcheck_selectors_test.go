@@ -20,7 +20,7 @@ func TestSelectorsFollowTheHealthChecksVersion(t *testing.T) {
 	hc := func(uid types.UID, rv, pool string) *caprv1.MachineHealthCheck {
 		mhc := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "hc", UID: uid, ResourceVersion: rv}}
 		mhc.Spec.ClusterName = "c"
-		mhc.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]string{"pool": pool}}
+		mhc.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": caprv1.LabelValue(pool)}}
 		return mhc
 	}
 	machineOf := func(pool string) labels.Set { return labels.Set{"pool": pool, clusterv1.ClusterNameLabel: "c"} }
@@ -43,7 +43,7 @@ func TestSelectorsFollowTheHealthChecksVersion(t *testing.T) {
 			var s selectors
 			first, err := s.of(tt.first)
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(first.Matches(machineOf(tt.first.Spec.Selector.MatchLabels["pool"]))).To(BeTrue())
+			g.Expect(first.Matches(machineOf(string(tt.first.Spec.Selector.MatchLabels["pool"])))).To(BeTrue())
 			if tt.forget {
 				s.forget(types.NamespacedName{Namespace: "ns", Name: "hc"})
 			}
@@ -62,7 +62,7 @@ func TestSelectorsKeepAnInvalidSelectorsError(t *testing.T) {
 	g := NewWithT(t)
 	mhc := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "hc", UID: "u1", ResourceVersion: "1"}}
 	mhc.Spec.ClusterName = "c"
-	mhc.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]string{"not a key!": "x"}}
+	mhc.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"not a key!": "x"}}
 	var s selectors
 	for range 2 {
 		_, err := s.of(mhc)

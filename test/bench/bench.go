@@ -480,7 +480,7 @@ func (f *fleet) healthCheck(i int) client.Object {
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
 		Spec: caprv1.MachineHealthCheckSpec{
 			ClusterName: f.cluster.Name,
-			Selector:    caprv1.MachineSelector{MatchLabels: selector},
+			Selector:    caprv1.MachineSelector{MatchLabels: caprv1.LabelValues(selector)},
 			Checks: caprv1.MachineHealthCheckChecks{
 				NodeStartupTimeoutSeconds: ptr.To[int32](600),
 				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{

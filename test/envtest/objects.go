@@ -184,7 +184,7 @@ func NewHealthCheck(namespace, cluster, pool string, timeoutSeconds int32) *capr
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "hc"},
 		Spec: caprv1.MachineHealthCheckSpec{
 			ClusterName: cluster,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": pool}},
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": caprv1.LabelValue(pool)}},
 			Checks: caprv1.MachineHealthCheckChecks{
 				NodeStartupTimeoutSeconds: ptr.To[int32](0),
 				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{

@@ -17,7 +17,7 @@ func ControlPlaneHealthCheck(namespace, name, cluster string, nodeSeconds int32)
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: caprv1.MachineHealthCheckSpec{
 			ClusterName: cluster,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{clusterv1.MachineControlPlaneLabel: ""}},
 			Checks: caprv1.MachineHealthCheckChecks{
 				NodeStartupTimeoutSeconds: ptr.To[int32](0),
 				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{

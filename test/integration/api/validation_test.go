@@ -43,7 +43,7 @@ func validHealthCheck(name string) *caprv1.MachineHealthCheck {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: caprv1.MachineHealthCheckSpec{
 			ClusterName: "c1",
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"cluster.x-k8s.io/control-plane": ""}},
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"cluster.x-k8s.io/control-plane": ""}},
 			Checks: caprv1.MachineHealthCheckChecks{
 				NodeStartupTimeoutSeconds: ptr.To[int32](600),
 				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
@@ -198,7 +198,7 @@ func TestClusterNameIsImmutable(t *testing.T) {
 	g.Expect(testEnv.Client.Create(ctx, mhc)).To(Succeed())
 	base := mhc.DeepCopy()
 	mhc.Spec.ClusterName = "c2"
-	mhc.Spec.Selector.MatchLabels = map[string]string{"cluster.x-k8s.io/control-plane": ""}
+	mhc.Spec.Selector.MatchLabels = map[string]caprv1.LabelValue{"cluster.x-k8s.io/control-plane": ""}
 	err := testEnv.Client.Patch(ctx, mhc, client.MergeFrom(base))
 	g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
 	g.Expect(err.Error()).To(ContainSubstring("spec.clusterName"))

@@ -641,7 +641,7 @@ func TestUnreachableWorkloadClusterMarksNothing(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
 		Spec: caprv1.MachineHealthCheckSpec{
 			ClusterName: "far",
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": "a"}},
 		},
 	}
 	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
@@ -942,7 +942,7 @@ func TestUnreachableWarningOncePerTransition(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
 		Spec: caprv1.MachineHealthCheckSpec{
 			ClusterName: "far",
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]string{"pool": "a"}},
+			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": "a"}},
 		},
 	})).To(Succeed())
 	// A burst of Machine events while the health check is being reconciled, as on a manager's start:

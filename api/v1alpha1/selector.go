@@ -1,0 +1,30 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// LabelSelector returns the selector as a metav1.LabelSelector (to parse with
+// metav1.LabelSelectorAsSelector).
+func (s MachineSelector) LabelSelector() *metav1.LabelSelector {
+	ls := &metav1.LabelSelector{}
+	if s.MatchLabels != nil {
+		ls.MatchLabels = make(map[string]string, len(s.MatchLabels))
+		for k, v := range s.MatchLabels {
+			ls.MatchLabels[k] = string(v)
+		}
+	}
+	for _, e := range s.MatchExpressions {
+		ls.MatchExpressions = append(ls.MatchExpressions, metav1.LabelSelectorRequirement{Key: e.Key, Operator: e.Operator, Values: e.Values})
+	}
+	return ls
+}
+
+// LabelValues converts a label map to MachineSelector.MatchLabels.
+func LabelValues(labels map[string]string) map[string]LabelValue {
+	out := make(map[string]LabelValue, len(labels))
+	for k, v := range labels {
+		out[k] = LabelValue(v)
+	}
+	return out
+}
