@@ -102,6 +102,12 @@ func triggerIfDecision(t *caprv1.MachineHealthCheckRemediationTriggerIf, expecte
 	if t != nil && t.UnhealthyLessThanOrEqualTo != nil {
 		maxUnhealthy = *t.UnhealthyLessThanOrEqualTo
 	}
+	if p, err := strconv.Atoi(strings.TrimSuffix(maxUnhealthy.StrVal, "%")); maxUnhealthy.Type == intstr.String && err == nil && p > 100 {
+		// Above 100% allows what 100% allows. Scaled as is, a large percentage overflows int in
+		// intstr.GetScaledValueFromIntOrPercent (float64 to int) and reads as a negative limit, which
+		// would refuse every remediation (found by FuzzTriggerIfDecision).
+		maxUnhealthy = intstr.FromString("100%")
+	}
 	limit, err := intstr.GetScaledValueFromIntOrPercent(&maxUnhealthy, expected, false)
 	if err != nil {
 		return limitDecision{}, fmt.Errorf("invalid unhealthyLessThanOrEqualTo %q: %w", maxUnhealthy.String(), err)

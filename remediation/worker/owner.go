@@ -79,14 +79,29 @@ func resolveGroup(ctx context.Context, c client.Client, namespace, machineSet st
 	if md.Spec.Remediation.MaxInFlight == nil {
 		return g, nil
 	}
-	replicas := int(ptr.Deref(md.Spec.Replicas, 1))
-	n, err := intstr.GetScaledValueFromIntOrPercent(md.Spec.Remediation.MaxInFlight, replicas, true)
+	n, err := maxInFlightOf(md.Spec.Remediation.MaxInFlight, int(ptr.Deref(md.Spec.Replicas, 1)))
 	if err != nil {
 		g.wait = fmt.Sprintf("MachineDeployment %s has an invalid spec.remediation.maxInFlight %s: %v", md.Name, md.Spec.Remediation.MaxInFlight, err)
 		return g, nil
 	}
 	g.maxInFlight = n
 	return g, nil
+}
+
+// maxInFlightOf scales spec.remediation.maxInFlight to replicas as CAPI's MachineSet controller does
+// (intstr.GetScaledValueFromIntOrPercent, a percentage rounded up). CAPI's admission accepts a
+// negative value (core/webhooks/admission machinedeployment.go validateRemediationMaxInFlight checks
+// only the syntax), which would hold every remediation back as if too many were in flight: it is an
+// error here, so that the wait says why.
+func maxInFlightOf(v *intstr.IntOrString, replicas int) (int, error) {
+	n, err := intstr.GetScaledValueFromIntOrPercent(v, replicas, true)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("%d remediations in flight: must not be negative", n)
+	}
+	return n, nil
 }
 
 // key identifies the group for admission.
