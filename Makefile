@@ -96,6 +96,12 @@ UNIT_TIMEOUT ?= 5m
 unit: ## Run the tests that need no binaries (every package not under test/): no kube-apiserver, no etcd, bin/ not used.
 	go test $(UNIT_PACKAGES) -count=1 -timeout $(UNIT_TIMEOUT) $(GO_TEST_FLAGS)
 
+FUZZTIME ?= 30s
+
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target (func FuzzXxx outside test/) for FUZZTIME each (default 30s), one after another; a crash's input lands in the package's testdata/fuzz.
+	FUZZTIME=$(FUZZTIME) hack/fuzz.sh
+
 .PHONY: test-kcp
 test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI core, CABPK, KCP, webhooks, kube-controller-manager); make test runs a subset.
 	go test ./test/kubeadm/... -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
