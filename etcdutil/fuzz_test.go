@@ -1,12 +1,14 @@
 package etcdutil
 
 import (
+	"context"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
@@ -72,5 +74,27 @@ func TestDecideEndpoints(t *testing.T) {
 	}
 	if _, err := DecideEndpoints(annotated(`{"n1":"192.0.2.1"}`), true); err == nil || !strings.Contains(err.Error(), `member "n1"`) {
 		t.Errorf("flag on, no port: got %v, want an error naming member n1", err)
+	}
+}
+
+// TestIgnoredAnnotationIsReportedOncePerValue: etcd is read every few seconds; the Warning that the
+// annotation is ignored is recorded once per Cluster and annotation value.
+func TestIgnoredAnnotationIsReportedOncePerValue(t *testing.T) {
+	recorder := events.NewFakeRecorder(10)
+	w := &Workload{Recorder: recorder}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c1", UID: "uid-1",
+		Annotations: map[string]string{EndpointsAnnotation: `{"n1":"192.0.2.1:2379"}`}}}
+	for range 3 {
+		w.reportIgnored(context.Background(), cluster, "ignored")
+	}
+	cluster.Annotations[EndpointsAnnotation] = `{"n1":"192.0.2.2:2379"}`
+	w.reportIgnored(context.Background(), cluster, "ignored")
+	w.Forget(cluster.UID)
+	w.reportIgnored(context.Background(), cluster, "ignored")
+	if n := len(recorder.Events); n != 3 {
+		t.Fatalf("got %d events, want 3 (first value, changed value, after Forget)", n)
+	}
+	if e := <-recorder.Events; !strings.HasPrefix(e, "Warning "+EventEndpointsIgnored+" ") {
+		t.Fatalf("event %q", e)
 	}
 }

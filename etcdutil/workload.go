@@ -125,8 +125,10 @@ type Workload struct {
 	// annotation is ignored.
 	Recorder events.EventRecorder
 
-	mu        sync.Mutex
-	certs     map[types.UID]*cachedTLS
+	mu    sync.Mutex
+	certs map[types.UID]*cachedTLS
+	// ignored is the EndpointsAnnotation value last reported as ignored, by Cluster.
+	ignored   map[types.UID]string
 	clients   ClientCache
 	lastSweep time.Time
 	// now is time.Now, replaceable in tests.
@@ -156,6 +158,7 @@ func (w *Workload) clock() time.Time {
 func (w *Workload) Forget(cluster types.UID) {
 	w.mu.Lock()
 	delete(w.certs, cluster)
+	delete(w.ignored, cluster)
 	w.mu.Unlock()
 	w.clients.Forget(string(cluster))
 }
@@ -204,10 +207,7 @@ func (w *Workload) ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (
 		return nil, err
 	}
 	if decision.Ignored != "" {
-		ctrl.LoggerFrom(ctx).Info("Ignoring the etcd endpoints annotation", "cluster", klog.KObj(cluster), "reason", decision.Ignored)
-		if w.Recorder != nil {
-			w.Recorder.Eventf(cluster, nil, corev1.EventTypeWarning, EventEndpointsIgnored, "ConnectEtcd", "%s", decision.Ignored)
-		}
+		w.reportIgnored(ctx, cluster, decision.Ignored)
 	}
 	if decision.Endpoints != nil {
 		direct := &Direct{Endpoints: decision.Endpoints, TLS: tlsConfig, DialTimeout: w.DialTimeout}
@@ -219,6 +219,26 @@ func (w *Workload) ForCluster(ctx context.Context, cluster *clusterv1.Cluster) (
 	}
 	pf := &PortForward{RESTConfig: restConfig, TLS: tlsConfig, DialTimeout: w.DialTimeout}
 	return &Cluster{Connector: w.clients.For(scope, connectorGeneration{tls: tlsConfig, addr: restConfig.Host}, pf), CallTimeout: w.CallTimeout}, nil
+}
+
+// reportIgnored says once per Cluster and annotation value that the annotation is ignored: etcd is
+// read every few seconds, and the same Warning each time would only repeat itself.
+func (w *Workload) reportIgnored(ctx context.Context, cluster *clusterv1.Cluster, msg string) {
+	value := cluster.Annotations[EndpointsAnnotation]
+	w.mu.Lock()
+	if w.ignored == nil {
+		w.ignored = map[types.UID]string{}
+	}
+	seen, ok := w.ignored[cluster.UID]
+	w.ignored[cluster.UID] = value
+	w.mu.Unlock()
+	if ok && seen == value {
+		return
+	}
+	ctrl.LoggerFrom(ctx).Info("Ignoring the etcd endpoints annotation", "cluster", klog.KObj(cluster), "reason", msg)
+	if w.Recorder != nil {
+		w.Recorder.Eventf(cluster, nil, corev1.EventTypeWarning, EventEndpointsIgnored, "ConnectEtcd", "%s", msg)
+	}
 }
 
 // tlsFor returns the cluster's client TLS configuration. The CA secret is read at most once per
