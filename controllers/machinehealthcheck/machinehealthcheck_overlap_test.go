@@ -15,7 +15,14 @@ import (
 // meet without looking at the Machines.
 func TestDisjointSelectors(t *testing.T) {
 	hc := func(matchLabels map[string]string) *caprv1.MachineHealthCheck {
-		return &caprv1.MachineHealthCheck{Spec: caprv1.MachineHealthCheckSpec{Selector: caprv1.MachineSelector{MatchLabels: matchLabels}}}
+		var labels map[string]caprv1.LabelValue
+		for k, v := range matchLabels {
+			if labels == nil {
+				labels = map[string]caprv1.LabelValue{}
+			}
+			labels[k] = caprv1.LabelValue(v)
+		}
+		return &caprv1.MachineHealthCheck{Spec: caprv1.MachineHealthCheckSpec{Selector: caprv1.MachineSelector{MatchLabels: labels}}}
 	}
 	for _, tc := range []struct {
 		name string
