@@ -1,10 +1,16 @@
 package machinehealthcheck
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 // etcdForgetAfter is how long an unhealthy-since time is kept once no health check observes its
@@ -61,4 +67,54 @@ func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targ
 		e.since[m.UID] = entry
 		targets[i].etcd = &etcdMemberFact{problem: h.Problem, since: entry.since}
 	}
+}
+
+// etcdPollInterval is how often etcd member health is read when checks.etcdMember is set (etcd
+// changes produce no Kubernetes events to react to).
+const etcdPollInterval = 5 * time.Second
+
+// EtcdMemberSource reports, per Node name, the health of the etcd members of a cluster.
+type EtcdMemberSource interface {
+	MemberHealth(ctx context.Context, cluster *clusterv1.Cluster) (map[string]EtcdMemberHealth, error)
+}
+
+// EtcdMemberHealth is the health of one etcd member, as seen now.
+type EtcdMemberHealth struct {
+	Healthy bool
+	// Problem says what is wrong, e.g. "unreachable", "missing", "alarmed (NOSPACE)", "a learner".
+	// "has no leader" and "a learner" also decide the etcd quorum (quorumOf).
+	Problem string
+}
+
+// observeEtcd reads etcd for the etcd member check: each control-plane target's member health
+// (observeEtcdMembers) and whether etcd has quorum. Without etcd state the check neither marks nor
+// clears, and the quorum is unknown (the zero etcdQuorum). A round without control-plane targets
+// does not read etcd at all: only control-plane targets carry etcd facts and only the control-plane
+// limit uses the quorum, so reading it would only delay the marks of the workers. Nor does a round
+// of a cluster whose etcd is external: its control-plane Machines have no members.
+func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cfg checkConfig, facts clusterFacts, targets []target, placement caprv1.EtcdPlacement, now time.Time) etcdQuorum {
+	if cfg.etcdMemberTimeout <= 0 || r.EtcdMembers == nil || !facts.controlPlaneInitialized || !hasControlPlaneTarget(targets) ||
+		placement == caprv1.EtcdPlacementExternal {
+		return etcdQuorum{}
+	}
+	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Info("Could not read etcd member health; the etcd member check and the quorum are skipped this time", "err", err.Error())
+		return etcdQuorum{}
+	}
+	r.observeEtcdMembers(health, targets, now)
+	q := quorumOf(health)
+	if q.lost() {
+		excuseLeaderless(targets)
+	}
+	return q
+}
+
+func hasControlPlaneTarget(targets []target) bool {
+	for _, t := range targets {
+		if util.IsControlPlaneMachine(t.machine) {
+			return true
+		}
+	}
+	return false
 }

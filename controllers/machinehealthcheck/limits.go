@@ -16,6 +16,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
@@ -309,4 +310,28 @@ func excuseLeaderless(targets []target) {
 			targets[i].etcd = nil
 		}
 	}
+}
+
+// decideLimits applies triggerIf to all targets and, when there are control-plane targets, the
+// control-plane limit (of cp, or cpErr why it could not be read) and the etcd quorum to them.
+func (r *Reconciler) decideLimits(mhc *caprv1.MachineHealthCheck, rd *round, q etcdQuorum, cp *unstructured.Unstructured, cpErr error, now time.Time) (limits, error) {
+	expected := rd.total
+	trigger, err := triggerIfDecision(mhc.Spec.Remediation.TriggerIf, expected, expected-rd.healthy)
+	if err != nil {
+		return limits{}, err
+	}
+	lim := limits{}
+	if c := mhc.Spec.Remediation.StormCooldownSeconds; c != nil {
+		cond, decision, ends := stormCooldown(conditions.Get(mhc, caprv1.MachineHealthCheckStormCooldownCondition), time.Duration(*c)*time.Second, trigger, now)
+		trigger, lim.storm, lim.cooldownEnds = decision, &cond, ends
+	}
+	cpLimit := limitDecision{allowed: true, limit: -1}
+	if rd.cpTargets > 0 {
+		cpLimit = controlPlaneLimit(cp, cpErr, trigger.limit, rd.cpNotHealthy, rd.cpStarting)
+		if q.lost() {
+			cpLimit = quorumLostDecision(cpLimit, q)
+		}
+	}
+	lim.trigger, lim.controlPlane = trigger, cpLimit
+	return lim, nil
 }

@@ -6,6 +6,8 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -145,3 +147,80 @@ func TestStormCooldown(t *testing.T) {
 		})
 	}
 }
+
+func TestTriggerIfDecision(t *testing.T) {
+	pct := func(s string) *caprv1.MachineHealthCheckRemediationTriggerIf {
+		v := intOrString(s)
+		return &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: &v}
+	}
+	rng := func(s string) *caprv1.MachineHealthCheckRemediationTriggerIf {
+		return &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: s}
+	}
+	tests := []struct {
+		name                string
+		trigger             *caprv1.MachineHealthCheckRemediationTriggerIf
+		expected, unhealthy int
+		allowed             bool
+		remaining           int
+		wantErr             bool
+	}{
+		{"unset means 100%", nil, 5, 5, true, 0, false},
+		{"int limit ok", pct("2"), 5, 2, true, 0, false},
+		{"int limit exceeded", pct("2"), 5, 3, false, 0, false},
+		{"percent rounds down: 40% of 3 is 1", pct("40%"), 3, 1, true, 0, false},
+		{"percent rounds down: 40% of 3 refuses 2", pct("40%"), 3, 2, false, 0, false},
+		{"percent 50% of 10", pct("50%"), 10, 3, true, 2, false},
+		{"zero allows none", pct("0"), 3, 1, false, 0, false},
+		{"zero with nothing unhealthy", pct("0"), 3, 0, true, 0, false},
+		{"range inside", rng("[1-3]"), 10, 2, true, 1, false},
+		{"range below", rng("[1-3]"), 10, 0, false, 0, false},
+		{"range above", rng("[1-3]"), 10, 4, false, 0, false},
+		{"range edges", rng("[2-2]"), 10, 2, true, 0, false},
+		{"range wins over limit", &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[0-5]", UnhealthyLessThanOrEqualTo: ptr.To(intOrString("1"))}, 10, 4, true, 1, false},
+		{"range max below min is an error", rng("[3-1]"), 10, 2, false, 0, true},
+		{"malformed range is an error", rng("1-3"), 10, 2, false, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			d, err := triggerIfDecision(tt.trigger, tt.expected, tt.unhealthy)
+			if tt.wantErr {
+				g.Expect(err).To(HaveOccurred())
+				return
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(d.allowed).To(Equal(tt.allowed))
+			g.Expect(d.remaining).To(Equal(tt.remaining))
+			if !d.allowed {
+				g.Expect(d.message).To(ContainSubstring("Remediation is not allowed"))
+			}
+		})
+	}
+}
+
+func TestControlPlaneDecision(t *testing.T) {
+	stacked, external := caprv1.EtcdPlacementStacked, caprv1.EtcdPlacementExternal
+	tests := []struct {
+		replicas, userLimit, unhealthy int
+		placement                      caprv1.EtcdPlacement
+		allowed                        bool
+		limit                          int
+	}{
+		{1, -1, 0, stacked, true, 0}, {1, -1, 1, stacked, false, 0},
+		{3, -1, 1, stacked, true, 1}, {3, -1, 2, stacked, false, 1},
+		{5, -1, 2, stacked, true, 2}, {5, -1, 3, stacked, false, 2}, {5, 1, 2, stacked, false, 1},
+		{7, -1, 3, stacked, true, 3}, {7, -1, 4, stacked, false, 3}, {7, 10, 3, stacked, true, 3},
+		// External etcd: all but one Machine may be unhealthy.
+		{1, -1, 1, external, false, 0},
+		{3, -1, 2, external, true, 2}, {3, -1, 3, external, false, 2}, {3, 1, 2, external, false, 1},
+		{2, -1, 1, external, true, 1},
+	}
+	for _, tt := range tests {
+		g := NewWithT(t)
+		d := controlPlaneDecision(tt.userLimit, tt.replicas, tt.unhealthy, tt.placement)
+		g.Expect(d.allowed).To(Equal(tt.allowed), "%+v", tt)
+		g.Expect(d.limit).To(Equal(tt.limit), "%+v", tt)
+	}
+}
+
+func intOrString(s string) intstr.IntOrString { return intstr.Parse(s) }

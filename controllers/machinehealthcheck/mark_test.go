@@ -186,3 +186,38 @@ func TestUnmark(t *testing.T) {
 		})
 	}
 }
+
+func TestApplyMark(t *testing.T) {
+	g := NewWithT(t)
+	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Ready=False"}
+	m := machine()
+	mark := func() *metav1.Condition { return conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition) }
+
+	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markSet))
+	g.Expect(mark()).To(HaveField("Status", metav1.ConditionFalse))
+	g.Expect(mark().Reason).To(Equal(unhealthy.reason))
+	g.Expect(caprv1.MarkEntriesFromMessage(mark().Message)).To(Equal(caprv1.MarkEntries{{Checker: "ns/hc", Reason: unhealthy.reason, Message: unhealthy.message}}))
+	g.Expect(m.Annotations).NotTo(HaveKey(caprv1.UnhealthyAnnotation), "the mark is the condition alone: one write")
+	since := metav1.NewTime(now.Add(-time.Hour))
+	mark().LastTransitionTime = since
+	// Same verdict later: nothing to write.
+	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markUnchanged))
+	// New reason: updated, since (the condition's lastTransitionTime) kept.
+	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason, message: "gone"}, "ns/hc")).To(Equal(markUpdated))
+	g.Expect(mark().Reason).To(Equal(caprv1.MachineCAPRHealthCheckNodeDeletedReason))
+	g.Expect(mark().LastTransitionTime.Time).To(BeTemporally("==", since.Time))
+	// Pending leaves the mark alone.
+	g.Expect(applyMark(m, evaluation{verdict: verdictPending}, "ns/hc")).To(Equal(markUnchanged))
+	// Healthy clears it.
+	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc")).To(Equal(markCleared))
+	g.Expect(mark()).To(HaveField("Status", metav1.ConditionTrue))
+	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc")).To(Equal(markUnchanged))
+
+	// Someone else's annotation is never rewritten nor cleared.
+	foreign := machine(func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
+	})
+	g.Expect(applyMark(foreign, unhealthy, "ns/hc")).Error().NotTo(HaveOccurred())
+	g.Expect(applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")).Error().NotTo(HaveOccurred())
+	g.Expect(foreign.Annotations[caprv1.UnhealthyAnnotation]).To(Equal(`{"reason":"ManualRequest","checker":"alice"}`))
+}

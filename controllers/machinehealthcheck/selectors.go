@@ -1,10 +1,18 @@
 package machinehealthcheck
 
 import (
+	"context"
+	"fmt"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -57,4 +65,31 @@ func (s *selectors) forget(key types.NamespacedName) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, key)
+}
+
+// machineSelector is the health check's selector restricted to its cluster.
+func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {
+	ls := mhc.Spec.Selector.LabelSelector()
+	if ls.MatchLabels == nil {
+		ls.MatchLabels = map[string]string{}
+	}
+	ls.MatchLabels[clusterv1.ClusterNameLabel] = mhc.Spec.ClusterName
+	s, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return nil, fmt.Errorf("invalid spec.selector: %w", err)
+	}
+	return s, nil
+}
+
+// setInvalidSelector reports that spec.selector does not parse: RemediationAllowed is False with
+// reason InvalidSelector, and a Warning event when it just became so.
+func (r *Reconciler) setInvalidSelector(ctx context.Context, mhc *caprv1.MachineHealthCheck, err error) {
+	ctrl.LoggerFrom(ctx).Info("Health check not run: its selector does not parse", "machineHealthCheck", klog.KObj(mhc), "err", err.Error())
+	mhc.Status.RemediationsAllowed = ptr.To(int32(0))
+	msg := fmt.Sprintf("No Machine is checked until spec.selector is fixed: %v", err)
+	c := metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+		Reason: caprv1.MachineHealthCheckInvalidSelectorReason, Message: msg}
+	if r.setCondition(mhc, c) {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventInvalidSelector, "HealthCheck", "%s", msg)
+	}
 }

@@ -1,13 +1,20 @@
 package machinehealthcheck
 
 import (
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
 )
 
 // statusWriteInterval is how often at most a health check's status is written while only its counts
@@ -71,4 +78,90 @@ func keepCounts(status, from *caprv1.MachineHealthCheckStatus) {
 	status.ControlPlaneUnhealthyLimit = from.ControlPlaneUnhealthyLimit
 	status.Targets = from.Targets
 	status.UnhealthyMachines = from.UnhealthyMachines
+}
+
+// updateStatus reports the round in the health check's status.
+func (r *Reconciler) updateStatus(mhc *caprv1.MachineHealthCheck, rd *round, lim limits, restricted int) {
+	mhc.Status.ExpectedMachines = ptr.To(int32(rd.total))
+	mhc.Status.CurrentHealthy = ptr.To(int32(rd.healthy))
+	mhc.Status.Targets = slices.Clone(rd.names)
+	mhc.Status.UnhealthyMachines = rd.unhealthy
+	mhc.Status.ControlPlaneUnhealthyLimit = nil
+	if rd.cpTargets > 0 && lim.controlPlane.limit >= 0 {
+		mhc.Status.ControlPlaneUnhealthyLimit = ptr.To(int32(lim.controlPlane.limit))
+	}
+	r.setRemediationAllowed(mhc, lim, restricted)
+	r.setStormCooldown(mhc, lim.storm)
+	metrics.HealthCheckRound(mhc.Namespace, mhc.Name, rd.total, len(mhc.Status.UnhealthyMachines))
+}
+
+// setStormCooldown sets StormCooldown (removed when no cooldown is configured), with an event when
+// a cooldown starts or ends.
+func (r *Reconciler) setStormCooldown(mhc *caprv1.MachineHealthCheck, c *metav1.Condition) {
+	if c == nil {
+		conditions.Delete(mhc, caprv1.MachineHealthCheckStormCooldownCondition)
+		return
+	}
+	previous := conditions.GetReason(mhc, caprv1.MachineHealthCheckStormCooldownCondition)
+	if !r.setCondition(mhc, *c) {
+		return
+	}
+	switch {
+	case c.Reason == caprv1.MachineHealthCheckStormCooldownReason:
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeNormal, caprv1.EventStormCooldownStarted, "HealthCheck", "%s", c.Message)
+	case previous == caprv1.MachineHealthCheckStormCooldownReason && c.Reason == caprv1.MachineHealthCheckNoStormReason:
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeNormal, caprv1.EventStormCooldownEnded, "HealthCheck", "%s", c.Message)
+	}
+}
+
+// setUnreachable reports that the workload cluster cannot be reached, with a Warning event when it
+// just became so.
+func (r *Reconciler) setUnreachable(mhc *caprv1.MachineHealthCheck, err error) {
+	if r.setCondition(mhc, metav1.Condition{
+		Type:    caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
+		Status:  metav1.ConditionFalse,
+		Reason:  caprv1.MachineHealthCheckWorkloadClusterUnreachableReason,
+		Message: fmt.Sprintf("Workload cluster cannot be reached, no Machine is marked until it can: %v", err),
+	}) {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventWorkloadClusterUnreachable, "HealthCheck",
+			"Workload cluster %s cannot be reached; no Machine is marked until it can: %v", mhc.Spec.ClusterName, err)
+	}
+}
+
+// setRemediationAllowed sets RemediationAllowed and status.remediationsAllowed from the limits, which
+// always agree: remediationsAllowed is how many more targets may become unhealthy and still be
+// remediated now, 0 whenever RemediationAllowed is False. Entering etcd quorum loss is a Warning
+// event naming the dead members.
+func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, lim limits, restricted int) {
+	refusal := lim.refusal()
+	if refusal == nil {
+		mhc.Status.RemediationsAllowed = ptr.To(int32(lim.remaining()))
+		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue,
+			Reason: caprv1.MachineHealthCheckRemediationAllowedReason})
+		return
+	}
+	mhc.Status.RemediationsAllowed = ptr.To(int32(0))
+	entered := r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+		Reason: refusal.reason, Message: refusal.message})
+	if entered && refusal.reason == caprv1.MachineHealthCheckEtcdQuorumLostReason {
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventEtcdQuorumLost, "HealthCheck", "%s", refusal.message)
+	}
+	if restricted > 0 {
+		metrics.ShortCircuited(mhc.Namespace, mhc.Name, refusal.reason)
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventRemediationRestricted, "HealthCheck", "%s", refusal.message)
+	}
+}
+
+// setCondition sets a condition of the health check and reports whether its reason changed, i.e.
+// whether this is a transition worth an event. The previous reason is the one this process last
+// set, or, after a restart, the one on the object read at reconcile start: two reconciles in quick
+// succession can both start from a cache that has not seen the first one's status patch yet, and
+// must not both report the same transition.
+func (r *Reconciler) setCondition(mhc *caprv1.MachineHealthCheck, c metav1.Condition) bool {
+	previous := ""
+	if old := conditions.Get(mhc, c.Type); old != nil {
+		previous = old.Reason
+	}
+	conditions.Set(mhc, c)
+	return r.reported.swap(mhc.UID, c.Type, previous, c.Reason) != c.Reason
 }

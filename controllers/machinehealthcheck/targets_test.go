@@ -7,10 +7,8 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -162,115 +160,3 @@ func TestEvaluate(t *testing.T) {
 		})
 	}
 }
-
-func TestApplyMark(t *testing.T) {
-	g := NewWithT(t)
-	unhealthy := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason, message: "Ready=False"}
-	m := machine()
-	mark := func() *metav1.Condition { return conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition) }
-
-	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markSet))
-	g.Expect(mark()).To(HaveField("Status", metav1.ConditionFalse))
-	g.Expect(mark().Reason).To(Equal(unhealthy.reason))
-	g.Expect(caprv1.MarkEntriesFromMessage(mark().Message)).To(Equal(caprv1.MarkEntries{{Checker: "ns/hc", Reason: unhealthy.reason, Message: unhealthy.message}}))
-	g.Expect(m.Annotations).NotTo(HaveKey(caprv1.UnhealthyAnnotation), "the mark is the condition alone: one write")
-	since := metav1.NewTime(now.Add(-time.Hour))
-	mark().LastTransitionTime = since
-	// Same verdict later: nothing to write.
-	g.Expect(applyMark(m, unhealthy, "ns/hc")).To(Equal(markUnchanged))
-	// New reason: updated, since (the condition's lastTransitionTime) kept.
-	g.Expect(applyMark(m, evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletedReason, message: "gone"}, "ns/hc")).To(Equal(markUpdated))
-	g.Expect(mark().Reason).To(Equal(caprv1.MachineCAPRHealthCheckNodeDeletedReason))
-	g.Expect(mark().LastTransitionTime.Time).To(BeTemporally("==", since.Time))
-	// Pending leaves the mark alone.
-	g.Expect(applyMark(m, evaluation{verdict: verdictPending}, "ns/hc")).To(Equal(markUnchanged))
-	// Healthy clears it.
-	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc")).To(Equal(markCleared))
-	g.Expect(mark()).To(HaveField("Status", metav1.ConditionTrue))
-	g.Expect(applyMark(m, evaluation{verdict: verdictHealthy}, "ns/hc")).To(Equal(markUnchanged))
-
-	// Someone else's annotation is never rewritten nor cleared.
-	foreign := machine(func(m *clusterv1.Machine) {
-		m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"ManualRequest","checker":"alice"}`}
-	})
-	g.Expect(applyMark(foreign, unhealthy, "ns/hc")).Error().NotTo(HaveOccurred())
-	g.Expect(applyMark(foreign, evaluation{verdict: verdictHealthy}, "ns/hc")).Error().NotTo(HaveOccurred())
-	g.Expect(foreign.Annotations[caprv1.UnhealthyAnnotation]).To(Equal(`{"reason":"ManualRequest","checker":"alice"}`))
-}
-
-func TestTriggerIfDecision(t *testing.T) {
-	pct := func(s string) *caprv1.MachineHealthCheckRemediationTriggerIf {
-		v := intOrString(s)
-		return &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: &v}
-	}
-	rng := func(s string) *caprv1.MachineHealthCheckRemediationTriggerIf {
-		return &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: s}
-	}
-	tests := []struct {
-		name                string
-		trigger             *caprv1.MachineHealthCheckRemediationTriggerIf
-		expected, unhealthy int
-		allowed             bool
-		remaining           int
-		wantErr             bool
-	}{
-		{"unset means 100%", nil, 5, 5, true, 0, false},
-		{"int limit ok", pct("2"), 5, 2, true, 0, false},
-		{"int limit exceeded", pct("2"), 5, 3, false, 0, false},
-		{"percent rounds down: 40% of 3 is 1", pct("40%"), 3, 1, true, 0, false},
-		{"percent rounds down: 40% of 3 refuses 2", pct("40%"), 3, 2, false, 0, false},
-		{"percent 50% of 10", pct("50%"), 10, 3, true, 2, false},
-		{"zero allows none", pct("0"), 3, 1, false, 0, false},
-		{"zero with nothing unhealthy", pct("0"), 3, 0, true, 0, false},
-		{"range inside", rng("[1-3]"), 10, 2, true, 1, false},
-		{"range below", rng("[1-3]"), 10, 0, false, 0, false},
-		{"range above", rng("[1-3]"), 10, 4, false, 0, false},
-		{"range edges", rng("[2-2]"), 10, 2, true, 0, false},
-		{"range wins over limit", &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[0-5]", UnhealthyLessThanOrEqualTo: ptr.To(intOrString("1"))}, 10, 4, true, 1, false},
-		{"range max below min is an error", rng("[3-1]"), 10, 2, false, 0, true},
-		{"malformed range is an error", rng("1-3"), 10, 2, false, 0, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			g := NewWithT(t)
-			d, err := triggerIfDecision(tt.trigger, tt.expected, tt.unhealthy)
-			if tt.wantErr {
-				g.Expect(err).To(HaveOccurred())
-				return
-			}
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(d.allowed).To(Equal(tt.allowed))
-			g.Expect(d.remaining).To(Equal(tt.remaining))
-			if !d.allowed {
-				g.Expect(d.message).To(ContainSubstring("Remediation is not allowed"))
-			}
-		})
-	}
-}
-
-func TestControlPlaneDecision(t *testing.T) {
-	stacked, external := caprv1.EtcdPlacementStacked, caprv1.EtcdPlacementExternal
-	tests := []struct {
-		replicas, userLimit, unhealthy int
-		placement                      caprv1.EtcdPlacement
-		allowed                        bool
-		limit                          int
-	}{
-		{1, -1, 0, stacked, true, 0}, {1, -1, 1, stacked, false, 0},
-		{3, -1, 1, stacked, true, 1}, {3, -1, 2, stacked, false, 1},
-		{5, -1, 2, stacked, true, 2}, {5, -1, 3, stacked, false, 2}, {5, 1, 2, stacked, false, 1},
-		{7, -1, 3, stacked, true, 3}, {7, -1, 4, stacked, false, 3}, {7, 10, 3, stacked, true, 3},
-		// External etcd: all but one Machine may be unhealthy.
-		{1, -1, 1, external, false, 0},
-		{3, -1, 2, external, true, 2}, {3, -1, 3, external, false, 2}, {3, 1, 2, external, false, 1},
-		{2, -1, 1, external, true, 1},
-	}
-	for _, tt := range tests {
-		g := NewWithT(t)
-		d := controlPlaneDecision(tt.userLimit, tt.replicas, tt.unhealthy, tt.placement)
-		g.Expect(d.allowed).To(Equal(tt.allowed), "%+v", tt)
-		g.Expect(d.limit).To(Equal(tt.limit), "%+v", tt)
-	}
-}
-
-func intOrString(s string) intstr.IntOrString { return intstr.Parse(s) }

@@ -2,8 +2,6 @@ package machinehealthcheck
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -15,11 +13,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util/index"
-	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -27,35 +22,6 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
-
-// SetupWithManager registers the controller and its watches. Machines must be indexed by
-// index.MachineNodeNameField (index.ByMachineNode) for the Node watch.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Client == nil || r.ClusterCache == nil {
-		return errors.New("client and ClusterCache must not be nil")
-	}
-	log := ctrl.LoggerFrom(ctx).WithValues("controller", "capr-machinehealthcheck")
-	c, err := ctrl.NewControllerManagedBy(mgr).
-		Named("capr-machinehealthcheck").
-		For(&caprv1.MachineHealthCheck{}, builder.WithPredicates(healthCheckChanged())).
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToHealthChecks),
-			builder.WithPredicates(machineChanged())).
-		Watches(&caprv1.MachineHealthCheck{}, handler.EnqueueRequestsFromMapFunc(r.healthCheckToOverlapping),
-			builder.WithPredicates(selectionChanged())).
-		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToHealthChecks)).
-		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.requestToHealthChecks),
-			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
-		WatchesRawSource(r.ClusterCache.GetClusterSource("capr-machinehealthcheck", r.connectionToHealthChecks)).
-		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue)).
-		WithOptions(options).
-		Build(r)
-	if err != nil {
-		return fmt.Errorf("setting up the MachineHealthCheck controller: %w", err)
-	}
-	r.controller = c
-	r.recorder = mgr.GetEventRecorder("capr-machinehealthcheck")
-	return nil
-}
 
 // healthCheckChanged lets through every health-check update but those of its status alone. Every
 // round that changes something patches the status, and a round started by that patch would

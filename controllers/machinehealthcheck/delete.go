@@ -1,0 +1,77 @@
+package machinehealthcheck
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/labels"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
+)
+
+// reconcileDelete clears every mark this health check wrote and withdraws its Pending requests, then
+// releases the finalizer.
+func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, mhc *caprv1.MachineHealthCheck) error {
+	if !controllerutil.ContainsFinalizer(mhc, Finalizer) {
+		return nil
+	}
+	checker := checkerName(mhc)
+	machines := &clusterv1.MachineList{}
+	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: mhc.Spec.ClusterName}); err != nil {
+		return fmt.Errorf("listing Machines: %w", err)
+	}
+	// The mark names its health checks (applyMark); one written before it did is this one's on the
+	// Machines it selects. A selector that no longer parses selects none of them.
+	selector, err := r.selectors.of(mhc)
+	if err != nil {
+		selector = labels.Nothing()
+	}
+	requests, _, err := r.listRequests(ctx, mhc)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		if isMarked(m, checker) {
+			after := m.DeepCopy()
+			changed, err := unmark(after, checker, selector.Matches(labels.Set(m.Labels)))
+			if err == nil && changed {
+				err = patchMark(ctx, r.Client, m, after)
+			}
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		// Every Pending request of this health check is withdrawn, whether or not the Machine still
+		// carries the mark: a withdrawal refused by a conflict (a remediator wrote the request) is
+		// retried on the next reconcile, when the mark cleared above is already gone. Another health
+		// check that still marks the Machine requests it again: the deletion is an event of the
+		// request, which starts its round over the Machine (requestToHealthChecks).
+		if err := r.withdrawRequest(ctx, mhc, m, requests, "its health check is being deleted"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return kerrors.NewAggregate(errs)
+	}
+	r.reported.forget(mhc.UID)
+	r.memories.forget(client.ObjectKeyFromObject(mhc))
+	r.statusWrites.forget(client.ObjectKeyFromObject(mhc))
+	r.newMarks.take(client.ObjectKeyFromObject(mhc))
+	metrics.HealthCheckDeleted(mhc.Namespace, mhc.Name)
+	r.templates.forget(mhc.UID)
+	controllerutil.RemoveFinalizer(mhc, Finalizer)
+	if err := helper.Patch(ctx, mhc); err != nil {
+		return fmt.Errorf("removing finalizer: %w", err)
+	}
+	return nil
+}
