@@ -3,8 +3,6 @@ package machinehealthcheck
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,7 +45,7 @@ type applyResult struct {
 	// the round is to run again after standInRecheck.
 	standIn bool
 	// requestsDeferred says the round marked Machines whose requests the next round decides
-	// (machinehealthcheck_deferred.go): it is to run again at once.
+	// (deferred.go): it is to run again at once.
 	requestsDeferred bool
 }
 
@@ -57,7 +55,7 @@ type applyResult struct {
 // requests, each pass at most maxParallelWrites at once: a Machine's request is only written
 // after its own mark, and the marks, which are the health check's answer, are not queued behind
 // the requests and the remediator's reaction to them. The request of a Machine marked in this round
-// is left to the next round (machinehealthcheck_deferred.go), which records the mark's event.
+// is left to the next round (deferred.go), which records the mark's event.
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine) (applyResult, error) {
 	requests, standIn, err := r.listRequests(ctx, mhc)
@@ -80,7 +78,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 		errs = append(errs, err)
 	}
 	key := client.ObjectKeyFromObject(mhc)
-	announce := r.newMarks.take(key) // the marks the previous round wrote
+	unreported := r.state.newMarks.take(key) // the marks the previous round wrote, their events due
 	var work []int
 	for i, t := range rd.targets {
 		if needsWrite(t.machine, rd.evals[i], cfg.checker, requests) {
@@ -92,12 +90,12 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
 		base := t.machine
-		if prev, ok := announce[base.Name]; ok && !isMarked(base, cfg.checker) {
+		if prev, ok := unreported[base.Name]; ok && !isMarked(base, cfg.checker) {
 			// The round the previous one queued at once may read the Machine before the cache shows
 			// the mark written there: start from the copy written, not write the mark again.
 			base = prev.machine
 		}
-		written, change, err := r.applyMark(ctx, base, ev, cfg.checker)
+		written, change, err := r.writeMark(ctx, base, ev, cfg.checker)
 		if err != nil {
 			fail(err)
 			return
@@ -107,29 +105,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	})
 	// The events are recorded once every mark and request is written: the recorder sends them in
 	// the background, and they would otherwise compete with the remaining writes for the API server.
-	defer func() {
-		said := newRoundEvents(mhc, cfg.checker, &r.machineEvents)
-		for k, i := range work {
-			m := rd.targets[i].machine
-			if changes[k] == markSet {
-				r.newMarks.add(key, m, rd.evals[i]) // said by the next round, with its request
-				continue
-			}
-			if prev, ok := announce[m.Name]; ok {
-				delete(announce, m.Name)
-				if requested[k] && changes[k] == markUnchanged {
-					r.markEvent(ctx, said, m, markSet, true, prev.ev)
-					continue
-				}
-				r.markEvent(ctx, said, prev.machine, markSet, false, prev.ev)
-			}
-			r.markEvent(ctx, said, m, changes[k], requested[k], rd.evals[i])
-		}
-		for _, name := range slices.Sorted(maps.Keys(announce)) { // not requested in this round
-			r.markEvent(ctx, said, announce[name].machine, markSet, false, announce[name].ev)
-		}
-		said.flush(r.recorder)
-	}()
+	defer r.recordMarkEvents(ctx, mhc, cfg.checker, rd, work, changes, requested, unreported)
 	forEachParallel(len(work), r.writes.get(), func(k int) {
 		if !marked[k] {
 			return
@@ -222,11 +198,11 @@ func forEachParallel(n int, sem chan struct{}, fn func(i int)) {
 	wg.Wait()
 }
 
-// applyMark writes the mark of one target when it changed and says what changed; markEvent
+// writeMark writes the mark of one target when it changed and says what changed; markEvent
 // reports it.
 // The Machine read from the cache is never modified (it is read without a copy, see getTargets):
 // the written copy is returned instead.
-func (r *Reconciler) applyMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string) (*clusterv1.Machine, markChange, error) {
+func (r *Reconciler) writeMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string) (*clusterv1.Machine, markChange, error) {
 	after := m.DeepCopy()
 	change, err := applyMark(after, ev, checker)
 	if err != nil || change == markUnchanged {

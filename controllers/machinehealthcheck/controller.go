@@ -56,23 +56,12 @@ type Reconciler struct {
 	// WatchFilterValue is the label value used to filter events prior to reconciliation.
 	WatchFilterValue string
 
-	// etcdUnhealthy remembers since when etcd members are unhealthy (machinehealthcheck_etcd.go).
-	etcdUnhealthy etcdSince
-
 	controller controller.Controller
 	recorder   events.EventRecorder
-	// reported and firstConnection hold what this process has seen between reconciles; their zero
-	// values are ready to use.
-	reported        reportedReasons
-	firstConnection firstConnections
-	templates       templateChecks
-	writes          writeSlots
-	memories        memories
-	created         createdRequests
-	statusWrites    statusWrites
-	newMarks        newMarks
-	machineEvents   machineEventBudget
-	selectors       selectors
+	// writes bounds the Machine writes in flight (maxParallelWrites).
+	writes writeSlots
+	// state is what this process keeps between reconciles; losing it is safe (processState).
+	state processState
 }
 
 // SetupWithManager registers the controller and its watches. Machines must be indexed by
@@ -154,7 +143,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	before := mhc.Status.DeepCopy()
 	defer func() {
 		if reterr == nil && mhc.Generation == before.ObservedGeneration && countsOnly(before, &mhc.Status) {
-			if wait := r.statusWrites.wait(req.NamespacedName, time.Now()); wait > 0 {
+			if wait := r.state.statusWrites.wait(req.NamespacedName, time.Now()); wait > 0 {
 				keepCounts(&mhc.Status, before) // written by the round that runs then
 				res.RequeueAfter = sooner(res.RequeueAfter, wait)
 			}
@@ -171,7 +160,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if err := helper.Patch(ctx, mhc, opts...); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, fmt.Errorf("patching MachineHealthCheck: %w", err)})
 		} else if statusChanged {
-			r.statusWrites.wrote(req.NamespacedName, time.Now())
+			r.state.statusWrites.wrote(req.NamespacedName, time.Now())
 		}
 	}()
 
@@ -188,8 +177,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	now := time.Now()
 	adoptByCluster(mhc, cluster)
 	// A selector that does not parse is the health check's own fault, not the workload cluster's: it
-	// is said as such, and the round waits for the spec to change (which starts the next round).
-	if _, err := r.selectors.of(mhc); err != nil {
+	// is reported as such, and the round waits for the spec to change (which starts the next round).
+	if _, err := r.state.selectors.of(mhc); err != nil {
 		r.setInvalidSelector(ctx, mhc, err)
 		return ctrl.Result{}, nil
 	}
@@ -201,8 +190,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		return *wait, nil
 	}
 	key := client.ObjectKeyFromObject(mhc)
-	valid := memoryKey{uid: mhc.UID, generation: mhc.Generation, facts: facts}
-	mem, work, full := r.memories.begin(key, valid, now)
+	valid := evalCacheKey{uid: mhc.UID, generation: mhc.Generation, facts: facts}
+	ec, work, full := r.state.evalCaches.begin(key, valid, now)
 	// The etcd member check observes every control-plane target's member, and etcd is polled, not
 	// watched: such a health check always runs full passes.
 	full = full || cfg.etcdMemberTimeout > 0
@@ -210,10 +199,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	defer func() {
 		if !finished {
 			// What a round that did not finish wrote is not known: the next one starts over.
-			r.memories.invalidate(key)
+			r.state.evalCaches.invalidate(key)
 		}
 	}()
-	obs, err := r.observe(ctx, cluster, mhc, remote, cfg, facts, mem, valid, work, full, now)
+	obs, err := r.observe(ctx, cluster, mhc, remote, cfg, facts, ec, valid, work, full, now)
 	if err != nil {
 		if remote != nil && isUnreachable(err) {
 			r.setUnreachable(mhc, err)

@@ -29,7 +29,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	}
 	// The mark names its health checks (applyMark); one written before it did is this one's on the
 	// Machines it selects. A selector that no longer parses selects none of them.
-	selector, err := r.selectors.of(mhc)
+	selector, err := r.state.selectors.of(mhc)
 	if err != nil {
 		selector = labels.Nothing()
 	}
@@ -63,12 +63,12 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	if len(errs) > 0 {
 		return kerrors.NewAggregate(errs)
 	}
-	r.reported.forget(mhc.UID)
-	r.memories.forget(client.ObjectKeyFromObject(mhc))
-	r.statusWrites.forget(client.ObjectKeyFromObject(mhc))
-	r.newMarks.take(client.ObjectKeyFromObject(mhc))
+	r.state.reported.forget(mhc.UID)
+	r.state.evalCaches.forget(client.ObjectKeyFromObject(mhc))
+	r.state.statusWrites.forget(client.ObjectKeyFromObject(mhc))
+	r.state.newMarks.take(client.ObjectKeyFromObject(mhc))
 	metrics.HealthCheckDeleted(mhc.Namespace, mhc.Name)
-	r.templates.forget(mhc.UID)
+	r.state.templates.forget(mhc.UID)
 	controllerutil.RemoveFinalizer(mhc, Finalizer)
 	if err := helper.Patch(ctx, mhc); err != nil {
 		return fmt.Errorf("removing finalizer: %w", err)

@@ -34,7 +34,7 @@ type etcdSinceEntry struct {
 // observeEtcdMembers fills target.etcd for control-plane targets from the etcd member source. A
 // Machine seen healthy is forgotten at once; one not observed for etcdForgetAfter (gone) is pruned.
 func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targets []target, now time.Time) {
-	e := &r.etcdUnhealthy
+	e := &r.state.etcdUnhealthy
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.since == nil {

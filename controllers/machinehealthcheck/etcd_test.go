@@ -46,10 +46,10 @@ func TestEtcdUnhealthySinceIsPerReconcilerAndPruned(t *testing.T) {
 	g.Expect(targets[0].etcd.since).To(Equal(now))
 	// ...and forgets it once the Machine is gone (no longer observed) for long enough.
 	first.observeEtcdMembers(down, cp("b"), now.Add(2*time.Hour))
-	first.etcdUnhealthy.mu.Lock()
-	g.Expect(first.etcdUnhealthy.since).To(HaveLen(1))
-	g.Expect(first.etcdUnhealthy.since).To(HaveKey(types.UID("b")))
-	first.etcdUnhealthy.mu.Unlock()
+	first.state.etcdUnhealthy.mu.Lock()
+	g.Expect(first.state.etcdUnhealthy.since).To(HaveLen(1))
+	g.Expect(first.state.etcdUnhealthy.since).To(HaveKey(types.UID("b")))
+	first.state.etcdUnhealthy.mu.Unlock()
 }
 
 // countingEtcdMembers counts the reads of etcd member health.

@@ -9,28 +9,29 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 )
 
-// This file holds what lets a round evaluate only what changed: per health check, the last
+// This file holds the evaluation cache, which lets a round evaluate only what changed: per health
+// check, the last
 // evaluation of every target (what the counts and the status need of it) and the Machines whose
 // watch events came in since. A round that starts from it reads and evaluates the changed Machines
 // and those it must look at every round (unhealthy, or with a timeout running), instead of every
 // target. Anything it cannot account for makes the next round a full pass, which rebuilds it:
 // a new or changed spec, other Cluster facts, a (re)connection to the workload cluster, a failed
-// round, a watch event that could not be mapped, a restart (memory is lost), and at least every
+// round, a watch event that could not be mapped, a restart (the cache is lost), and at least every
 // fullPassInterval, in case a watch event was missed.
 
-// fullPassInterval bounds how long rounds run from memory alone before a full pass.
+// fullPassInterval bounds how long incremental rounds run from the cache alone before a full pass.
 const fullPassInterval = 5 * time.Minute
 
-// memories holds the memory of each health check, keyed by its namespaced name (all the watch
+// evalCaches holds the evaluation cache of each health check, keyed by its namespaced name (all the watch
 // handlers know).
-type memories struct {
+type evalCaches struct {
 	mu sync.Mutex
-	m  map[types.NamespacedName]*memory
+	m  map[types.NamespacedName]*evalCache
 }
 
-// memory is one health check's memory. dirty and stale are written by the watch handlers under
-// memories.mu; the rest only by the health check's own reconciles, which never run at once.
-type memory struct {
+// evalCache is one health check's evaluation cache. dirty and stale are written by the watch handlers under
+// evalCaches.mu; the rest only by the health check's own reconciles, which never run at once.
+type evalCache struct {
 	dirty map[string]struct{}
 	stale bool
 
@@ -39,7 +40,7 @@ type memory struct {
 	facts      clusterFacts
 	lastFull   time.Time
 
-	targets map[string]remembered
+	targets map[string]counted
 	// watched are the targets evaluated every round: unhealthy (their requests depend on the limits,
 	// which other targets change) or with a timeout running (they change with time alone).
 	watched   map[string]struct{}
@@ -49,8 +50,8 @@ type memory struct {
 	n     counts
 }
 
-// remembered is what the counts need of a target's last evaluation.
-type remembered struct {
+// counted is what the counts need of a target's last evaluation.
+type counted struct {
 	controlPlane, healthy, starting bool
 }
 
@@ -59,7 +60,7 @@ type counts struct {
 	healthy, cpTargets, cpNotHealthy, cpStarting int
 }
 
-func (c *counts) add(r remembered, sign int) {
+func (c *counts) add(r counted, sign int) {
 	if r.healthy {
 		c.healthy += sign
 	}
@@ -74,10 +75,10 @@ func (c *counts) add(r remembered, sign int) {
 	}
 }
 
-// rememberedOf is what the counts need of target t evaluated as ev (as evaluateAll counts it).
-func rememberedOf(t target, ev evaluation) remembered {
+// countedOf is what the counts need of target t evaluated as ev (as evaluateAll counts it).
+func countedOf(t target, ev evaluation) counted {
 	cp := util.IsControlPlaneMachine(t.machine)
-	return remembered{
+	return counted{
 		controlPlane: cp,
 		healthy:      ev.verdict == verdictHealthy,
 		starting:     cp && ev.verdict == verdictPending && !t.machine.Status.NodeRef.IsDefined(),
@@ -87,164 +88,164 @@ func rememberedOf(t target, ev evaluation) remembered {
 // changed records a watch event of Machine name for the health check key; it is evaluated in the
 // health check's next round. Nothing is recorded before the health check's first round: that one is
 // a full pass.
-func (ms *memories) changed(key types.NamespacedName, name string) {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	mem := ms.m[key]
-	if mem == nil || mem.stale {
+func (caches *evalCaches) changed(key types.NamespacedName, name string) {
+	caches.mu.Lock()
+	defer caches.mu.Unlock()
+	ec := caches.m[key]
+	if ec == nil || ec.stale {
 		return
 	}
-	mem.dirty[name] = struct{}{}
-	if len(mem.dirty) > len(mem.targets) {
+	ec.dirty[name] = struct{}{}
+	if len(ec.dirty) > len(ec.targets) {
 		// More changed than there are targets (e.g. Machines replaced while no round runs, the
 		// health check paused or its workload cluster unreachable): a full pass costs no more, and
 		// the set stops growing.
-		mem.dirty = map[string]struct{}{}
-		mem.stale = true
+		ec.dirty = map[string]struct{}{}
+		ec.stale = true
 	}
 }
 
 // invalidate makes the health check's next round a full pass.
-func (ms *memories) invalidate(key types.NamespacedName) {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	if mem := ms.m[key]; mem != nil {
-		mem.stale = true
+func (caches *evalCaches) invalidate(key types.NamespacedName) {
+	caches.mu.Lock()
+	defer caches.mu.Unlock()
+	if ec := caches.m[key]; ec != nil {
+		ec.stale = true
 	}
 }
 
 // invalidateAll makes every health check's next round a full pass (a watch event that could not be
 // mapped to its health checks).
-func (ms *memories) invalidateAll() {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	for _, mem := range ms.m {
-		mem.stale = true
+func (caches *evalCaches) invalidateAll() {
+	caches.mu.Lock()
+	defer caches.mu.Unlock()
+	for _, ec := range caches.m {
+		ec.stale = true
 	}
 }
 
-// forget drops a deleted health check's memory.
-func (ms *memories) forget(key types.NamespacedName) {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	delete(ms.m, key)
+// forget drops a deleted health check's cache.
+func (caches *evalCaches) forget(key types.NamespacedName) {
+	caches.mu.Lock()
+	defer caches.mu.Unlock()
+	delete(caches.m, key)
 }
 
-// memoryKey is what a memory is valid for: a health check (its UID, as one deleted and created again
+// evalCacheKey is what a cache is valid for: a health check (its UID, as one deleted and created again
 // under the same name starts over), its spec, and the Cluster facts the evaluation depends on.
-type memoryKey struct {
+type evalCacheKey struct {
 	uid        types.UID
 	generation int64
 	facts      clusterFacts
 }
 
-// begin starts a round of health check key. It returns the health check's memory and whether the
+// begin starts a round of health check key. It returns the health check's cache and whether the
 // round must be a full pass; when it need not, work is what the round must evaluate: the Machines
 // changed since the last round and the watched targets, sorted. Changes recorded from now on are for
 // the next round.
-func (ms *memories) begin(key types.NamespacedName, valid memoryKey, now time.Time) (mem *memory, work []string, full bool) {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	if ms.m == nil {
-		ms.m = map[types.NamespacedName]*memory{}
+func (caches *evalCaches) begin(key types.NamespacedName, valid evalCacheKey, now time.Time) (ec *evalCache, work []string, full bool) {
+	caches.mu.Lock()
+	defer caches.mu.Unlock()
+	if caches.m == nil {
+		caches.m = map[types.NamespacedName]*evalCache{}
 	}
-	mem = ms.m[key]
-	if mem == nil {
-		mem = &memory{}
-		ms.m[key] = mem
+	ec = caches.m[key]
+	if ec == nil {
+		ec = &evalCache{}
+		caches.m[key] = ec
 	}
-	dirty := mem.dirty
-	mem.dirty = map[string]struct{}{}
-	full = mem.targets == nil || mem.stale || mem.uid != valid.uid || mem.generation != valid.generation ||
-		!mem.facts.equal(valid.facts) || now.Sub(mem.lastFull) >= fullPassInterval
-	mem.stale = false
+	dirty := ec.dirty
+	ec.dirty = map[string]struct{}{}
+	full = ec.targets == nil || ec.stale || ec.uid != valid.uid || ec.generation != valid.generation ||
+		!ec.facts.equal(valid.facts) || now.Sub(ec.lastFull) >= fullPassInterval
+	ec.stale = false
 	if full {
-		return mem, nil, true
+		return ec, nil, true
 	}
 	for name := range dirty {
 		work = append(work, name)
 	}
-	for name := range mem.watched {
+	for name := range ec.watched {
 		if _, ok := dirty[name]; !ok {
 			work = append(work, name)
 		}
 	}
 	slices.Sort(work)
-	return mem, work, false
+	return ec, work, false
 }
 
-// reset rebuilds the memory from a full pass's round.
-func (mem *memory) reset(rd *round, valid memoryKey, now time.Time) {
-	mem.uid, mem.generation, mem.facts, mem.lastFull = valid.uid, valid.generation, valid.facts, now
-	mem.targets = make(map[string]remembered, len(rd.targets))
-	mem.watched, mem.unhealthy = map[string]struct{}{}, map[string]struct{}{}
-	mem.n = counts{}
+// reset rebuilds the cache from a full pass's round.
+func (ec *evalCache) reset(rd *round, valid evalCacheKey, now time.Time) {
+	ec.uid, ec.generation, ec.facts, ec.lastFull = valid.uid, valid.generation, valid.facts, now
+	ec.targets = make(map[string]counted, len(rd.targets))
+	ec.watched, ec.unhealthy = map[string]struct{}{}, map[string]struct{}{}
+	ec.n = counts{}
 	for i, t := range rd.targets {
-		mem.put(t, rd.evals[i])
+		ec.put(t, rd.evals[i])
 	}
-	mem.names = rd.names
+	ec.names = rd.names
 }
 
 // put records target t's evaluation ev in place of its previous one, if any.
-func (mem *memory) put(t target, ev evaluation) {
+func (ec *evalCache) put(t target, ev evaluation) {
 	name := t.machine.Name
-	mem.remove(name)
-	r := rememberedOf(t, ev)
-	mem.targets[name] = r
-	mem.n.add(r, 1)
-	mem.names = nil
+	ec.remove(name)
+	r := countedOf(t, ev)
+	ec.targets[name] = r
+	ec.n.add(r, 1)
+	ec.names = nil
 	if ev.verdict == verdictUnhealthy {
-		mem.unhealthy[name] = struct{}{}
+		ec.unhealthy[name] = struct{}{}
 	}
 	if ev.verdict == verdictUnhealthy || ev.nextCheck > 0 {
-		mem.watched[name] = struct{}{}
+		ec.watched[name] = struct{}{}
 	}
 }
 
 // remove forgets a Machine that is no longer a target (gone, no longer selected, paused, skipped).
-func (mem *memory) remove(name string) {
-	r, ok := mem.targets[name]
+func (ec *evalCache) remove(name string) {
+	r, ok := ec.targets[name]
 	if !ok {
 		return
 	}
-	mem.n.add(r, -1)
-	delete(mem.targets, name)
-	delete(mem.watched, name)
-	delete(mem.unhealthy, name)
-	mem.names = nil
+	ec.n.add(r, -1)
+	delete(ec.targets, name)
+	delete(ec.watched, name)
+	delete(ec.unhealthy, name)
+	ec.names = nil
 }
 
 // update records a round of some targets: evaluated ones (evals[i] of targets[i]) and the names
 // found to be no target any more.
-func (mem *memory) update(targets []target, evals []evaluation, gone []string) {
+func (ec *evalCache) update(targets []target, evals []evaluation, gone []string) {
 	for _, name := range gone {
-		mem.remove(name)
+		ec.remove(name)
 	}
 	for i, t := range targets {
 		// A remove and a put leave names as it was when the set of names did not change.
-		_, known := mem.targets[t.machine.Name]
-		names := mem.names
-		mem.put(t, evals[i])
+		_, known := ec.targets[t.machine.Name]
+		names := ec.names
+		ec.put(t, evals[i])
 		if known {
-			mem.names = names
+			ec.names = names
 		}
 	}
-	if mem.names == nil {
-		mem.names = make([]string, 0, len(mem.targets))
-		for name := range mem.targets {
-			mem.names = append(mem.names, name)
+	if ec.names == nil {
+		ec.names = make([]string, 0, len(ec.targets))
+		for name := range ec.targets {
+			ec.names = append(ec.names, name)
 		}
-		slices.Sort(mem.names)
+		slices.Sort(ec.names)
 	}
 }
 
-// summarize fills the round's counts, names and unhealthy names from the memory.
-func (mem *memory) summarize(rd *round) {
-	rd.total = len(mem.targets)
-	rd.healthy, rd.cpTargets, rd.cpNotHealthy, rd.cpStarting = mem.n.healthy, mem.n.cpTargets, mem.n.cpNotHealthy, mem.n.cpStarting
-	rd.names = mem.names
+// summarize fills the round's counts, names and unhealthy names from the cache.
+func (ec *evalCache) summarize(rd *round) {
+	rd.total = len(ec.targets)
+	rd.healthy, rd.cpTargets, rd.cpNotHealthy, rd.cpStarting = ec.n.healthy, ec.n.cpTargets, ec.n.cpNotHealthy, ec.n.cpStarting
+	rd.names = ec.names
 	rd.unhealthy = nil
-	for name := range mem.unhealthy {
+	for name := range ec.unhealthy {
 		rd.unhealthy = append(rd.unhealthy, name)
 	}
 	slices.Sort(rd.unhealthy)

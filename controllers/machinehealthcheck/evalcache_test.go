@@ -15,16 +15,16 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
-// memoryWorld is a fleet that changes at random, the oracle of TestRoundsFromMemoryAgreeWithAFullPass:
-// a full evaluation of every target (evaluateAll) at each step, which does not use the memory.
-type memoryWorld struct {
+// randomFleet is a fleet that changes at random, the oracle of TestIncrementalRoundsAgreeWithAFullPass:
+// a full evaluation of every target (evaluateAll) at each step, which does not use the cache.
+type randomFleet struct {
 	rnd     *rand.Rand
 	now     time.Time
 	targets map[string]target
 	seq     int
 }
 
-func (w *memoryWorld) newTarget() target {
+func (w *randomFleet) newTarget() target {
 	w.seq++
 	name := fmt.Sprintf("m%03d", w.seq)
 	m := machine(func(m *clusterv1.Machine) {
@@ -48,7 +48,7 @@ func (w *memoryWorld) newTarget() target {
 
 // randomNode is a Node whose Ready condition changed at a random time: healthy, unhealthy with a
 // timeout still running, or expired.
-func (w *memoryWorld) randomNode() *corev1.Node {
+func (w *randomFleet) randomNode() *corev1.Node {
 	status := []corev1.ConditionStatus{corev1.ConditionTrue, corev1.ConditionFalse, corev1.ConditionUnknown}[w.rnd.IntN(3)]
 	since := w.now.Add(-time.Duration(w.rnd.IntN(400)) * time.Second)
 	return &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
@@ -56,7 +56,7 @@ func (w *memoryWorld) randomNode() *corev1.Node {
 	}}}
 }
 
-func (w *memoryWorld) all() []target {
+func (w *randomFleet) all() []target {
 	names := make([]string, 0, len(w.targets))
 	for name := range w.targets {
 		names = append(names, name)
@@ -69,27 +69,27 @@ func (w *memoryWorld) all() []target {
 	return out
 }
 
-// Rounds from memory (begin, update, summarize), fed with the names the watches would report,
+// Incremental rounds (begin, update, summarize), fed with the names the watches would report,
 // agree with a full pass over the whole fleet at every step: the counts the limits use, the names
 // the status reports, every target's verdict class, and when the next timeout expires (the
 // requeue). Time passes between steps, so targets become unhealthy without any event.
-func TestRoundsFromMemoryAgreeWithAFullPass(t *testing.T) {
+func TestIncrementalRoundsAgreeWithAFullPass(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.etcdMemberTimeout = 0
 	key := types.NamespacedName{Namespace: "ns", Name: "hc"}
-	valid := memoryKey{uid: "u1", generation: 1, facts: readyCluster}
+	valid := evalCacheKey{uid: "u1", generation: 1, facts: readyCluster}
 	for seed := range uint64(200) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			g := NewWithT(t)
-			w := &memoryWorld{rnd: rand.New(rand.NewPCG(seed, 7)), now: now, targets: map[string]target{}}
+			w := &randomFleet{rnd: rand.New(rand.NewPCG(seed, 7)), now: now, targets: map[string]target{}}
 			for range 5 + w.rnd.IntN(30) {
 				tg := w.newTarget()
 				w.targets[tg.machine.Name] = tg
 			}
-			ms := &memories{}
-			mem, _, full := ms.begin(key, valid, w.now)
+			caches := &evalCaches{}
+			ec, _, full := caches.begin(key, valid, w.now)
 			g.Expect(full).To(BeTrue(), "the first round is a full pass")
-			mem.reset(evaluateAll(w.all(), cfg, readyCluster, w.now), valid, w.now)
+			ec.reset(evaluateAll(w.all(), cfg, readyCluster, w.now), valid, w.now)
 
 			for step := range 40 {
 				// Change the world as watch events would report it.
@@ -118,17 +118,17 @@ func TestRoundsFromMemoryAgreeWithAFullPass(t *testing.T) {
 				}
 				w.now = w.now.Add(time.Duration(w.rnd.IntN(90)) * time.Second)
 				for name := range changed {
-					ms.changed(key, name)
+					caches.changed(key, name)
 				}
 
-				mem, work, full := ms.begin(key, valid, w.now)
+				ec, work, full := caches.begin(key, valid, w.now)
 				want := evaluateAll(w.all(), cfg, readyCluster, w.now)
 				if full {
 					// Only time, or more changes than targets (changed gives up on its list), make a
 					// full pass here.
-					g.Expect(w.now.Sub(mem.lastFull) >= fullPassInterval || len(changed) > len(mem.targets)).To(BeTrue(),
+					g.Expect(w.now.Sub(ec.lastFull) >= fullPassInterval || len(changed) > len(ec.targets)).To(BeTrue(),
 						"step %d: an unexpected full pass", step)
-					mem.reset(want, valid, w.now)
+					ec.reset(want, valid, w.now)
 					continue
 				}
 				for name := range changed {
@@ -144,8 +144,8 @@ func TestRoundsFromMemoryAgreeWithAFullPass(t *testing.T) {
 					}
 				}
 				got := evaluateSome(targets, cfg, readyCluster, w.now)
-				mem.update(targets, got.evals, gone)
-				mem.summarize(got)
+				ec.update(targets, got.evals, gone)
+				ec.summarize(got)
 
 				g.Expect([]int{got.total, got.healthy, got.cpTargets, got.cpNotHealthy, got.cpStarting}).To(
 					Equal([]int{want.total, want.healthy, want.cpTargets, want.cpNotHealthy, want.cpStarting}), "step %d: counts", step)
@@ -153,7 +153,7 @@ func TestRoundsFromMemoryAgreeWithAFullPass(t *testing.T) {
 				g.Expect(got.unhealthy).To(Equal(want.unhealthy), "step %d: unhealthy names", step)
 				g.Expect(got.next).To(Equal(want.next), "step %d: next timeout", step)
 				for i, tg := range want.targets {
-					g.Expect(mem.targets[tg.machine.Name]).To(Equal(rememberedOf(tg, want.evals[i])), "step %d: %s", step, tg.machine.Name)
+					g.Expect(ec.targets[tg.machine.Name]).To(Equal(countedOf(tg, want.evals[i])), "step %d: %s", step, tg.machine.Name)
 				}
 				// Nothing the full pass would write is skipped: every target that is not healthy with
 				// nothing running is evaluated in this round.
@@ -167,45 +167,45 @@ func TestRoundsFromMemoryAgreeWithAFullPass(t *testing.T) {
 	}
 }
 
-// What invalidates the memory makes the next round a full pass: no memory yet, an invalidation (a
+// What invalidates the cache makes the next round a full pass: no cache yet, an invalidation (a
 // Cluster event, a failed round), a new spec, another health check under the same name, other
 // Cluster facts, and time.
-func TestMemoryStartsAFullPassWhenItCannotAccountForAChange(t *testing.T) {
+func TestEvalCacheStartsAFullPassWhenItCannotAccountForAChange(t *testing.T) {
 	key := types.NamespacedName{Namespace: "ns", Name: "hc"}
-	valid := memoryKey{uid: "u1", generation: 1, facts: readyCluster}
+	valid := evalCacheKey{uid: "u1", generation: 1, facts: readyCluster}
 	rd := evaluateAll([]target{{machine: machine(), node: node(nodeCond(corev1.NodeReady, corev1.ConditionTrue, time.Hour))}}, defaultConfig(), readyCluster, now)
-	fresh := func() *memories {
-		ms := &memories{}
-		mem, _, _ := ms.begin(key, valid, now)
-		mem.reset(rd, valid, now)
-		return ms
+	fresh := func() *evalCaches {
+		caches := &evalCaches{}
+		ec, _, _ := caches.begin(key, valid, now)
+		ec.reset(rd, valid, now)
+		return caches
 	}
 	tests := []struct {
 		name   string
-		change func(ms *memories, v *memoryKey, at *time.Time)
+		change func(caches *evalCaches, v *evalCacheKey, at *time.Time)
 		full   bool
 	}{
-		{"nothing", func(*memories, *memoryKey, *time.Time) {}, false},
-		{"invalidated", func(ms *memories, _ *memoryKey, _ *time.Time) { ms.invalidate(key) }, true},
-		{"new spec", func(_ *memories, v *memoryKey, _ *time.Time) { v.generation++ }, true},
-		{"recreated", func(_ *memories, v *memoryKey, _ *time.Time) { v.uid = "u2" }, true},
-		{"cluster facts", func(_ *memories, v *memoryKey, _ *time.Time) { v.facts.controlPlaneInitTime = now }, true},
-		{"interval", func(_ *memories, _ *memoryKey, at *time.Time) { *at = now.Add(fullPassInterval) }, true},
-		{"just before the interval", func(_ *memories, _ *memoryKey, at *time.Time) { *at = now.Add(fullPassInterval - time.Second) }, false},
-		{"forgotten", func(ms *memories, _ *memoryKey, _ *time.Time) { ms.forget(key) }, true},
-		{"all invalidated", func(ms *memories, _ *memoryKey, _ *time.Time) { ms.invalidateAll() }, true},
-		{"as many changed as there are targets", func(ms *memories, _ *memoryKey, _ *time.Time) { ms.changed(key, "m") }, false},
-		{"more changed than there are targets", func(ms *memories, _ *memoryKey, _ *time.Time) {
-			ms.changed(key, "m")
-			ms.changed(key, "other")
+		{"nothing", func(*evalCaches, *evalCacheKey, *time.Time) {}, false},
+		{"invalidated", func(caches *evalCaches, _ *evalCacheKey, _ *time.Time) { caches.invalidate(key) }, true},
+		{"new spec", func(_ *evalCaches, v *evalCacheKey, _ *time.Time) { v.generation++ }, true},
+		{"recreated", func(_ *evalCaches, v *evalCacheKey, _ *time.Time) { v.uid = "u2" }, true},
+		{"cluster facts", func(_ *evalCaches, v *evalCacheKey, _ *time.Time) { v.facts.controlPlaneInitTime = now }, true},
+		{"interval", func(_ *evalCaches, _ *evalCacheKey, at *time.Time) { *at = now.Add(fullPassInterval) }, true},
+		{"just before the interval", func(_ *evalCaches, _ *evalCacheKey, at *time.Time) { *at = now.Add(fullPassInterval - time.Second) }, false},
+		{"forgotten", func(caches *evalCaches, _ *evalCacheKey, _ *time.Time) { caches.forget(key) }, true},
+		{"all invalidated", func(caches *evalCaches, _ *evalCacheKey, _ *time.Time) { caches.invalidateAll() }, true},
+		{"as many changed as there are targets", func(caches *evalCaches, _ *evalCacheKey, _ *time.Time) { caches.changed(key, "m") }, false},
+		{"more changed than there are targets", func(caches *evalCaches, _ *evalCacheKey, _ *time.Time) {
+			caches.changed(key, "m")
+			caches.changed(key, "other")
 		}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			ms, v, at := fresh(), valid, now
-			tt.change(ms, &v, &at)
-			_, _, full := ms.begin(key, v, at)
+			caches, v, at := fresh(), valid, now
+			tt.change(caches, &v, &at)
+			_, _, full := caches.begin(key, v, at)
 			g.Expect(full).To(Equal(tt.full))
 		})
 	}

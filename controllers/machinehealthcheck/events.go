@@ -3,6 +3,8 @@ package machinehealthcheck
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
@@ -21,23 +24,23 @@ import (
 // markEvent logs a mark set or cleared, or a request created, and records one event on the Machine
 // (past machineEventsPerRound of its kind in the round, one event on the health check for all the
 // others: roundEvents).
-func (r *Reconciler) markEvent(ctx context.Context, said *roundEvents, m *clusterv1.Machine, change markChange, requested bool, ev evaluation) {
-	checker := said.checker
+func (r *Reconciler) markEvent(ctx context.Context, evs *roundEvents, m *clusterv1.Machine, change markChange, requested bool, ev evaluation) {
+	checker := evs.checker
 	switch {
 	case change == markSet:
 		ns, name, _ := strings.Cut(checker, "/")
 		metrics.Marked(ns, name, ev.reason)
 		ctrl.LoggerFrom(ctx).Info("Machine marked unhealthy", "Machine", klog.KObj(m), "reason", ev.reason, "message", ev.message, "remediationRequested", requested)
-		// One event per mark: a request created in the same round is said in it, not in an event
+		// One event per mark: a request created in the same round is reported in it, not in an event
 		// of its own, so that a wave of marks costs the API server one event write per Machine.
 		outcome := ""
 		if requested {
 			outcome = "; remediation requested"
 		}
-		said.add(r.recorder, m, caprv1.EventMachineMarkedUnhealthy, requested,
+		evs.add(r.recorder, m, caprv1.EventMachineMarkedUnhealthy, requested,
 			"Machine %s has been marked as unhealthy by %s: %s%s", m.Name, checker, ev.message, outcome)
 	case requested:
-		said.add(r.recorder, m, caprv1.EventRemediationRequested, true,
+		evs.add(r.recorder, m, caprv1.EventRemediationRequested, true,
 			"Remediation of Machine %s requested by %s: %s", m.Name, checker, ev.reason)
 	case change == markCleared:
 		others := ""
@@ -45,14 +48,14 @@ func (r *Reconciler) markEvent(ctx context.Context, said *roundEvents, m *cluste
 			others = "; another health check still marks it (see its condition " + caprv1.MachineCAPRHealthCheckSucceededCondition + ")"
 		}
 		ctrl.LoggerFrom(ctx).Info("Machine healthy again, mark cleared", "Machine", klog.KObj(m), "markedByOthers", others != "")
-		said.add(r.recorder, m, caprv1.EventMachineMarkCleared, false,
+		evs.add(r.recorder, m, caprv1.EventMachineMarkCleared, false,
 			"Machine %s is healthy again; mark by %s cleared%s", m.Name, checker, others)
 	}
 }
 
 // machineEventsPerRound is how many events of one reason (marked, remediation requested, cleared) a
 // round records on Machines, and machineEventsPerSecond how many the health checks of one namespace
-// record together (machineEventBudget). The others of a round are said in one event of that reason
+// record together (machineEventBudget). The others of a round are reported in one event of that reason
 // on the health check, which counts and names them: the way client-go's EventCorrelator aggregates
 // similar events of one object, across the Machines of one health check. A storm of N marks then
 // costs the API server about machineEventsPerSecond event writes per second and one per health check
@@ -154,4 +157,34 @@ func (b *machineEventBudget) allow(namespace, reason string, now time.Time) bool
 		b.buckets[key] = l
 	}
 	return l.AllowN(now, 1)
+}
+
+// recordMarkEvents records the events of a round's writes: for each Machine in work (indexes into
+// rd.targets) its mark change and whether its request was created, and the marks of the previous
+// round whose events were left to this one (unreported, deferred.go). A mark set in this round is
+// kept for the next round, which reports it with its request.
+func (r *Reconciler) recordMarkEvents(ctx context.Context, mhc *caprv1.MachineHealthCheck, checker string, rd *round,
+	work []int, changes []markChange, requested []bool, unreported map[string]newMark) {
+	key := client.ObjectKeyFromObject(mhc)
+	evs := newRoundEvents(mhc, checker, &r.state.machineEvents)
+	for k, i := range work {
+		m := rd.targets[i].machine
+		if changes[k] == markSet {
+			r.state.newMarks.add(key, m, rd.evals[i]) // reported by the next round, with its request
+			continue
+		}
+		if prev, ok := unreported[m.Name]; ok {
+			delete(unreported, m.Name)
+			if requested[k] && changes[k] == markUnchanged {
+				r.markEvent(ctx, evs, m, markSet, true, prev.ev)
+				continue
+			}
+			r.markEvent(ctx, evs, prev.machine, markSet, false, prev.ev)
+		}
+		r.markEvent(ctx, evs, m, changes[k], requested[k], rd.evals[i])
+	}
+	for _, name := range slices.Sorted(maps.Keys(unreported)) { // not requested in this round
+		r.markEvent(ctx, evs, unreported[name].machine, markSet, false, unreported[name].ev)
+	}
+	evs.flush(r.recorder)
 }

@@ -62,14 +62,14 @@ func TestARoundsEventsAreAggregatedPastTheLimit(t *testing.T) {
 }
 
 // TestMachineEventsOfANamespaceShareABudget: the health checks of one namespace record together at
-// most machineEventsPerSecond events of a reason on Machines per second; the others are said in each
-// round's aggregated event on its health check. Other namespaces have their own budget.
+// most machineEventsPerSecond events of a reason on Machines per second; the others are recorded in
+// each round's aggregated event on its health check. Other namespaces have their own budget.
 func TestMachineEventsOfANamespaceShareABudget(t *testing.T) {
 	budget := &machineEventBudget{}
 	t0 := time.Date(2026, 11, 27, 9, 0, 0, 0, time.UTC)
 	unhealthy := evaluation{verdict: verdictUnhealthy, reason: "UnhealthyNode", message: "Node not ready"}
-	type said struct{ onMachines, aggregated int }
-	round := func(ns, hc string, marks int, at time.Time) said {
+	type recorded struct{ onMachines, aggregated int }
+	round := func(ns, hc string, marks int, at time.Time) recorded {
 		recorder := events.NewFakeRecorder(100)
 		r := &Reconciler{recorder: recorder}
 		mhc := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: hc}}
@@ -81,7 +81,7 @@ func TestMachineEventsOfANamespaceShareABudget(t *testing.T) {
 		}
 		e.flush(recorder)
 		close(recorder.Events)
-		var out said
+		var out recorded
 		for ev := range recorder.Events {
 			if strings.Contains(ev, "without an event of their own") {
 				out.aggregated++
@@ -92,9 +92,9 @@ func TestMachineEventsOfANamespaceShareABudget(t *testing.T) {
 		return out
 	}
 	g := NewWithT(t)
-	g.Expect(round("a", "hc-1", 6, t0)).To(Equal(said{onMachines: 6}))
-	g.Expect(round("a", "hc-2", 6, t0)).To(Equal(said{onMachines: 4, aggregated: 1}), "the namespace's budget is spent")
-	g.Expect(round("b", "hc-1", 6, t0)).To(Equal(said{onMachines: 6}), "another namespace")
-	g.Expect(round("a", "hc-3", 6, t0.Add(300*time.Millisecond))).To(Equal(said{onMachines: 3, aggregated: 1}), "3 more after 0.3 s")
-	g.Expect(round("a", "hc-4", 12, t0.Add(time.Minute))).To(Equal(said{onMachines: 10, aggregated: 1}), "never more than a round's own limit")
+	g.Expect(round("a", "hc-1", 6, t0)).To(Equal(recorded{onMachines: 6}))
+	g.Expect(round("a", "hc-2", 6, t0)).To(Equal(recorded{onMachines: 4, aggregated: 1}), "the namespace's budget is spent")
+	g.Expect(round("b", "hc-1", 6, t0)).To(Equal(recorded{onMachines: 6}), "another namespace")
+	g.Expect(round("a", "hc-3", 6, t0.Add(300*time.Millisecond))).To(Equal(recorded{onMachines: 3, aggregated: 1}), "3 more after 0.3 s")
+	g.Expect(round("a", "hc-4", 12, t0.Add(time.Minute))).To(Equal(recorded{onMachines: 10, aggregated: 1}), "never more than a round's own limit")
 }

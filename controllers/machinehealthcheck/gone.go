@@ -18,10 +18,10 @@ import (
 // (reported reasons, template checks) is pruned to the health checks that still exist, as the UID
 // of the one that is gone is not known any more. The metric series carry namespace and name.
 func (r *Reconciler) forgetGone(ctx context.Context, key types.NamespacedName) error {
-	r.memories.forget(key)
-	r.statusWrites.forget(key)
-	r.newMarks.take(key)
-	r.selectors.forget(key)
+	r.state.evalCaches.forget(key)
+	r.state.statusWrites.forget(key)
+	r.state.newMarks.take(key)
+	r.state.selectors.forget(key)
 	metrics.HealthCheckDeleted(key.Namespace, key.Name)
 	list := &caprv1.MachineHealthCheckList{}
 	if err := r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
@@ -31,8 +31,8 @@ func (r *Reconciler) forgetGone(ctx context.Context, key types.NamespacedName) e
 	for i := range list.Items {
 		live[list.Items[i].UID] = true
 	}
-	r.reported.retain(live)
-	r.templates.retain(live)
+	r.state.reported.retain(live)
+	r.state.templates.retain(live)
 	return nil
 }
 

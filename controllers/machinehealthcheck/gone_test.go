@@ -55,8 +55,8 @@ func TestHealthCheckFoundGoneIsForgotten(t *testing.T) {
 	gone := &caprv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: "gone-test", Name: "gone", UID: "uid-gone", Generation: 1}}
 	r := &Reconciler{Client: fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).Build()}
 	for _, mhc := range []*caprv1.MachineHealthCheck{live, gone} {
-		r.reported.swap(mhc.UID, caprv1.MachineHealthCheckRemediationAllowedCondition, "", "SomeReason")
-		r.templates.done(mhc, now)
+		r.state.reported.swap(mhc.UID, caprv1.MachineHealthCheckRemediationAllowedCondition, "", "SomeReason")
+		r.state.templates.done(mhc, now)
 		metrics.HealthCheckRound(mhc.Namespace, mhc.Name, 3, 1)
 		metrics.Marked(mhc.Namespace, mhc.Name, "UnhealthyNode")
 	}
@@ -65,11 +65,11 @@ func TestHealthCheckFoundGoneIsForgotten(t *testing.T) {
 	_, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(gone)})
 	g.Expect(err).NotTo(HaveOccurred())
 
-	g.Expect(r.reported.last).NotTo(HaveKey(types.UID("uid-gone")))
-	g.Expect(r.templates.last).NotTo(HaveKey(types.UID("uid-gone")))
+	g.Expect(r.state.reported.last).NotTo(HaveKey(types.UID("uid-gone")))
+	g.Expect(r.state.templates.last).NotTo(HaveKey(types.UID("uid-gone")))
 	g.Expect(seriesOf(g, "gone-test", "gone")).To(BeEmpty())
 
-	g.Expect(r.reported.last).To(HaveKey(types.UID("uid-live")))
-	g.Expect(r.templates.last).To(HaveKey(types.UID("uid-live")))
+	g.Expect(r.state.reported.last).To(HaveKey(types.UID("uid-live")))
+	g.Expect(r.state.templates.last).To(HaveKey(types.UID("uid-live")))
 	g.Expect(seriesOf(g, "gone-test", "live")).To(ContainElements("capr_machinehealthcheck_targets", "capr_machinehealthcheck_marks_total"))
 }

@@ -37,7 +37,7 @@ const (
 // entry per health check that finds the Machine unhealthy (caprv1.MarkEntries, naming the health
 // check, its reason and message), its reason is the first entry's and its lastTransitionTime since
 // when the Machine is marked. A health check writes and clears only its own entry, so two health
-// checks over one Machine (CAPI forbids that but does not enforce it: machinehealthcheck_overlap.go
+// checks over one Machine (CAPI forbids that but does not enforce it: overlap.go
 // reports it) do not undo each other's marks, and the Machine stays marked while any of them finds
 // it unhealthy. It is one write to the Machine's status, as CAPI's MachineHealthCheck's mark is (its
 // HealthCheckSucceeded and OwnerRemediated conditions, sigs.k8s.io/cluster-api
@@ -67,7 +67,7 @@ func setMark(m *clusterv1.Machine, ev evaluation, checker string) (markChange, e
 	if err != nil {
 		return markUnchanged, fmt.Errorf("marking Machine %s: %w", m.Name, err)
 	}
-	return transition(setCondition(m, cond), wasMarked, markUpdated, markSet), nil
+	return transition(setMachineCondition(m, cond), wasMarked, markUpdated, markSet), nil
 }
 
 func clearMark(m *clusterv1.Machine, checker string) (markChange, error) {
@@ -82,7 +82,7 @@ func clearMark(m *clusterv1.Machine, checker string) (markChange, error) {
 	if err != nil {
 		return markUnchanged, fmt.Errorf("clearing the mark of Machine %s: %w", m.Name, err)
 	}
-	changed = setCondition(m, cond) || changed
+	changed = setMachineCondition(m, cond) || changed
 	return transition(changed, wasMarked, markCleared, markUpdated), nil
 }
 
@@ -149,9 +149,9 @@ func markedByOthers(m *clusterv1.Machine, checker string) bool {
 	return len(entries.Without(checker)) > 0
 }
 
-// setCondition sets the condition unless the Machine already has it (same status, reason, message);
-// it reports whether it changed anything.
-func setCondition(m *clusterv1.Machine, cond metav1.Condition) bool {
+// setMachineCondition sets the condition unless the Machine already has it (same status, reason,
+// message); it reports whether it changed anything.
+func setMachineCondition(m *clusterv1.Machine, cond metav1.Condition) bool {
 	if hasSameCondition(m, cond) {
 		return false
 	}

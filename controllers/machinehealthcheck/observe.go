@@ -39,7 +39,7 @@ const firstConnectionRequeue = 2 * time.Second
 // never produce a wave of remediations. When wait is not nil the round ends here with that result.
 func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, facts clusterFacts, now time.Time) (remote client.Client, wait *ctrl.Result) {
 	if !facts.controlPlaneInitialized {
-		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionFalse,
+		r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionFalse,
 			Reason:  caprv1.MachineHealthCheckControlPlaneNotInitializedReason,
 			Message: "The control plane is not initialized yet: only control-plane Machines are checked, for node startup"})
 		return nil, nil
@@ -50,7 +50,7 @@ func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv
 		err = r.watchClusterNodes(ctx, cluster)
 	}
 	if err != nil {
-		if r.firstConnection.waiting(ctx, r.ClusterCache, key, err, now) {
+		if r.state.firstConnection.waiting(ctx, r.ClusterCache, key, err, now) {
 			// Nothing is marked either way; only the report waits for a real answer.
 			ctrl.LoggerFrom(ctx).V(4).Info("Waiting for the first connection to the workload cluster", "err", err.Error())
 			return nil, &ctrl.Result{RequeueAfter: firstConnectionRequeue}
@@ -58,8 +58,8 @@ func (r *Reconciler) reachWorkloadCluster(ctx context.Context, cluster *clusterv
 		r.setUnreachable(mhc, err)
 		return nil, &ctrl.Result{RequeueAfter: unreachableRequeue}
 	}
-	r.firstConnection.done(key)
-	r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionTrue,
+	r.state.firstConnection.done(key)
+	r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckWorkloadClusterReachableCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineHealthCheckWorkloadClusterReachableReason})
 	return remote, nil
 }
@@ -74,10 +74,10 @@ type observation struct {
 }
 
 // observe reads and evaluates the targets. A full pass reads and evaluates every target (and etcd)
-// and rebuilds the memory; otherwise only the Machines in work are read and evaluated (changed since
-// the last round, or watched: machinehealthcheck_memory.go), and the counts come from the memory.
+// and rebuilds the evaluation cache; otherwise only the Machines in work are read and evaluated (changed since
+// the last round, or watched: evalcache.go), and the counts come from the cache.
 func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, remote client.Client, cfg checkConfig,
-	facts clusterFacts, mem *memory, valid memoryKey, work []string, full bool, now time.Time) (observation, error) {
+	facts clusterFacts, ec *evalCache, valid evalCacheKey, work []string, full bool, now time.Time) (observation, error) {
 	var o observation
 	if full {
 		targets, excluded, err := r.getTargets(ctx, remote, mhc)
@@ -89,7 +89,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mh
 		}
 		o.etcd = r.observeEtcd(ctx, cluster, cfg, facts, targets, etcdutil.PlacementOf(o.cp), now)
 		o.rd, o.excluded = evaluateAll(targets, cfg, facts, now), excluded
-		mem.reset(o.rd, valid, now)
+		ec.reset(o.rd, valid, now)
 		metrics.HealthCheckEvaluated(mhc.Namespace, mhc.Name, metrics.PassFull, len(targets))
 		return o, nil
 	}
@@ -98,8 +98,8 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mh
 		return o, err
 	}
 	o.rd, o.excluded = evaluateSome(targets, cfg, facts, now), excluded
-	mem.update(targets, o.rd.evals, gone)
-	mem.summarize(o.rd)
+	ec.update(targets, o.rd.evals, gone)
+	ec.summarize(o.rd)
 	if o.rd.cpTargets > 0 {
 		o.cp, o.cpErr = r.controlPlaneObject(ctx, cluster)
 	}
@@ -111,12 +111,12 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mh
 // Machines with CAPI's paused or skip-remediation annotation are not targets: they are returned as
 // excluded.
 func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck) (targets []target, excluded []*clusterv1.Machine, _ error) {
-	selector, err := r.selectors.of(mhc)
+	selector, err := r.state.selectors.of(mhc)
 	if err != nil {
 		return nil, nil, err
 	}
 	// Machines and Nodes are read from the caches without copies: a round only reads them, and a
-	// mark is written from a deep copy (applyMark), so nothing here may modify them in place.
+	// mark is written from a deep copy (writeMark), so nothing here may modify them in place.
 	machines := &clusterv1.MachineList{}
 	if err := r.Client.List(ctx, machines, client.InNamespace(mhc.Namespace), client.MatchingLabelsSelector{Selector: selector},
 		client.UnsafeDisableDeepCopy); err != nil {
@@ -141,7 +141,7 @@ func (r *Reconciler) getTargets(ctx context.Context, remote client.Client, mhc *
 // getSomeTargets reads the named Machines as getTargets does: the targets among them, those
 // excluded, and the names of all that are no target (gone, not selected, or excluded).
 func (r *Reconciler) getSomeTargets(ctx context.Context, remote client.Client, mhc *caprv1.MachineHealthCheck, names []string) (targets []target, excluded []*clusterv1.Machine, gone []string, _ error) {
-	selector, err := r.selectors.of(mhc)
+	selector, err := r.state.selectors.of(mhc)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -242,7 +242,7 @@ func isUnreachable(err error) bool {
 // first connection to a workload cluster before reporting it unreachable.
 const firstConnectionGrace = time.Minute
 
-// firstConnections remembers since when the health checker has been waiting for the ClusterCache's
+// firstConnections records since when the health checker has been waiting for the ClusterCache's
 // first connection to each workload cluster.
 type firstConnections struct {
 	mu    sync.Mutex

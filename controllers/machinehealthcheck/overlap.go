@@ -50,7 +50,7 @@ func (r *Reconciler) overlaps(ctx context.Context, mhc *caprv1.MachineHealthChec
 		if other.Name == mhc.Name || other.Spec.ClusterName != mhc.Spec.ClusterName || !other.DeletionTimestamp.IsZero() || disjoint(mhc, other) {
 			continue
 		}
-		sel, err := r.selectors.of(other)
+		sel, err := r.state.selectors.of(other)
 		if err != nil {
 			continue // it selects nothing; its own round reports the invalid selector
 		}
@@ -83,13 +83,13 @@ func disjoint(a, b *caprv1.MachineHealthCheck) bool {
 // condition either way, and so does any round when no other health check may overlap (the last one
 // was deleted, or its selector changed); otherwise a round over some targets only can only add to
 // what is known, so it sets the condition when it finds an overlap not reported yet. The Warning
-// event is recorded when the condition becomes True (setCondition: once per transition), so an
+// event is recorded when the condition becomes True (setStatusCondition: once per transition), so an
 // overlap that lasts costs one event, not one per round.
 func (r *Reconciler) setTargetsOverlap(mhc *caprv1.MachineHealthCheck, found overlapping, full bool) {
 	overlaps := found.machines
 	if len(overlaps) == 0 {
 		if full || !found.possible {
-			r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckTargetsOverlapCondition, Status: metav1.ConditionFalse,
+			r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckTargetsOverlapCondition, Status: metav1.ConditionFalse,
 				Reason: caprv1.MachineHealthCheckNoTargetsOverlapReason})
 		}
 		return
@@ -109,7 +109,7 @@ func (r *Reconciler) setTargetsOverlap(mhc *caprv1.MachineHealthCheck, found ove
 	message := fmt.Sprintf("Targets of this health check are also selected by MachineHealthCheck %s%s: CAPI forbids overlapping health checks. "+
 		"Each keeps its own entry in the mark of a shared Machine, which stays marked while any of them finds it unhealthy",
 		strings.Join(listed, ", "), more)
-	if r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckTargetsOverlapCondition, Status: metav1.ConditionTrue,
+	if r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckTargetsOverlapCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineHealthCheckTargetsOverlapReason, Message: message}) {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventTargetsOverlap, "HealthCheck", "%s", message)
 	}
@@ -142,7 +142,7 @@ func (r *Reconciler) healthCheckToOverlapping(ctx context.Context, o client.Obje
 	list := &caprv1.MachineHealthCheckList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing MachineHealthChecks for a health-check event")
-		r.memories.invalidateAll()
+		r.state.evalCaches.invalidateAll()
 		return nil
 	}
 	var out []reconcile.Request
@@ -152,7 +152,7 @@ func (r *Reconciler) healthCheckToOverlapping(ctx context.Context, o client.Obje
 			continue
 		}
 		key := client.ObjectKeyFromObject(other)
-		r.memories.invalidate(key)
+		r.state.evalCaches.invalidate(key)
 		out = append(out, reconcile.Request{NamespacedName: key})
 	}
 	return out

@@ -75,7 +75,7 @@ func TestTargetsOverlapCondition(t *testing.T) {
 	r.setTargetsOverlap(mhc, overlapping{possible: true}, true)
 	g.Expect(overlap().Status).To(Equal(metav1.ConditionFalse))
 	r.setTargetsOverlap(mhc, overlapping{machines: map[string]string{"b": "m1"}, possible: true}, true)
-	g.Expect(recorder.Events).To(HaveLen(1), "a new overlap is said again")
+	g.Expect(recorder.Events).To(HaveLen(1), "a new overlap is reported again")
 	// The other health check is deleted: a partial round that finds no other health check that may
 	// overlap clears the condition without waiting for a full pass.
 	r.setTargetsOverlap(mhc, overlapping{}, false)

@@ -55,7 +55,7 @@ func requestScopeOf(mhc *caprv1.MachineHealthCheck) (requestScope, error) {
 // name (= Machine name). One List per reconcile, from the cache for CAPR's own kind (live for any
 // other: a kind the user chose is never cached, controllers.ManagerClientOptions), instead of one
 // read per target; the requests this process created that the cache does not show yet stand in for
-// the cache's copies (machinehealthcheck_created.go). It also reports whether one did: the round is
+// the cache's copies (created.go). It also reports whether one did: the round is
 // to run again after standInRecheck. The requests are the cache's own objects, not copies (every
 // round lists the namespace's requests, and copying each was a tenth of the process's CPU with 100
 // health checks at N=10,000): they are only read, and deleted by name.
@@ -87,7 +87,7 @@ func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealth
 			out[list.Items[i].GetName()] = &list.Items[i]
 		}
 	}
-	return out, r.created.standIn(scope, out, time.Now()), nil
+	return out, r.state.created.standIn(scope, out, time.Now()), nil
 }
 
 // ensureRequest creates the remediation request of an unhealthy Machine if it does not exist yet.
@@ -151,7 +151,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 		}
 		return false, fmt.Errorf("creating %s for Machine %s: %w", gvk.Kind, m.Name, err)
 	}
-	r.created.created(scope, obj, time.Now())
+	r.state.created.created(scope, obj, time.Now())
 	ctrl.LoggerFrom(ctx).Info("Created remediation request", "kind", gvk.Kind, "Machine", klog.KObj(m))
 	return true, nil
 }
@@ -250,11 +250,11 @@ func (r *Reconciler) withdrawRequest(ctx context.Context, mhc *caprv1.MachineHea
 	err = r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID()), ResourceVersion: ptr.To(obj.GetResourceVersion())})
 	switch {
 	case err == nil:
-		r.created.deleted(scope, m.Name)
+		r.state.created.deleted(scope, m.Name)
 		ctrl.LoggerFrom(ctx).Info("Withdrew Pending remediation request", "Machine", klog.KObj(m), "why", why)
 		return nil
 	case apierrors.IsNotFound(err):
-		r.created.deleted(scope, m.Name)
+		r.state.created.deleted(scope, m.Name)
 		return nil
 	case apierrors.IsConflict(err):
 		// It changed (a remediator may have started it, or only recorded it Pending after the

@@ -6,7 +6,7 @@ import (
 )
 
 // round is what one reconcile evaluated, with the counts the limits and the status need. In a full
-// pass targets are every target; in a round from memory (machinehealthcheck_memory.go) they are only
+// pass targets are every target; in an incremental round (evalcache.go) they are only
 // those evaluated, and the counts and names are over every target all the same.
 type round struct {
 	targets []target
@@ -27,7 +27,7 @@ func evaluateAll(targets []target, cfg checkConfig, facts clusterFacts, now time
 	rd := evaluateSome(targets, cfg, facts, now)
 	var n counts
 	for i, t := range targets {
-		n.add(rememberedOf(t, rd.evals[i]), 1)
+		n.add(countedOf(t, rd.evals[i]), 1)
 		if rd.evals[i].verdict == verdictUnhealthy {
 			rd.unhealthy = append(rd.unhealthy, t.machine.Name)
 		}

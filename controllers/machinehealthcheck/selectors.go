@@ -89,7 +89,7 @@ func (r *Reconciler) setInvalidSelector(ctx context.Context, mhc *caprv1.Machine
 	msg := fmt.Sprintf("No Machine is checked until spec.selector is fixed: %v", err)
 	c := metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
 		Reason: caprv1.MachineHealthCheckInvalidSelectorReason, Message: msg}
-	if r.setCondition(mhc, c) {
+	if r.setStatusCondition(mhc, c) {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventInvalidSelector, "HealthCheck", "%s", msg)
 	}
 }

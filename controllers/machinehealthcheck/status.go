@@ -103,7 +103,7 @@ func (r *Reconciler) setStormCooldown(mhc *caprv1.MachineHealthCheck, c *metav1.
 		return
 	}
 	previous := conditions.GetReason(mhc, caprv1.MachineHealthCheckStormCooldownCondition)
-	if !r.setCondition(mhc, *c) {
+	if !r.setStatusCondition(mhc, *c) {
 		return
 	}
 	switch {
@@ -117,7 +117,7 @@ func (r *Reconciler) setStormCooldown(mhc *caprv1.MachineHealthCheck, c *metav1.
 // setUnreachable reports that the workload cluster cannot be reached, with a Warning event when it
 // just became so.
 func (r *Reconciler) setUnreachable(mhc *caprv1.MachineHealthCheck, err error) {
-	if r.setCondition(mhc, metav1.Condition{
+	if r.setStatusCondition(mhc, metav1.Condition{
 		Type:    caprv1.MachineHealthCheckWorkloadClusterReachableCondition,
 		Status:  metav1.ConditionFalse,
 		Reason:  caprv1.MachineHealthCheckWorkloadClusterUnreachableReason,
@@ -136,12 +136,12 @@ func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, lim l
 	refusal := lim.refusal()
 	if refusal == nil {
 		mhc.Status.RemediationsAllowed = ptr.To(int32(lim.remaining()))
-		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue,
+		r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionTrue,
 			Reason: caprv1.MachineHealthCheckRemediationAllowedReason})
 		return
 	}
 	mhc.Status.RemediationsAllowed = ptr.To(int32(0))
-	entered := r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
+	entered := r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationAllowedCondition, Status: metav1.ConditionFalse,
 		Reason: refusal.reason, Message: refusal.message})
 	if entered && refusal.reason == caprv1.MachineHealthCheckEtcdQuorumLostReason {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventEtcdQuorumLost, "HealthCheck", "%s", refusal.message)
@@ -152,16 +152,16 @@ func (r *Reconciler) setRemediationAllowed(mhc *caprv1.MachineHealthCheck, lim l
 	}
 }
 
-// setCondition sets a condition of the health check and reports whether its reason changed, i.e.
+// setStatusCondition sets a condition of the health check and reports whether its reason changed, i.e.
 // whether this is a transition worth an event. The previous reason is the one this process last
 // set, or, after a restart, the one on the object read at reconcile start: two reconciles in quick
 // succession can both start from a cache that has not seen the first one's status patch yet, and
 // must not both report the same transition.
-func (r *Reconciler) setCondition(mhc *caprv1.MachineHealthCheck, c metav1.Condition) bool {
+func (r *Reconciler) setStatusCondition(mhc *caprv1.MachineHealthCheck, c metav1.Condition) bool {
 	previous := ""
 	if old := conditions.Get(mhc, c.Type); old != nil {
 		previous = old.Reason
 	}
 	conditions.Set(mhc, c)
-	return r.reported.swap(mhc.UID, c.Type, previous, c.Reason) != c.Reason
+	return r.state.reported.swap(mhc.UID, c.Type, previous, c.Reason) != c.Reason
 }

@@ -110,7 +110,7 @@ func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHeal
 		return 0
 	}
 	valid := meta.IsStatusConditionTrue(mhc.Status.Conditions, caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
-	if wait := r.templates.due(mhc, valid, now); wait > 0 {
+	if wait := r.state.templates.due(mhc, valid, now); wait > 0 {
 		return wait
 	}
 	var problems []string
@@ -132,14 +132,14 @@ func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHeal
 			}
 		}
 	}
-	r.templates.done(mhc, now)
+	r.state.templates.done(mhc, now)
 	if len(problems) == 0 {
-		r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionTrue,
+		r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionTrue,
 			Reason: caprv1.MachineHealthCheckRemediationTemplatesValidReason})
 		return templateRecheck
 	}
 	msg := "Remediation will fail where it needs these templates: " + strings.Join(problems, "; ")
-	if r.setCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionFalse,
+	if r.setStatusCondition(mhc, metav1.Condition{Type: caprv1.MachineHealthCheckRemediationTemplatesValidCondition, Status: metav1.ConditionFalse,
 		Reason: reason, Message: msg}) {
 		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, reason, "HealthCheck", "%s", msg)
 	}

@@ -6,8 +6,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// This file holds what the health checker remembers in memory between reconciles. Losing it on a
-// restart only falls back to what the API says.
+// This file holds the condition reasons this process last set, so that a transition of a health
+// check's condition is reported by one event (setStatusCondition). Losing them on a restart only
+// falls back to the reasons on the object read at reconcile start.
 
 // reportedReasons is the reason this process last set on each condition of each health check.
 type reportedReasons struct {

@@ -72,7 +72,7 @@ func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster str
 	list := &caprv1.MachineHealthCheckList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing MachineHealthChecks for a watch event")
-		r.memories.invalidateAll() // the change cannot be recorded where it belongs
+		r.state.evalCaches.invalidateAll() // the change cannot be recorded where it belongs
 		return nil
 	}
 	var out []reconcile.Request
@@ -82,7 +82,7 @@ func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster str
 			continue
 		}
 		if machine != nil {
-			sel, err := r.selectors.of(mhc)
+			sel, err := r.state.selectors.of(mhc)
 			if err != nil || !sel.Matches(labels.Set(machine.Labels)) {
 				continue
 			}
@@ -93,11 +93,11 @@ func (r *Reconciler) healthChecksFor(ctx context.Context, namespace, cluster str
 }
 
 // machineChangedFor records Machine m as changed for each health check that selects it (its next round
-// evaluates it, machinehealthcheck_memory.go) and returns those health checks.
+// evaluates it, evalcache.go) and returns those health checks.
 func (r *Reconciler) machineChangedFor(ctx context.Context, m *clusterv1.Machine) []reconcile.Request {
 	out := r.healthChecksFor(ctx, m.Namespace, m.Spec.ClusterName, m)
 	for _, req := range out {
-		r.memories.changed(req.NamespacedName, m.Name)
+		r.state.evalCaches.changed(req.NamespacedName, m.Name)
 	}
 	return out
 }
@@ -114,7 +114,7 @@ func (r *Reconciler) machineToHealthChecks(ctx context.Context, o client.Object)
 
 // clusterToHealthChecks maps a Cluster event to its health checks. It does not make their next round a
 // full pass: CAPI updates a Cluster's status whenever its Machines change, and what a round reads of
-// the Cluster is either part of what the memory is valid for (its facts, memoryKey), or read in every
+// the Cluster is either part of what the evaluation cache is valid for (its facts, evalCacheKey), or read in every
 // round (paused, the control-plane object).
 func (r *Reconciler) clusterToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
 	return r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
@@ -125,7 +125,7 @@ func (r *Reconciler) clusterToHealthChecks(ctx context.Context, o client.Object)
 func (r *Reconciler) connectionToHealthChecks(ctx context.Context, o client.Object) []reconcile.Request {
 	out := r.healthChecksFor(ctx, o.GetNamespace(), o.GetName(), nil)
 	for _, req := range out {
-		r.memories.invalidate(req.NamespacedName)
+		r.state.evalCaches.invalidate(req.NamespacedName)
 	}
 	return out
 }
@@ -135,7 +135,7 @@ func (r *Reconciler) requestToHealthChecks(ctx context.Context, o client.Object)
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(o), m, noCopy); err != nil {
 		if !apierrors.IsNotFound(err) { // a request of a Machine that is gone changes no target
 			ctrl.LoggerFrom(ctx).Error(err, "Reading the Machine of a remediation request for a watch event")
-			r.memories.invalidateAll()
+			r.state.evalCaches.invalidateAll()
 		}
 		return nil
 	}
@@ -176,7 +176,7 @@ func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.Obje
 		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name},
 		client.MatchingFields{index.MachineNodeNameField: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "Listing Machines for a Node event")
-		r.memories.invalidateAll() // the change cannot be recorded where it belongs
+		r.state.evalCaches.invalidateAll() // the change cannot be recorded where it belongs
 		return nil
 	}
 	var out []reconcile.Request

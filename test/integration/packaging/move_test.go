@@ -99,7 +99,7 @@ func TestClusterctlMoveCarriesCAPRObjectsToAnotherManagementCluster(t *testing.T
 	}
 
 	// CAPR's MachineHealthCheck went with its Cluster through the owner reference CAPR's controller
-	// sets (adoptByCluster, controllers/machinehealthcheck/machinehealthcheck_controller.go), now
+	// sets (adoptByCluster, controllers/machinehealthcheck/controller.go), now
 	// pointing at the new Cluster; spec and labels as they were; status empty.
 	mhc := &caprv1.MachineHealthCheck{}
 	g.Expect(get(target.Client, "hc", mhc)).To(Succeed())
@@ -167,11 +167,11 @@ type moveFixture struct {
 //     for stand-alone Machines (core/reconcilers/machine/machine_controller.go:444-454), with a
 //     nodeRef: Move refuses Machines without one (mover.go:261-277).
 //   - CAPR's MachineHealthCheck hc, labelled and owned by the Cluster as adoptByCluster does
-//     (controllers/machinehealthcheck/machinehealthcheck_controller.go:204-213), with status, and
+//     (controllers/machinehealthcheck/controller.go), with status, and
 //     "not-adopted", which CAPR never reconciled.
 //   - the MachineRemediationTemplate hc references.
 //   - MachineRemediation cp-0, Pending, owned by its Machine as the health check creates it
-//     (controllers/machinehealthcheck/machinehealthcheck_requests.go:111-117); cp-1, Running,
+//     (ensureRequest, controllers/machinehealthcheck/requests.go); cp-1, Running,
 //     re-owned by the Cluster with the finalizer as start does
 //     (remediation/controlplane/controlplane_pending.go:222-251). Both with status, as the
 //     remediator writes it.
