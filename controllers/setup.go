@@ -162,7 +162,8 @@ type Setup struct {
 
 // NewFencer is the manager's fencing: the policy over the NetworkFence (csi-addons, in the workload
 // cluster), External (in the management cluster) and OutOfServiceTaint (workload Node, version read
-// from the workload cluster's discovery) backends. Workload objects are read uncached: fences are few,
+// from the workload cluster's discovery) backends, and the force-deletion of a fenced Node's pods once
+// every backend confirmed (fencing.PodDeleter). Workload objects are read uncached: fences are few,
 // must be read as they are, and a cache would start informers for kinds the workload cluster may not
 // have. The External backend reads templates and fence objects live for the same reason; the manager
 // gets access to their kinds through its aggregated role (docs/user/fencing.md, External).
@@ -176,6 +177,7 @@ func NewFencer(mgr ctrl.Manager, cc clustercache.ClusterCache) *fencing.PolicyFe
 				Workload: cc.GetUncachedClient, ServerVersion: fencing.DiscoveryServerVersion(cc.GetRESTConfig),
 			},
 		},
+		Pods: &fencing.PodDeleter{Workload: cc.GetUncachedClient, Recorder: mgr.GetEventRecorder("capr-fencing")},
 	}
 }
 

@@ -20,8 +20,9 @@ type reason struct {
 
 // reasonSources are the packages whose reason constants an operator meets in a condition or an
 // event, and which of their constants count: in api/v1alpha1 every exported constant whose name
-// ends in "Reason" (condition reasons) or starts with "Event" (event reasons); in the remediators,
-// which emit their own events, the exported constants starting with "Event".
+// ends in "Reason" (condition reasons) or starts with "Event" (event reasons); in the remediators
+// and fencing (its PodDeleter), which emit their own events, the exported constants starting with
+// "Event".
 var reasonSources = []struct {
 	dir          string
 	suffixReason bool
@@ -30,6 +31,7 @@ var reasonSources = []struct {
 	{dir: "remediation/controlplane"},
 	{dir: "remediation/worker"},
 	{dir: "remediation/escalation"},
+	{dir: "remediation/fencing"},
 }
 
 // reasonConstants parses the reason sources under root (no type checking: constants are read from

@@ -270,6 +270,26 @@ type FencingStatus struct {
 	// the remediation was aborted before the Machine was deleted. Unset while unfencing is owed.
 	// +optional
 	UnfencedTime *metav1.Time `json:"unfencedTime,omitempty"`
+	// pods records the force-deletion of the fenced Node's pods, done once every backend confirmed
+	// the fence (remediation/fencing, pods.go). Unset until it was tried.
+	// +optional
+	Pods *FencedPodsStatus `json:"pods,omitempty"`
+}
+
+// FencedPodsStatus is the force-deletion of a fenced Node's pods.
+type FencedPodsStatus struct {
+	// deletedTime is when no pod was left on the Node (mirror pods aside); unset while a deletion
+	// failed (it is tried again while the Fence step runs).
+	// +optional
+	DeletedTime *metav1.Time `json:"deletedTime,omitempty"`
+	// deleted is how many pods CAPR force-deleted.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Deleted int32 `json:"deleted,omitempty"`
+	// message says which pods were deleted, or why not all.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
 }
 
 // FencingBackendState is where one backend's fence stands.

@@ -113,6 +113,9 @@ type PolicyFencer struct {
 	Workload WorkloadClientFunc
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// Pods, when set, force-deletes the fenced Node's pods once every backend confirmed (pods.go);
+	// nil leaves them to Kubernetes' pod GC.
+	Pods *PodDeleter
 }
 
 // Fence implements Fencer.

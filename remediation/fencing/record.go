@@ -62,8 +62,9 @@ func Observe(mr *caprv1.MachineRemediation, res Result, now time.Time) {
 }
 
 // FenceRecorded asks f to fence, recording the fence in mr's status: Begin, then persist when that
-// changed the status (before any backend acts), then the answers (Observe). The request is marked
-// with mr's UID (Request.Remediation).
+// changed the status (before any backend acts), then the answers (Observe), then, once the fence is
+// confirmed, the force-deletion of the Node's pods (deleteFencedPods). The request is marked with
+// mr's UID (Request.Remediation).
 func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation, req Request, now time.Time, persist func(context.Context) error) (Result, error) {
 	req.Remediation = mr.UID
 	if Begin(mr, req.Node, now) {
@@ -76,6 +77,7 @@ func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation,
 		return Result{}, err
 	}
 	Observe(mr, res, now)
+	deleteFencedPods(ctx, f, mr, req, res, now)
 	return res, nil
 }
 
