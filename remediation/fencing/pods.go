@@ -56,6 +56,16 @@ type PodDeleter struct {
 	Timeout time.Duration
 }
 
+// NodePodDeleter is a Fencer that force-deletes a fenced Node's pods: PolicyFencer, and any Fencer
+// that hands a request on to one (tests route requests between fencers).
+type NodePodDeleter interface {
+	// NodePods returns the PodDeleter for req (nil: the pods are left to Kubernetes).
+	NodePods(req Request) *PodDeleter
+}
+
+// NodePods implements NodePodDeleter.
+func (p *PolicyFencer) NodePods(Request) *PodDeleter { return p.Pods }
+
 // deleteFencedPods is FenceRecorded's last part: once every configured backend confirmed the fence of
 // mr's Node, the Node's pods are force-deleted and that is recorded in status.fencing.pods, so that it
 // is done once: a pass that failed, or a crash before the record was written, is tried again on the
@@ -63,31 +73,35 @@ type PodDeleter struct {
 // (a BestEffort that gave up included). A failure does not hold the fence: it is reported (record,
 // event) and Kubernetes' pod GC remains.
 func deleteFencedPods(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation, req Request, res Result, now time.Time) {
-	p, ok := f.(*PolicyFencer)
+	pd, ok := f.(NodePodDeleter)
+	if !ok {
+		return
+	}
+	d := pd.NodePods(req)
 	rec := mr.Status.Fencing
-	if !ok || p.Pods == nil || rec == nil || rec.UnfencedTime != nil || rec.NodeName != req.Node ||
+	if d == nil || rec == nil || rec.UnfencedTime != nil || rec.NodeName != req.Node ||
 		(rec.Pods != nil && rec.Pods.DeletedTime != nil) {
 		return
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("Node", klog.KRef("", req.Node))
-	c, err := workloadClient(ctx, p.Pods.Workload, req)
+	c, err := workloadClient(ctx, d.Workload, req)
 	if err != nil {
-		p.Pods.report(ctx, mr, rec, nil, fmt.Errorf("the fenced Node's pods are not deleted yet: %w", err), now)
+		d.report(ctx, mr, rec, nil, fmt.Errorf("the fenced Node's pods are not deleted yet: %w", err), now)
 		return
 	}
 	confirmed, err := fenceConfirmed(ctx, c, req, res)
 	if err != nil {
-		p.Pods.report(ctx, mr, rec, nil, fmt.Errorf("the fenced Node's pods are not deleted yet: %w", err), now)
+		d.report(ctx, mr, rec, nil, fmt.Errorf("the fenced Node's pods are not deleted yet: %w", err), now)
 		return
 	}
 	if !confirmed {
 		return
 	}
-	deleted, err := p.Pods.deleteNodePods(ctx, c, req.Node)
+	deleted, err := d.deleteNodePods(ctx, c, req.Node)
 	if err == nil {
 		log.Info("Fence confirmed: force-deleted the Node's pods", "pods", deleted)
 	}
-	p.Pods.report(ctx, mr, rec, deleted, err, now)
+	d.report(ctx, mr, rec, deleted, err, now)
 }
 
 // fenceConfirmed reports whether every configured backend confirmed the fence of req.Node. An

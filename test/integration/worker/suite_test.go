@@ -132,6 +132,14 @@ func (f *routingFencer) Unfence(ctx context.Context, req fencing.Request) error 
 	return f.pick(req).Unfence(ctx, req)
 }
 
+// NodePods hands the pod deletion to the fencer the request goes to (fencing.NodePodDeleter).
+func (f *routingFencer) NodePods(req fencing.Request) *fencing.PodDeleter {
+	if d, ok := f.pick(req).(fencing.NodePodDeleter); ok {
+		return d.NodePods(req)
+	}
+	return nil
+}
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
