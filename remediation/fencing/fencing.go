@@ -342,8 +342,8 @@ type Verdict struct {
 	// visibly).
 	TimedOut bool
 	Message  string
-	// Requeue is when to ask again while not done: at the latest when the timeout expires, so
-	// BestEffort gives up on time.
+	// Requeue is when to ask again while not done (askAgain): at the latest when the timeout
+	// expires, so BestEffort gives up on time.
 	Requeue time.Duration
 }
 
@@ -376,5 +376,5 @@ func Judge(res Result, spec *caprv1.FencingSpec, started, now time.Time) Verdict
 		return Verdict{TimedOut: true, Requeue: 15 * time.Second,
 			Message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}
 	}
-	return Verdict{Message: res.Message, Requeue: min(10*time.Second, timeout-elapsed+100*time.Millisecond)}
+	return Verdict{Message: res.Message, Requeue: min(askAgain(elapsed), timeout-elapsed+100*time.Millisecond)}
 }
