@@ -59,11 +59,12 @@ func run(m *testing.M) int {
 // TestFencedFailoverMovesTheVolumeWithoutASecondWriter: a pod with a ReadWriteOnce volume runs on
 // node A; A's kubelet stops. Without fencing the volume stays attached to A (its pod cannot finish
 // terminating without a kubelet, and kube-controller-manager waits for the unmount). CAPR's policy
-// fencer with the backends a user configures, NetworkFence then OutOfServiceTaint, fences A's
-// address through csi-addons' real controller (the storage system, here the stand-in sidecar,
-// refuses A) and only then taints A; the real kube-controller-manager evicts and deletes the pod and
-// detaches the volume, the fence is confirmed once no VolumeAttachment names A, and the pod's
-// replacement on B gets the volume, never while A had it. Unfencing removes the taint, has
+// fencer with the backends a user configures, NetworkFence then OutOfServiceTaint, asked as the
+// remediators ask it (fencing.FenceRecorded), fences A's address through csi-addons' real controller
+// (the storage system, here the stand-in sidecar, refuses A) and only then taints A and force-deletes
+// A's pod (fencing.PodDeleter); the real kube-controller-manager detaches the volume, the fence is
+// confirmed once no VolumeAttachment names A, and the pod's replacement on B gets the volume, never
+// while A had it. Unfencing removes the taint, has
 // csi-addons unfence the address and deletes the NetworkFence.
 func TestFencedFailoverMovesTheVolumeWithoutASecondWriter(t *testing.T) {
 	g := NewWithT(t)
@@ -100,7 +101,7 @@ func TestFencedFailoverMovesTheVolumeWithoutASecondWriter(t *testing.T) {
 		caprv1.FencingBackendNetworkFence: &fencing.NetworkFenceBackend{Workload: workload},
 		caprv1.FencingBackendOutOfServiceTaint: &fencing.OutOfServiceTaintBackend{Workload: workload,
 			ServerVersion: fencing.DiscoveryServerVersion(func(context.Context, client.ObjectKey) (*rest.Config, error) { return testEnv.Config, nil })},
-	}}
+	}, Pods: &fencing.PodDeleter{Workload: workload}}
 	req := fencing.Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wc"}},
 		Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m-a"}}, Node: "node-a", Remediation: "failover-m-a",
 		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{
@@ -117,10 +118,11 @@ func TestFencedFailoverMovesTheVolumeWithoutASecondWriter(t *testing.T) {
 		}
 		return false
 	}
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m-a", UID: req.Remediation}, Spec: caprv1.MachineRemediationSpec{Fencing: req.Spec}}
 	fenceStarted := time.Now()
-	var fenced, taintSeen time.Time
+	var fenced, taintSeen, podGone time.Time
 	g.Eventually(func(g Gomega) {
-		res, err := fencer.Fence(ctx, req)
+		res, err := fencing.FenceRecorded(ctx, fencer, mr, req, time.Now(), func(context.Context) error { return nil })
 		g.Expect(err).NotTo(HaveOccurred())
 		if stack.Sidecar.Fenced("10.1.0.1/32") && fenced.IsZero() {
 			fenced = time.Now()
@@ -131,12 +133,18 @@ func TestFencedFailoverMovesTheVolumeWithoutASecondWriter(t *testing.T) {
 			}
 			g.Expect(stack.Sidecar.Fenced("10.1.0.1/32")).To(BeTrue(), "tainted out-of-service before the storage system fenced the node")
 		}
+		if err := testEnv.Client.Get(ctx, client.ObjectKeyFromObject(web), &corev1.Pod{}); apierrors.IsNotFound(err) && podGone.IsZero() {
+			podGone = time.Now()
+			g.Expect(stack.Sidecar.Fenced("10.1.0.1/32")).To(BeTrue(), "the pod was deleted before the storage system fenced the node")
+		}
 		g.Expect(res.Outcome).To(Equal(fencing.Fenced), res.Message)
 	}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
 	detached := time.Now()
 	g.Expect(stack.Driver.PublishedTo(handle)).To(BeEmpty(), "ControllerUnpublish reached the storage system")
 	g.Expect(testEnv.Client.Get(ctx, client.ObjectKeyFromObject(web), &corev1.Pod{})).To(Satisfy(apierrors.IsNotFound),
-		"taint eviction and pod GC deleted the pod of the out-of-service node")
+		"CAPR force-deleted the pod of the fenced node")
+	g.Expect(mr.Status.Fencing.Pods).NotTo(BeNil())
+	g.Expect(mr.Status.Fencing.Pods.Message).To(ContainSubstring(ns + "/web-0"))
 
 	moved, err := w.Pod(ctx, "web-0", "data", "node-b") // the StatefulSet's replacement, scheduled to B
 	g.Expect(err).NotTo(HaveOccurred())
@@ -160,6 +168,6 @@ func TestFencedFailoverMovesTheVolumeWithoutASecondWriter(t *testing.T) {
 	g.Expect(nfs.Items).To(BeEmpty())
 
 	since := func(t time.Time) time.Duration { return t.Sub(fault).Round(100 * time.Millisecond) }
-	t.Logf("timeline from the fault (node-a Ready=Unknown): no detach for %s without fencing; fencing started +%s; address fenced by csi-addons +%s; tainted +%s; detached from node-a (fence confirmed) +%s; attached to node-b +%s",
-		since(fenceStarted), since(fenceStarted), since(fenced), since(taintSeen), since(detached), since(attached))
+	t.Logf("timeline from the fault (node-a Ready=Unknown): no detach for %s without fencing; fencing started +%s; address fenced by csi-addons +%s; tainted +%s; pod deleted +%s; detached from node-a (fence confirmed) +%s; attached to node-b +%s",
+		since(fenceStarted), since(fenceStarted), since(fenced), since(taintSeen), since(podGone), since(detached), since(attached))
 }

@@ -3,10 +3,12 @@
 // volume on node A, A's kubelet stops, and the remediation is decided (the health check's timeout,
 // the same for both, is not counted). Once as Kubernetes does it by default when CAPI deletes the
 // Machine (the Node is deleted; CAPI skips drain and the volume-detach wait for an unreachable node),
-// once as CAPR does it (a NetworkFence through csi-addons' real controller, then the out-of-service
-// taint; the Machine is deleted afterwards). It
-// prints both timelines. The default path waits for kube-controller-manager's 6-minute force detach,
-// so a run takes about 8 minutes.
+// and three times as CAPR does it (a NetworkFence through csi-addons' real controller, then the
+// out-of-service taint and the force-deletion of the node's pods, fencing.FenceRecorded as the
+// remediators call it; the Machine is deleted afterwards). It prints the timelines and, for CAPR, the
+// median of the time from the fence confirmed (csi-addons' NetworkFence Succeeded, as CAPR records it)
+// to the volume attached on the other node. The default path waits for kube-controller-manager's
+// 6-minute force detach, so a run takes about 9 minutes (-default=false skips it).
 package main
 
 import (
@@ -15,15 +17,20 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -34,19 +41,25 @@ import (
 
 // timeline is what one run measured, from the moment the remediation acts.
 type timeline struct {
+	// fenced is when the fence was confirmed (CAPR only; zero for the default).
+	fenced                      time.Duration
 	podGone, detached, attached time.Duration
 }
 
 func main() {
 	timeout := flag.Duration("timeout", 12*time.Minute, "how long each run may take")
+	runs := flag.Int("runs", 3, "how many CAPR failovers to run (the median is reported)")
+	withDefault := flag.Bool("default", true, "also run Kubernetes' default failover once (about 7 minutes)")
 	flag.Parse()
-	if err := run(*timeout); err != nil {
+	// The fencer logs through controller-runtime; the report is what this prints.
+	ctrl.SetLogger(logr.Discard())
+	if err := run(*timeout, max(*runs, 1), *withDefault); err != nil {
 		fmt.Fprintln(os.Stderr, "compare-storage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(timeout time.Duration) error {
+func run(timeout time.Duration, runs int, withDefault bool) error {
 	ctx := context.Background()
 	crds, err := storage.CRDDir()
 	if err != nil {
@@ -63,7 +76,6 @@ func run(timeout time.Duration) error {
 	}
 	defer stack.Stop()
 
-	fmt.Println("CAPR: NetworkFence through csi-addons, then the out-of-service taint (the Machine is deleted afterwards)")
 	class := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"provisioner": storage.DriverName}}}
 	class.SetGroupVersionKind(fencing.NetworkFenceClassGVK)
 	class.SetName("fake-storage")
@@ -71,64 +83,111 @@ func run(timeout time.Duration) error {
 		return err
 	}
 	workload := func(context.Context, client.ObjectKey) (client.Client, error) { return env.Client, nil }
-	fencer := &fencing.PolicyFencer{Backends: map[caprv1.FencingBackendType]fencing.Backend{
+	fencer := &fencing.PolicyFencer{Workload: workload, Backends: map[caprv1.FencingBackendType]fencing.Backend{
 		caprv1.FencingBackendNetworkFence: &fencing.NetworkFenceBackend{Workload: workload},
 		caprv1.FencingBackendOutOfServiceTaint: &fencing.OutOfServiceTaintBackend{Workload: workload,
 			ServerVersion: fencing.DiscoveryServerVersion(func(context.Context, client.ObjectKey) (*rest.Config, error) { return env.Config, nil })},
-	}}
-	fenceCtx, stopFencing := context.WithCancel(ctx)
-	defer stopFencing()
-	withCAPR, err := failover(ctx, env, "capr", timeout, func(w storage.Workload, node string) error {
-		req := fencing.Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "wc"}},
-			Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "m-a"}}, Node: node, Remediation: "compare-m-a",
-			Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{
-				{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"fake-storage"}},
-				{Type: caprv1.FencingBackendOutOfServiceTaint},
-			}}}
-		// The Fence step asks again until the fence is confirmed, as the remediators do.
-		go func() {
-			_ = wait.PollUntilContextCancel(fenceCtx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-				res, err := fencer.Fence(ctx, req)
-				return err == nil && res.Outcome == fencing.Fenced, nil
-			})
-		}()
-		return nil
-	})
-	stopFencing()
-	if err != nil {
-		return fmt.Errorf("CAPR run: %w\n%s", err, stack.Logs(30))
+	}, Pods: &fencing.PodDeleter{Workload: workload}}
+	var withCAPR []timeline
+	for i := range runs {
+		tl, err := caprFailover(ctx, env, fencer, i, timeout)
+		if err != nil {
+			return fmt.Errorf("CAPR run %d: %w\n%s", i+1, err, stack.Logs(30))
+		}
+		withCAPR = append(withCAPR, tl)
 	}
-	fmt.Println("Kubernetes default: CAPI deletes the Machine, which deletes the Node")
-	byDefault, err := failover(ctx, env, "default", timeout, func(_ storage.Workload, node string) error {
-		return env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
-	})
-	if err != nil {
-		return fmt.Errorf("default run: %w\n%s", err, stack.Logs(30))
+	var byDefault timeline
+	if withDefault {
+		fmt.Println("Kubernetes default: CAPI deletes the Machine, which deletes the Node")
+		byDefault, err = failover(ctx, env, "default", "10.2.0", timeout, func(_ storage.Workload, node string) (func() time.Time, error) {
+			return nil, env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+		})
+		if err != nil {
+			return fmt.Errorf("default run: %w\n%s", err, stack.Logs(30))
+		}
 	}
+	med := median(withCAPR)
+	r := func(d time.Duration) string { return "+" + d.Round(100*time.Millisecond).String() }
 	row := func(name string, a, b time.Duration) {
-		fmt.Printf("| %s | +%s | +%s |\n", name, a.Round(100*time.Millisecond), b.Round(100*time.Millisecond))
+		def := "(not run)"
+		if withDefault {
+			def = r(a)
+		}
+		fmt.Printf("| %s | %s | %s |\n", name, def, r(b))
 	}
 	fmt.Println()
-	fmt.Println("| from the remediation's first action | Kubernetes default (Machine deleted) | CAPR (NetworkFence, then out-of-service taint) |")
+	fmt.Printf("| from the remediation's first action | Kubernetes default (Machine deleted) | CAPR (NetworkFence, then out-of-service taint and pod deletion; median of %d) |\n", len(withCAPR))
 	fmt.Println("|---|---|---|")
-	row("old pod gone", byDefault.podGone, withCAPR.podGone)
-	row("volume detached from the dead node", byDefault.detached, withCAPR.detached)
-	row("volume attached on the other node", byDefault.attached, withCAPR.attached)
-	fmt.Printf("\nsecond writers refused by the stand-in driver: %d\n", len(stack.Driver.Refused()))
+	row("old pod gone", byDefault.podGone, med.podGone)
+	row("volume detached from the dead node", byDefault.detached, med.detached)
+	row("volume attached on the other node", byDefault.attached, med.attached)
+	fmt.Println()
+	var after []string
+	for _, tl := range withCAPR {
+		after = append(after, (tl.attached - tl.fenced).Round(10*time.Millisecond).String())
+	}
+	fmt.Printf("CAPR: volume attached elsewhere %s after the fence was confirmed (median of %d runs: %v)\n",
+		(med.attached - med.fenced).Round(10*time.Millisecond), len(withCAPR), after)
+	fmt.Printf("second writers refused by the stand-in driver: %d\n", len(stack.Driver.Refused()))
 	return nil
 }
 
-// failover runs one failover in a namespace of its own with nodes <prefix>-a and <prefix>-b; act is
-// the remediation's first action on the dead node.
-func failover(ctx context.Context, env *capienv.Environment, prefix string, timeout time.Duration,
-	act func(w storage.Workload, node string) error) (timeline, error) {
+// caprFailover is CAPR's failover number i: the Fence step asks again until the fence is confirmed, as
+// the remediators do, through fencing.FenceRecorded (the fence recorded in a request, then the node's
+// pods force-deleted once it is confirmed). The fence is confirmed when the NetworkFence backend first
+// reports it, as status.fencing.backends[0].fencedTime records.
+func caprFailover(ctx context.Context, env *capienv.Environment, fencer *fencing.PolicyFencer, i int, timeout time.Duration) (timeline, error) {
+	fmt.Printf("CAPR run %d: NetworkFence through csi-addons, then the out-of-service taint and the node's pods deleted (the Machine is deleted afterwards)\n", i+1)
+	fenceCtx, stopFencing := context.WithCancel(ctx)
+	defer stopFencing()
+	return failover(ctx, env, fmt.Sprintf("capr%d", i+1), fmt.Sprintf("10.2.%d", i+1), timeout, func(w storage.Workload, node string) (func() time.Time, error) {
+		spec := &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{
+			{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: []string{"fake-storage"}},
+			{Type: caprv1.FencingBackendOutOfServiceTaint},
+		}}
+		mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "m-a", UID: types.UID("compare-" + w.NS)},
+			Spec: caprv1.MachineRemediationSpec{Fencing: spec}}
+		req := fencing.Request{Cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "wc"}},
+			Machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: w.NS, Name: "m-a"}}, Node: node, Spec: spec, Started: time.Now()}
+		var mu sync.Mutex
+		var fenced time.Time
+		go func() {
+			_ = wait.PollUntilContextCancel(fenceCtx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+				res, err := fencing.FenceRecorded(ctx, fencer, mr, req, time.Now(), func(context.Context) error { return nil })
+				if err != nil {
+					return false, nil
+				}
+				if t := mr.Status.Fencing.Backends[0].FencedTime; t != nil {
+					mu.Lock()
+					fenced = t.Time
+					mu.Unlock()
+				}
+				return res.Outcome == fencing.Fenced, nil
+			})
+		}()
+		return func() time.Time { mu.Lock(); defer mu.Unlock(); return fenced }, nil
+	})
+}
+
+// median is the run whose time from the fence confirmed to the volume attached is the median.
+func median(runs []timeline) timeline {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b timeline) int { return int((a.attached - a.fenced) - (b.attached - b.fenced)) })
+	return sorted[len(sorted)/2]
+}
+
+// failover runs one failover in a namespace of its own with nodes <prefix>-a and <prefix>-b (addresses
+// <subnet>.1 and .2); act is the remediation's first action on the dead node, and returns, for CAPR,
+// when the fence was confirmed (zero until it is).
+func failover(ctx context.Context, env *capienv.Environment, prefix, subnet string, timeout time.Duration,
+	act func(w storage.Workload, node string) (func() time.Time, error)) (timeline, error) {
 	ns, err := capienv.CreateNamespace(ctx, env.Client, prefix)
 	if err != nil {
 		return timeline{}, err
 	}
 	w := storage.Workload{C: env.Client, NS: ns}
 	a, b := prefix+"-node-a", prefix+"-node-b"
-	if err := errors.Join(w.Node(ctx, a, "10.2.0.1"), w.Node(ctx, b, "10.2.0.2")); err != nil {
+	if err := errors.Join(w.Node(ctx, a, subnet+".1"), w.Node(ctx, b, subnet+".2")); err != nil {
 		return timeline{}, err
 	}
 	handle, err := w.Volume(ctx, "data")
@@ -149,7 +208,8 @@ func failover(ctx context.Context, env *capienv.Environment, prefix string, time
 		return timeline{}, err
 	}
 	start := time.Now()
-	if err := act(w, a); err != nil {
+	fencedAt, err := act(w, a)
+	if err != nil {
 		return timeline{}, err
 	}
 	var tl timeline
@@ -178,6 +238,13 @@ func failover(ctx context.Context, env *capienv.Environment, prefix string, time
 	}
 	tl.attached = time.Since(start)
 	fmt.Printf("  volume attached on %s after %s\n", b, tl.attached.Round(100*time.Millisecond))
+	if fencedAt != nil {
+		if f := fencedAt(); !f.IsZero() {
+			tl.fenced = f.Sub(start)
+			fmt.Printf("  fence confirmed after %s: volume attached elsewhere %s after the fence was confirmed\n",
+				tl.fenced.Round(100*time.Millisecond), (tl.attached - tl.fenced).Round(10*time.Millisecond))
+		}
+	}
 	return tl, w.RunningOn(ctx, moved, b, handle)
 }
 
