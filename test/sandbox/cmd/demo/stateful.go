@@ -229,6 +229,9 @@ func (r *statefulRun) watchFence(ctx context.Context, mr *caprv1.MachineRemediat
 	if nf := r.networkFence(ctx); nf != nil {
 		cidrs, _, _ := unstructured.NestedStringSlice(nf.Object, "spec", "cidrs")
 		r.reach("NetworkFence created", "NetworkFence %s created: fenceState Fenced, cidrs %v, class sandbox-storage", nf.GetName(), cidrs)
+		if result, _, _ := unstructured.NestedString(nf.Object, "status", "result"); result == "Succeeded" {
+			r.reach("fence confirmed", "csi-addons confirmed NetworkFence %s (status.result Succeeded)", nf.GetName())
+		}
 	}
 	if r.d.sb.Storage.Sidecar.Fenced(r.cidr) {
 		r.reach("address fenced", "csi-addons fenced %s in the storage system (FenceClusterNetwork through the driver's sidecar)", r.cidr)
@@ -291,11 +294,17 @@ func (r *statefulRun) watchVolume(ctx context.Context) error {
 		return err
 	}
 	if podGone && !r.moved {
-		r.reach("pod gone", "Pod db-0 deleted from %s by taint eviction and pod GC", r.node)
+		if !r.reached("address fenced") {
+			return fmt.Errorf("pod db-0 was deleted from %s before its address was fenced", r.node)
+		}
+		r.reach("pod gone", "Pod db-0 deleted from %s (CAPR force-deletes a fenced node's pods once the fence is confirmed)", r.node)
 	}
 	nodes, err := r.w.AttachedTo(ctx, r.pv)
 	if err != nil {
 		return err
+	}
+	if r.moved && slices.Equal(nodes, []string{r.other}) {
+		r.reach("attached elsewhere", "Volume %s attached to %s", r.pv, r.other)
 	}
 	if r.reached("tainted") && !slices.Contains(nodes, r.node) {
 		r.reach("detached", "Volume %s detached from %s by kube-controller-manager's attach/detach controller (CAPR never touches a VolumeAttachment)", r.pv, r.node)
@@ -359,10 +368,12 @@ func (r *statefulRun) summary() {
 		{"marked", "fault → marked"},
 		{"NetworkFence created", "→ NetworkFence created"},
 		{"address fenced", "→ address fenced (csi-addons)"},
+		{"fence confirmed", "→ NetworkFence confirmed"},
 		{"tainted", "→ out-of-service taint"},
 		{"fenced", "→ Fence step done"},
 		{"pod gone", "→ Pod gone from the node"},
 		{"detached", "→ volume detached"},
+		{"attached elsewhere", "→ volume attached elsewhere"},
 		{"pod running elsewhere", "→ Pod running elsewhere"},
 		{"machine gone", "→ Machine deleted"},
 		{"replaced", "→ Machine replaced"},
@@ -375,6 +386,11 @@ func (r *statefulRun) summary() {
 		if t, ok := r.seen[row.name]; ok {
 			fmt.Printf("  %-32s %6.2f\n", row.label, t.Sub(r.faultAt).Seconds())
 		}
+	}
+	confirmed, ok1 := r.seen["fence confirmed"]
+	attached, ok2 := r.seen["attached elsewhere"]
+	if ok1 && ok2 {
+		fmt.Printf("Volume attached elsewhere %.2f s after the fence was confirmed.\n", attached.Sub(confirmed).Seconds())
 	}
 }
 
