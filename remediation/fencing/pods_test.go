@@ -86,7 +86,7 @@ func TestFencedPodsDeletedOnlyOnceConfirmed(t *testing.T) {
 			left := func() []string {
 				pods := &corev1.PodList{}
 				g.Expect(workload.List(ctx, pods)).To(Succeed())
-				var names []string
+				names := make([]string, 0, len(pods.Items))
 				for _, p := range pods.Items {
 					names = append(names, p.Name)
 				}

@@ -84,7 +84,7 @@ func TestRealFenceConfirmedForceDeletesTheNodesPods(t *testing.T) {
 		g.Expect(rec.Pods.Message).To(ContainSubstring(f.ns + "/db-0"))
 		events := &eventsv1.EventList{}
 		g.Expect(k8sClient.List(ctx, events, client.InNamespace(f.ns))).To(Succeed())
-		var reasons []string
+		reasons := make([]string, 0, len(events.Items))
 		for _, e := range events.Items {
 			reasons = append(reasons, e.Reason)
 		}

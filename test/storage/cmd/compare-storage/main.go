@@ -155,7 +155,7 @@ func caprFailover(ctx context.Context, env *capienv.Environment, fencer *fencing
 			_ = wait.PollUntilContextCancel(fenceCtx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 				res, err := fencing.FenceRecorded(ctx, fencer, mr, req, time.Now(), func(context.Context) error { return nil })
 				if err != nil {
-					return false, nil
+					return false, nil //nolint:nilerr // asked again on the next tick, as the remediators do after an error
 				}
 				if t := mr.Status.Fencing.Backends[0].FencedTime; t != nil {
 					mu.Lock()
