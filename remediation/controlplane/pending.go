@@ -310,13 +310,6 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 	return cp
 }
 
-// holdsLock reports whether the control-plane lock names this remediation (a start that crashed
-// after taking it: the provider may already be acting on it).
-func holdsLock(s *scope) bool {
-	l := lockOf(s.cp)
-	return l != nil && l.MachineRemediation == s.mr.Name
-}
-
 // controlPlaneInitialized reads whether the control plane is initialized, failing closed: known is
 // false when the Cluster says neither (no status yet), and nothing is done then.
 func controlPlaneInitialized(cluster *clusterv1.Cluster) (initialized, known bool) {
