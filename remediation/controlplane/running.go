@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -38,7 +39,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 				"the remediation of control-plane Machine %s runs; this one went back to Pending before doing anything", other))
 			return ctrl.Result{RequeueAfter: waitLong}, nil
 		}
-		setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+		remediation.SetWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
 			"the control plane is held by %s although this remediation is running; waiting for it", other))
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
@@ -51,7 +52,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 			if active {
 				// A Pending request is between taking the lock and finding that this one runs; it
 				// gives the lock back in the same reconcile.
-				setWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+				remediation.SetWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
 					"the control-plane lock is briefly held by %s; waiting for it to give it back", l.MachineRemediation))
 				return ctrl.Result{RequeueAfter: waitShort}, nil
 			}
@@ -236,7 +237,7 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 		}
 		res, err := r.runSteps(ctx, s)
 		if !currentStepDone(s.mr, step) {
-			setWaiting(s.mr, caprv1.MachineRemediationStepTimedOutReason, msg)
+			remediation.SetWaiting(s.mr, caprv1.MachineRemediationStepTimedOutReason, msg)
 		}
 		return res, true, err
 	}

@@ -15,6 +15,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/escalation"
 )
 
@@ -129,7 +130,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 				}
 				r.event(s.mr, eventType, reason, msg)
 			}
-			setWaiting(s.mr, res.waitReason, msg)
+			remediation.SetWaiting(s.mr, res.waitReason, msg)
 		} else {
 			conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
 				Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})

@@ -12,12 +12,8 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 )
-
-// terminal is true for Succeeded and Failed requests.
-func terminal(mr *caprv1.MachineRemediation) bool {
-	return mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded || mr.Status.Phase == caprv1.MachineRemediationPhaseFailed
-}
 
 // reconcileTerminal handles finished requests: a deleted one lets go of its finalizer, a Failed one
 // with the retry annotation starts again from Pending. A finished request holds nothing (succeed and
@@ -32,7 +28,7 @@ func (r *Reconciler) reconcileTerminal(ctx context.Context, s *scope) ctrl.Resul
 		delete(mr.Annotations, caprv1.RetryAnnotation)
 		previous := conditions.GetMessage(mr, caprv1.MachineRemediationSucceededCondition)
 		mr.Status = caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhasePending}
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, "retry requested with annotation "+caprv1.RetryAnnotation)
+		remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, "retry requested with annotation "+caprv1.RetryAnnotation)
 		msg := fmt.Sprintf("Retry requested: the remediation starts again (it had failed: %s)", previous)
 		r.event(mr, corev1.EventTypeNormal, EventRemediationRetried, msg)
 		ctrl.LoggerFrom(ctx).Info("Failed control-plane remediation retried on request")

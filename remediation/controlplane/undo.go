@@ -19,6 +19,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -44,7 +45,7 @@ func backToPending(s *scope, reason, msg string) {
 			APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: s.machine.Name, UID: s.machine.UID,
 		}}
 	}
-	setWaiting(s.mr, reason, msg)
+	remediation.SetWaiting(s.mr, reason, msg)
 }
 
 // noReturn says why a remediation past its point of no return cannot be undone.
