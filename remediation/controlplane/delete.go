@@ -17,6 +17,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -25,7 +26,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		// Deleted by someone else past the point of no return: its deletion was held by the hook until
 		// fenceDeletingVictim's fence was final (recorded in status.fencing, unfenced when the
 		// remediation ends). Nothing is left to fence before a delete.
-		return stepResult{done: true, message: fmt.Sprintf("Machine %s is gone, deleted by someone else (a deletion held by the fence hook is fenced first)", s.mr.Name)}, nil
+		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("Machine %s is gone, deleted by someone else (a deletion held by the fence hook is fenced first)", s.mr.Name)}}, nil
 	}
 	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencing.Request{
 		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing, Started: rec.StartTime.Time,
@@ -39,7 +40,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		if v.TimedOut {
 			reason = caprv1.MachineRemediationStepTimedOutReason
 		}
-		return stepResult{waitReason: reason, message: v.Message, requeue: v.Requeue}, nil
+		return stepResult{StepResult: remediation.StepResult{WaitReason: reason, Message: v.Message, Requeue: v.Requeue}}, nil
 	}
 	// Whoever deletes the victim now may: the fence is confirmed (or the policy lets it go).
 	if err := r.removeFenceHook(ctx, s); err != nil {
@@ -49,7 +50,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
 	}
 	metrics.Fenced(metrics.KindControlPlane, v.Outcome(), time.Since(rec.StartTime.Time))
-	return stepResult{done: true, skipped: v.Skipped, message: v.Message}, nil
+	return stepResult{StepResult: remediation.StepResult{Done: true, Skipped: v.Skipped, Message: v.Message}}, nil
 }
 
 // stepDelete deletes the victim and, after a surge, returns replicas to N (the victim also carries
@@ -75,7 +76,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 			}
 		}
 		res, err := r.waitForDesiredMachines(ctx, s)
-		res.message += note
+		res.Message += note
 		return res, err
 	}
 	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; ok {
@@ -95,7 +96,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 				return stepResult{}, err
 			}
 		}
-		return stepResult{message: fmt.Sprintf("Machine %s is being deleted%s", m.Name, note), requeue: waitShort}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s", m.Name, note), Requeue: waitShort}}, nil
 	}
 	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
 		base := m.DeepCopy()
@@ -124,17 +125,17 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	if cps.Order == caprv1.ControlPlaneOrderReplace || cps.Order == caprv1.ControlPlaneOrderDeleteFirst {
 		// Nothing was scaled (Replace: not initialized; DeleteFirst: the provider would not scale
 		// down): the provider creates a new Machine.
-		return stepResult{message: "deleted the Machine; the provider creates a new one", requeue: waitShort}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: "deleted the Machine; the provider creates a new one", Requeue: waitShort}}, nil
 	}
 	note, err := r.replicasBack(ctx, s)
 	if err != nil {
 		return stepResult{}, err
 	}
 	if note != "" {
-		return stepResult{message: "deleting Machine " + m.Name + note, requeue: waitShort}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: "deleting Machine " + m.Name + note, Requeue: waitShort}}, nil
 	}
-	return stepResult{message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
-		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), requeue: waitShort}, nil
+	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
+		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
 }
 
 // replicasBack returns the control plane's replicas to what they were before the surge, when they
@@ -193,11 +194,11 @@ func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (step
 			}
 		}
 		if live != int(desired) || deleting > 0 {
-			return stepResult{message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)%s",
-				s.mr.Name, s.adapter.Name(), desired, live, deleting, s.adapter.Explain(s.cp)), requeue: waitShort}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)%s",
+				s.mr.Name, s.adapter.Name(), desired, live, deleting, s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
 		}
 	}
-	return stepResult{done: true, message: fmt.Sprintf("Machine %s deleted; the %s is at %d Machines", s.mr.Name, s.adapter.Name(), desired)}, nil
+	return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("Machine %s deleted; the %s is at %d Machines", s.mr.Name, s.adapter.Name(), desired)}}, nil
 }
 
 // deleteSurplusReplacement deletes, after a surge of two, the newer replacement when the provider
@@ -223,8 +224,8 @@ func (r *Reconciler) deleteSurplusReplacement(ctx context.Context, s *scope) (re
 		if err := r.markForDeletion(ctx, []*clusterv1.Machine{surplus}); err != nil {
 			return stepResult{}, true, err
 		}
-		return stepResult{message: fmt.Sprintf("Machine %s deleted; surplus replacement %s marked %s (%s)",
-			s.mr.Name, surplus.Name, clusterv1.DeleteMachineAnnotation, refusal), requeue: waitShort}, true, nil
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s deleted; surplus replacement %s marked %s (%s)",
+			s.mr.Name, surplus.Name, clusterv1.DeleteMachineAnnotation, refusal), Requeue: waitShort}}, true, nil
 	}
 	if err := r.Client.Delete(ctx, surplus); client.IgnoreNotFound(err) != nil {
 		return stepResult{}, true, fmt.Errorf("deleting surplus replacement %s: %w", surplus.Name, err)
@@ -232,7 +233,7 @@ func (r *Reconciler) deleteSurplusReplacement(ctx context.Context, s *scope) (re
 	msg := fmt.Sprintf("Machine %s deleted; the %s does not scale down (%s), so CAPR deleted the surplus replacement %s itself",
 		s.mr.Name, s.adapter.Name(), refusal, surplus.Name)
 	r.event(s.mr, corev1.EventTypeNormal, EventSurplusReplacementDeleted, msg)
-	return stepResult{message: msg, requeue: waitShort}, true, nil
+	return stepResult{StepResult: remediation.StepResult{Message: msg, Requeue: waitShort}}, true, nil
 }
 
 // succeed ends the remediation: the victim is gone and the control plane back to N Machines. Its

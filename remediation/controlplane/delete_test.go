@@ -31,7 +31,7 @@ func TestStepFence(t *testing.T) {
 		}},
 		{name: "the policy gave up: done (not skipped), as the policy allows", world: []worldOption{withFence(fencing.Result{Outcome: fencing.GaveUp, Message: "gave up"}, nil)}, check: func(g Gomega, _ *world, res stepResult, err error) {
 			expectDone(g, res, err)
-			g.Expect(res.message).To(Equal("gave up"))
+			g.Expect(res.Message).To(Equal("gave up"))
 		}},
 		{name: "fencing in progress: wait", world: []worldOption{withFence(fencing.Result{Outcome: fencing.Waiting, Message: "waiting for the backend"}, nil)}, check: func(g Gomega, _ *world, res stepResult, err error) {
 			expectWaiting(g, res, err, caprv1.MachineRemediationWaitingForFencingReason)
@@ -44,11 +44,11 @@ func TestStepFence(t *testing.T) {
 			},
 			check: func(g Gomega, _ *world, res stepResult, err error) {
 				expectWaiting(g, res, err, caprv1.MachineRemediationStepTimedOutReason)
-				g.Expect(res.message).To(ContainSubstring("not confirmed within 1m0s"))
+				g.Expect(res.Message).To(ContainSubstring("not confirmed within 1m0s"))
 			}},
 		{name: "fencer error: error, retried", world: []worldOption{withFence(fencing.Result{}, errInjected)}, check: func(g Gomega, _ *world, res stepResult, err error) {
 			g.Expect(err).To(MatchError(errInjected))
-			g.Expect(res.done).To(BeFalse())
+			g.Expect(res.Done).To(BeFalse())
 		}},
 	})
 }
@@ -116,7 +116,7 @@ func TestStepDelete(t *testing.T) {
 			world: []worldOption{withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b", beingDeleted()), cpMachine("m-c")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("is being deleted"))
+				g.Expect(res.Message).To(ContainSubstring("is being deleted"))
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
 	})
@@ -128,7 +128,7 @@ func TestStepDelete(t *testing.T) {
 		w.deleteVictim(g)
 		res, err := w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
-		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
+		g.Expect(res.Message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
 	})
 
 	// A second Machine failed after the point of no return: KCP will not scale down to 3 while it is
@@ -164,13 +164,13 @@ func TestStepDelete(t *testing.T) {
 		w := surgedKCPVictimGone(t, g, cpMachine("m-c"))
 		res, err := w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
-		g.Expect(res.message).To(ContainSubstring("surplus replacement m-e marked"))
+		g.Expect(res.Message).To(ContainSubstring("surplus replacement m-e marked"))
 		g.Expect(w.machine(g, "m-e").Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation), "KCP's own choice first")
 		w.s.machines = slices.DeleteFunc(w.s.machines, func(m *clusterv1.Machine) bool { return m.Name == "m-e" })
 		w.s.machines = append(w.s.machines, w.machine(g, "m-e"))
 		res, err = w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
-		g.Expect(res.message).To(ContainSubstring("deleted the surplus replacement m-e"))
+		g.Expect(res.Message).To(ContainSubstring("deleted the surplus replacement m-e"))
 		g.Expect(w.machine(g, "m-e")).To(BeNil())
 		for _, kept := range []string{"m-a", "m-c", "m-d"} {
 			g.Expect(w.machine(g, kept)).NotTo(BeNil(), kept)
@@ -182,7 +182,7 @@ func TestStepDelete(t *testing.T) {
 		w := surgedKCPVictimGone(t, g, cpMachine("m-c", kcpHealthy()))
 		res, err := w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
-		g.Expect(res.message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
+		g.Expect(res.Message).To(ContainSubstring("scale to 3 Machines (4, 0 deleting)"))
 		g.Expect(w.machine(g, "m-e")).NotTo(BeNil())
 	})
 
@@ -204,11 +204,11 @@ func TestStepDelete(t *testing.T) {
 		expectIssued(g, res, err)
 		g.Expect(w.machine(g, "m-b")).To(BeNil(), "the victim is deleted")
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(7))
-		g.Expect(res.message).To(ContainSubstring("replicas are 7, changed by someone else during the remediation (it set 4, from 3)"))
+		g.Expect(res.Message).To(ContainSubstring("replicas are 7, changed by someone else during the remediation (it set 4, from 3)"))
 		res, err = w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(7))
-		g.Expect(res.message).To(ContainSubstring("scale to 7 Machines"), "the provider scales to their replicas")
+		g.Expect(res.Message).To(ContainSubstring("scale to 7 Machines"), "the provider scales to their replicas")
 	})
 
 	t.Run("replicas changed after the decision was read: the write conflicts, theirs stays", func(t *testing.T) {
@@ -220,7 +220,7 @@ func TestStepDelete(t *testing.T) {
 		res, err := w.run(caprv1.StepDelete)
 		expectIssued(g, res, err)
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(5))
-		g.Expect(res.message).To(ContainSubstring("replicas are 5, changed by someone else"))
+		g.Expect(res.Message).To(ContainSubstring("replicas are 5, changed by someone else"))
 	})
 
 	// The provider writing the object meanwhile (its status) must not delay the replicas going back:

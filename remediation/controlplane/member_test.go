@@ -20,7 +20,7 @@ func TestStepMoveLeader(t *testing.T) {
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
 				g.Expect(w.etcd.moveLeaders).To(Equal([]moveLeaderCall{{leaderNode: nodeB, to: memberID(nodeD)}}))
-				g.Expect(res.message).To(HavePrefix(movingLeadership))
+				g.Expect(res.Message).To(HavePrefix(movingLeadership))
 			}},
 		{name: "victim leads, replacement's member is a learner: moved to another healthy voter, not a down one",
 			world: leaderWorld(newFakeEtcd(member(nodeA, asDown()), member(nodeB, asLeader()), member(nodeC), member(nodeD, asLearner()))),
@@ -32,7 +32,7 @@ func TestStepMoveLeader(t *testing.T) {
 			world: leaderWorld(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC), member(nodeD))),
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectSkipped(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("the leader is " + nodeA))
+				g.Expect(res.Message).To(ContainSubstring("the leader is " + nodeA))
 				expectNoEtcdChange(g, w)
 			}},
 		{name: "victim's member is not in the member list: skipped, nothing sent",
@@ -45,7 +45,7 @@ func TestStepMoveLeader(t *testing.T) {
 			world: leaderWorld(newFakeEtcd(member(nodeA), member(nodeB, asLeader(), asUnreachable()), member(nodeC), member(nodeD))),
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectSkipped(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("cannot be reached"))
+				g.Expect(res.Message).To(ContainSubstring("cannot be reached"))
 				expectNoEtcdChange(g, w)
 			}},
 		{name: "victim leads, no healthy voter to move to: wait, nothing sent",
@@ -65,7 +65,7 @@ func TestStepMoveLeader(t *testing.T) {
 				withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeInProgress, movingLeadership+" from "+nodeB+" to "+nodeD)),
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectDone(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("the leader is now " + nodeD))
+				g.Expect(res.Message).To(ContainSubstring("the leader is now " + nodeD))
 				expectNoEtcdChange(g, w)
 			}},
 		{name: "etcd cannot be read: wait, nothing sent", world: leaderWorld(&fakeEtcd{inspectErr: errInjected}), check: func(g Gomega, w *world, res stepResult, err error) {
@@ -89,7 +89,7 @@ func TestStepRemoveMember(t *testing.T) {
 			world: []worldOption{withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown())))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectWaiting(g, res, err, caprv1.MachineRemediationNotQuorumSafeReason)
-				g.Expect(res.message).To(ContainSubstring("victim healthy"))
+				g.Expect(res.Message).To(ContainSubstring("victim healthy"))
 				expectNoEtcdChange(g, w)
 			}},
 		{name: "a learner is pending promotion: not quorum-safe, nothing sent",
@@ -129,7 +129,7 @@ func TestStepRemoveMember(t *testing.T) {
 			world: []worldOption{withEtcd(&fakeEtcd{removeMemberErr: errInjected, members: []fakeMember{member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC)}})},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("etcd refused the removal"))
+				g.Expect(res.Message).To(ContainSubstring("etcd refused the removal"))
 				g.Expect(w.etcd.removeMembers).To(HaveLen(1))
 			}},
 		{name: "etcd cannot be read: wait, nothing sent", world: []worldOption{withEtcd(&fakeEtcd{inspectErr: errInjected})}, check: func(g Gomega, w *world, res stepResult, err error) {

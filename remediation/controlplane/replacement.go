@@ -17,6 +17,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 )
 
 // replacements returns the control-plane Machines created since the remediation started, oldest
@@ -90,7 +91,7 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		if rep != nil {
 			msg += ", replacement Machine " + rep.Name
 		}
-		return stepResult{done: true, message: msg}, nil
+		return stepResult{StepResult: remediation.StepResult{Done: true, Message: msg}}, nil
 	}
 	var state *etcdutil.State // stays nil with external etcd: no member is added
 	afterRemoval := false
@@ -102,14 +103,12 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
 		if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 			c := state.Counts()
-			return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
-				giveWay: true,
-				message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, nil
+			return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, giveWay: true}, nil
 		}
 		afterRemoval = state.ByName(s.victimNode()) == nil
 	}
 	if refusal := s.adapter.ScaleUpRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}, afterRemoval); refusal != "" {
-		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, message: refusal, requeue: waitShort}, nil
+		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Message: refusal, Requeue: waitShort}}, nil
 	}
 	started := s.mr.Status.StartTime.Time
 	// Raised only from the replicas the remediation started at; a conflicting write (the provider's
@@ -123,11 +122,11 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 	case err != nil:
 		return stepResult{}, err
 	case current != desired && current < target:
-		return stepResult{waitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, requeue: waitShort, message: fmt.Sprintf(
+		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, Requeue: waitShort, Message: fmt.Sprintf(
 			"%s %s replicas are %d, %s before the surge (it was to raise them from %d to %d); waiting until they are %d again",
-			s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired, target, desired)}, nil
+			s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired, target, desired)}}, nil
 	}
-	return stepResult{message: fmt.Sprintf("raised replicas to %d", target), requeue: 200 * time.Millisecond}, nil
+	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("raised replicas to %d", target), Requeue: 200 * time.Millisecond}}, nil
 }
 
 func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (stepResult, error) {
@@ -148,7 +147,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 		if blocked := r.joinBlocked(ctx, s); blocked != nil {
 			return *blocked, nil
 		}
-		return stepResult{message: "waiting for the control-plane provider to create the replacement Machine" + s.adapter.Explain(s.cp), requeue: waitShort}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: "waiting for the control-plane provider to create the replacement Machine" + s.adapter.Explain(s.cp), Requeue: waitShort}}, nil
 	}
 	s.mr.Status.ControlPlane.Replacement = reps[0].Name
 	for _, rep := range reps {
@@ -161,7 +160,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	}
 	for i, rep := range reps {
 		if !rep.Status.NodeRef.IsDefined() { // etcd is not read before there is a member to look for
-			return stepResult{message: fmt.Sprintf("replacement %d of %d: waiting for Machine %s to get a Node", i+1, surge(s), rep.Name), requeue: waitShort}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: waiting for Machine %s to get a Node", i+1, surge(s), rep.Name), Requeue: waitShort}}, nil
 		}
 	}
 	if s.externalEtcd() {
@@ -173,7 +172,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	}
 	for i, rep := range reps {
 		if res := replacementUp(state, rep); res != "" {
-			return stepResult{message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), res), requeue: waitShort}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), res), Requeue: waitShort}}, nil
 		}
 	}
 	if n := int32(len(reps)); n < surge(s) {
@@ -183,7 +182,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	for _, rep := range reps {
 		names = append(names, fmt.Sprintf("%s (Node %s)", rep.Name, rep.Status.NodeRef.Name))
 	}
-	return stepResult{done: true, message: fmt.Sprintf("replacement %s up with a healthy voting etcd member", strings.Join(names, " and "))}, nil
+	return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("replacement %s up with a healthy voting etcd member", strings.Join(names, " and "))}}, nil
 }
 
 // joinBlocked returns the wait of a scale-up-first remediation whose replacement cannot join: no
@@ -200,8 +199,8 @@ func (r *Reconciler) joinBlocked(ctx context.Context, s *scope) *stepResult {
 		return nil
 	}
 	c := state.Counts()
-	return &stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort, giveWay: true, message: fmt.Sprintf(
-		"the replacement cannot join: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}
+	return &stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf(
+		"the replacement cannot join: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, giveWay: true}
 }
 
 // membersJoined reports whether etcd lists a member that is not one of the control-plane Machines
@@ -226,13 +225,13 @@ func membersJoined(s *scope, state *etcdutil.State) bool {
 func (r *Reconciler) waitForServingReplacements(ctx context.Context, s *scope, reps []*clusterv1.Machine) (stepResult, error) {
 	for i, rep := range reps {
 		if missing := s.adapter.ServesAPI(rep); missing != "" {
-			return stepResult{message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), missing), requeue: waitShort}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), missing), Requeue: waitShort}}, nil
 		}
 	}
 	if n := int32(len(reps)); n < surge(s) {
 		return r.armNextReplacement(ctx, s, nil, reps)
 	}
-	return stepResult{done: true, message: fmt.Sprintf("replacement %s up and serving the API (etcd is external)", strings.Join(machineNames(reps), " and "))}, nil
+	return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("replacement %s up and serving the API (etcd is external)", strings.Join(machineNames(reps), " and "))}}, nil
 }
 
 // replacementUp says what a replacement still lacks ("" when it has a Node and a healthy voting member).
@@ -260,8 +259,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 	next := len(reps) + 1
 	if !s.externalEtcd() && !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 		c := state.Counts()
-		return stepResult{waitReason: caprv1.MachineRemediationNotQuorumSafeReason, requeue: waitShort,
-			message: fmt.Sprintf("replacement %d of %d: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", next, surge(s), c.Healthy, c.Voting, c.Learners)}, nil
+		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("replacement %d of %d: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", next, surge(s), c.Healthy, c.Voting, c.Learners)}}, nil
 	}
 	at := now()
 	for _, rep := range reps {
@@ -282,7 +280,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 	if live >= int(current) {
 		// The provider has created every Machine its replicas ask for; the newest is not visible
 		// to this reconcile yet. Arming again would leave an annotation nobody consumes.
-		return stepResult{message: fmt.Sprintf("waiting for replacement %d of %d to appear", next, surge(s)), requeue: waitShort}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("waiting for replacement %d of %d to appear", next, surge(s)), Requeue: waitShort}}, nil
 	}
 	probe := s.cp.DeepCopy()
 	if err := s.adapter.BeforeScaleUp(probe, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount); err != nil {
@@ -295,7 +293,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 			return stepResult{}, err
 		}
 	}
-	return stepResult{message: fmt.Sprintf("waiting for the %s to create replacement %d of %d%s", s.adapter.Name(), next, surge(s), s.adapter.Explain(s.cp)), requeue: waitShort}, nil
+	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("waiting for the %s to create replacement %d of %d%s", s.adapter.Name(), next, surge(s), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
 }
 
 // annotateReplacement records on the replacement which Machine it replaced, for retry limits.

@@ -13,7 +13,7 @@ func TestStepScaleUp(t *testing.T) {
 	runStepCases(t, caprv1.StepScaleUp, []stepCase{
 		{name: "3 healthy voters: replicas raised to 4, etcd reached through the victim's node last", check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
-			g.Expect(res.message).To(ContainSubstring("raised replicas to 4"))
+			g.Expect(res.Message).To(ContainSubstring("raised replicas to 4"))
 			g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
 			g.Expect(w.etcd.inspected).To(HaveLen(1))
 			g.Expect(w.etcd.inspected[0]).To(Equal([]string{nodeA, nodeC, nodeB}))
@@ -26,7 +26,7 @@ func TestStepScaleUp(t *testing.T) {
 		}},
 		{name: "replacement already created: done, replicas untouched", world: []worldOption{withReplacement(cpMachine("m-d"))}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectDone(g, res, err)
-			g.Expect(res.message).To(ContainSubstring("replacement Machine m-d"))
+			g.Expect(res.Message).To(ContainSubstring("replacement Machine m-d"))
 			g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 		}},
 		{name: "a replacement being deleted does not count: replicas raised", world: []worldOption{withReplacement(cpMachine("m-d", beingDeleted()))}, check: func(g Gomega, w *world, res stepResult, err error) {
@@ -37,7 +37,7 @@ func TestStepScaleUp(t *testing.T) {
 			world: []worldOption{withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown())))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectWaiting(g, res, err, caprv1.MachineRemediationNotQuorumSafeReason)
-				g.Expect(res.message).To(ContainSubstring("2/3 healthy"))
+				g.Expect(res.Message).To(ContainSubstring("2/3 healthy"))
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
 		{name: "quorum lost: replicas untouched",
@@ -54,7 +54,7 @@ func TestStepScaleUp(t *testing.T) {
 			}},
 		{name: "etcd cannot be read: wait, replicas untouched", world: []worldOption{withEtcd(&fakeEtcd{inspectErr: errInjected})}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectWaiting(g, res, err, caprv1.MachineRemediationEtcdUnreachableReason)
-			g.Expect(res.message).To(ContainSubstring(errInjected.Error()))
+			g.Expect(res.Message).To(ContainSubstring(errInjected.Error()))
 			g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 		}},
 		{name: "workload cluster cannot be reached: wait, replicas untouched", world: []worldOption{withEtcdProviderError(errInjected)}, check: func(g Gomega, w *world, res stepResult, err error) {
@@ -66,7 +66,7 @@ func TestStepScaleUp(t *testing.T) {
 			world: []worldOption{withControlPlaneObject(kcpObject(withoutCertificates()))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectWaiting(g, res, err, caprv1.MachineRemediationNotQuorumSafeReason)
-				g.Expect(res.message).To(ContainSubstring("CertificatesAvailable"))
+				g.Expect(res.Message).To(ContainSubstring("CertificatesAvailable"))
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 				g.Expect(w.controlPlaneAnnotations(g)).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
 			}},
@@ -119,8 +119,8 @@ func TestStepScaleUpDecidesAgainOnAConflict(t *testing.T) {
 		g.Expect(w.client.Update(t.Context(), other)).To(Succeed())
 		res, err := w.run(caprv1.StepScaleUp)
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(res.waitReason).To(Equal(caprv1.MachineRemediationWaitingForPreconditionsReason))
-		g.Expect(res.message).To(ContainSubstring("replicas are 2, changed by someone else"))
+		g.Expect(res.WaitReason).To(Equal(caprv1.MachineRemediationWaitingForPreconditionsReason))
+		g.Expect(res.Message).To(ContainSubstring("replicas are 2, changed by someone else"))
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(2))
 	})
 }
@@ -137,7 +137,7 @@ func TestStepWaitForReplacementSurge(t *testing.T) {
 			world: kcpWorld(withReplacement(cpMachine("m-d")), four),
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("replacement 2 of 2"))
+				g.Expect(res.Message).To(ContainSubstring("replacement 2 of 2"))
 				g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(5))
 			}},
@@ -173,7 +173,7 @@ func TestStepWaitForReplacement(t *testing.T) {
 	runStepCases(t, caprv1.StepWaitForReplacement, []stepCase{
 		{name: "no replacement yet: waits for the provider", world: []worldOption{withReplicas(4)}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
-			g.Expect(res.message).To(ContainSubstring("to create the replacement"))
+			g.Expect(res.Message).To(ContainSubstring("to create the replacement"))
 			g.Expect(w.s.mr.Status.ControlPlane.Replacement).To(BeEmpty())
 		}},
 		{name: "a Machine being deleted is not the replacement", world: []worldOption{withReplacement(cpMachine("m-d", beingDeleted()))}, check: func(g Gomega, w *world, res stepResult, err error) {
@@ -184,7 +184,7 @@ func TestStepWaitForReplacement(t *testing.T) {
 			world: []worldOption{withReplacement(cpMachine("m-d", withoutNode()))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("m-d to get a Node"))
+				g.Expect(res.Message).To(ContainSubstring("m-d to get a Node"))
 				g.Expect(w.s.mr.Status.ControlPlane.Replacement).To(Equal("m-d"))
 				rec, err := caprv1.RemediationRecordFromAnnotation(w.machine(g, "m-d").Annotations[caprv1.RemediationRecordAnnotation])
 				g.Expect(err).NotTo(HaveOccurred())
@@ -200,15 +200,15 @@ func TestStepWaitForReplacement(t *testing.T) {
 			}},
 		{name: "replacement's member has not joined", world: []worldOption{withReplacement(cpMachine("m-d"))}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
-			g.Expect(res.message).To(ContainSubstring("to join"))
+			g.Expect(res.Message).To(ContainSubstring("to join"))
 		}},
 		{name: "replacement's member is a learner: waits for its promotion", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers(asLearner())}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
-			g.Expect(res.message).To(ContainSubstring("learner"))
+			g.Expect(res.Message).To(ContainSubstring("learner"))
 		}},
 		{name: "replacement's member is unhealthy", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers(asDown())}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
-			g.Expect(res.message).To(ContainSubstring("unhealthy"))
+			g.Expect(res.Message).To(ContainSubstring("unhealthy"))
 		}},
 		{name: "replacement has a healthy voting member: done", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers()}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectDone(g, res, err)

@@ -78,13 +78,13 @@ func TestStepsAskToGiveWay(t *testing.T) {
 			w := tc.world(t)
 			res, err := w.run(tc.step)
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(res.done).To(BeFalse(), "message: %s", res.message)
-			g.Expect(res.giveWay).To(Equal(tc.giveWay), "message: %s", res.message)
+			g.Expect(res.Done).To(BeFalse(), "message: %s", res.Message)
+			g.Expect(res.giveWay).To(Equal(tc.giveWay), "message: %s", res.Message)
 			if tc.reason != "" {
-				g.Expect(res.waitReason).To(Equal(tc.reason), "message: %s", res.message)
+				g.Expect(res.WaitReason).To(Equal(tc.reason), "message: %s", res.Message)
 			}
 			if tc.giveWay {
-				g.Expect(res.message).To(Or(ContainSubstring("not quorum-safe"), ContainSubstring("no healthy voting member")))
+				g.Expect(res.Message).To(Or(ContainSubstring("not quorum-safe"), ContainSubstring("no healthy voting member")))
 			}
 			expectNoEtcdChange(g, w)
 		})

@@ -19,26 +19,16 @@ import (
 	"github.com/capr-io/capr/remediation/escalation"
 )
 
-// stepResult is what one attempt at a step found.
+// stepResult is what one attempt at a step found (remediation.StepResult), and whether the step
+// waits for a membership change that is not quorum-safe now.
 type stepResult struct {
-	// done: the step's effect is visible (or the step is not needed: skipped).
-	done    bool
-	skipped bool
-	// failed: done without effect (an escalation step that timed out); the next step follows.
-	failed bool
-	// recovered: the Machine is healthy again during the escalation; the remediation ends, nothing
-	// replaced.
-	recovered bool
-	message   string
-	// waitReason, when set, is the Progressing reason while the step cannot proceed.
-	waitReason string
+	remediation.StepResult
 	// giveWay: the step waits because its membership change (adding the replacement's member,
 	// moving leadership, removing the victim's member) is not quorum-safe now. If nothing
 	// irreversible was done and no member joined since the start, after giveWayAfter of such waiting
-	// the remediation is undone and goes back to Pending (mayGiveWay and giveWay in
-	// controlplane_lifecycle.go) instead of holding the control plane until its step timeout.
+	// the remediation is undone and goes back to Pending (mayGiveWay and giveWay in running.go)
+	// instead of holding the control plane until its step timeout.
 	giveWay bool
-	requeue time.Duration
 }
 
 // currentStep is the first step of the plan that is not finished (StepFinished).
@@ -112,44 +102,44 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		rec.Message = err.Error()
 		return ctrl.Result{RequeueAfter: waitShort}, nil //nolint:nilerr // recorded in the status (lastError, step message); the step is retried
 	}
-	rec.Message = res.message
-	if res.recovered {
-		return r.recovered(ctx, s, rec, res.message)
+	rec.Message = res.Message
+	if res.Recovered {
+		return r.recovered(ctx, s, rec, res.Message)
 	}
-	if !res.done {
-		if res.giveWay && r.mayGiveWay(ctx, s, res.waitReason) {
-			return r.giveWay(ctx, s, step, res.message)
+	if !res.Done {
+		if res.giveWay && r.mayGiveWay(ctx, s, res.WaitReason) {
+			return r.giveWay(ctx, s, step, res.Message)
 		}
-		if res.waitReason != "" {
-			msg := fmt.Sprintf("step %s: %s", step, res.message)
-			if !isWaitingFor(s.mr, res.waitReason) {
+		if res.WaitReason != "" {
+			msg := fmt.Sprintf("step %s: %s", step, res.Message)
+			if !isWaitingFor(s.mr, res.WaitReason) {
 				// Said once, when the wait starts (the condition carries the latest word).
 				eventType, reason := corev1.EventTypeNormal, EventRemediationWaiting
-				if res.waitReason == caprv1.MachineRemediationStepTimedOutReason {
+				if res.WaitReason == caprv1.MachineRemediationStepTimedOutReason {
 					eventType, reason = corev1.EventTypeWarning, EventStepTimedOut
 				}
 				r.event(s.mr, eventType, reason, msg)
 			}
-			remediation.SetWaiting(s.mr, res.waitReason, msg)
+			remediation.SetWaiting(s.mr, res.WaitReason, msg)
 		} else {
 			conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
-				Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
+				Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.Message)})
 		}
-		return ctrl.Result{RequeueAfter: max(res.requeue, 100*time.Millisecond)}, nil
+		return ctrl.Result{RequeueAfter: max(res.Requeue, 100*time.Millisecond)}, nil
 	}
 	rec.FinishTime = ptr.To(metav1.Now())
 	rec.Outcome = caprv1.StepOutcomeSucceeded
 	switch {
-	case res.skipped:
+	case res.Skipped:
 		rec.Outcome = caprv1.StepOutcomeSkipped
-	case res.failed:
+	case res.Failed:
 		rec.Outcome = caprv1.StepOutcomeFailed
 	}
 	s.mr.Status.LastError = ""
 	metrics.StepFinished(metrics.KindControlPlane, string(step), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
 	r.observe(s, step, true)
-	r.event(s.mr, corev1.EventTypeNormal, EventStepFinished, fmt.Sprintf("Step %s %s: %s", step, rec.Outcome, res.message))
-	ctrl.LoggerFrom(ctx).Info("Control-plane remediation step finished", "step", step, "outcome", rec.Outcome, "message", res.message)
+	r.event(s.mr, corev1.EventTypeNormal, EventStepFinished, fmt.Sprintf("Step %s %s: %s", step, rec.Outcome, res.Message))
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation step finished", "step", step, "outcome", rec.Outcome, "message", res.Message)
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 
@@ -168,7 +158,7 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step caprv1.StepName
 	case caprv1.StepMoveLeader, caprv1.StepRemoveMember:
 		if s.externalEtcd() {
 			// Only a record written before the placement was recorded can list these steps.
-			return stepResult{done: true, skipped: true, message: "etcd is external: the victim has no etcd member"}, nil
+			return stepResult{StepResult: remediation.StepResult{Done: true, Skipped: true, Message: "etcd is external: the victim has no etcd member"}}, nil
 		}
 		if step == caprv1.StepMoveLeader {
 			return r.stepMoveLeader(ctx, s, rec)
@@ -190,7 +180,7 @@ func (r *Reconciler) runStep(ctx context.Context, s *scope, step caprv1.StepName
 func (r *Reconciler) etcdOrWait(ctx context.Context, s *scope) (*etcdutil.State, *stepResult) {
 	state, err := r.inspectEtcd(ctx, s)
 	if err != nil {
-		return nil, &stepResult{waitReason: caprv1.MachineRemediationEtcdUnreachableReason, message: "cannot read etcd state: " + err.Error(), requeue: waitShort}
+		return nil, &stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationEtcdUnreachableReason, Message: "cannot read etcd state: " + err.Error(), Requeue: waitShort}}
 	}
 	return state, nil
 }

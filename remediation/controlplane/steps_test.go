@@ -41,29 +41,29 @@ func runStepCases(t *testing.T, step caprv1.StepName, cases []stepCase) {
 // expectIssued: the step acted (or waits on the world) and is not done yet.
 func expectIssued(g Gomega, res stepResult, err error) {
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeFalse(), "message: %s", res.message)
-	g.Expect(res.waitReason).To(BeEmpty(), "message: %s", res.message)
+	g.Expect(res.Done).To(BeFalse(), "message: %s", res.Message)
+	g.Expect(res.WaitReason).To(BeEmpty(), "message: %s", res.Message)
 }
 
 // expectWaiting: the step cannot proceed, for reason.
 func expectWaiting(g Gomega, res stepResult, err error, reason string) {
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeFalse(), "message: %s", res.message)
-	g.Expect(res.waitReason).To(Equal(reason), "message: %s", res.message)
+	g.Expect(res.Done).To(BeFalse(), "message: %s", res.Message)
+	g.Expect(res.WaitReason).To(Equal(reason), "message: %s", res.Message)
 }
 
 // expectDone: the step's effect is visible.
 func expectDone(g Gomega, res stepResult, err error) {
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeTrue(), "message: %s", res.message)
-	g.Expect(res.skipped).To(BeFalse(), "message: %s", res.message)
+	g.Expect(res.Done).To(BeTrue(), "message: %s", res.Message)
+	g.Expect(res.Skipped).To(BeFalse(), "message: %s", res.Message)
 }
 
 // expectSkipped: the step is not needed.
 func expectSkipped(g Gomega, res stepResult, err error) {
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeTrue(), "message: %s", res.message)
-	g.Expect(res.skipped).To(BeTrue(), "message: %s", res.message)
+	g.Expect(res.Done).To(BeTrue(), "message: %s", res.Message)
+	g.Expect(res.Skipped).To(BeTrue(), "message: %s", res.Message)
 }
 
 // expectNoEtcdChange: nothing was sent to etcd that changes it.

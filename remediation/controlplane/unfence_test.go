@@ -29,7 +29,7 @@ func fencedWorld(t *testing.T, g Gomega) *world {
 	controllerutil.AddFinalizer(w.s.mr, caprv1.MachineRemediationFinalizer)
 	res, err := w.run(caprv1.StepFence)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeTrue())
+	g.Expect(res.Done).To(BeTrue())
 	return w
 }
 
@@ -139,7 +139,7 @@ func TestFenceStepOfAVictimGoneIsDone(t *testing.T) {
 	w.s.machineGone = true
 	res, err := w.run(caprv1.StepFence)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeTrue())
+	g.Expect(res.Done).To(BeTrue())
 	g.Expect(w.fencer.requests).To(BeEmpty())
 }
 
