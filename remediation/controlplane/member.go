@@ -39,7 +39,7 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope, rec *caprv1.R
 	}
 	target := leadershipTarget(state, s)
 	if target == nil {
-		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Message: "no healthy voting member to move leadership to", Requeue: waitShort}, giveWay: true}, nil
+		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Message: "no healthy voting member to move leadership to", Requeue: waitShort}, notQuorumSafe: true}, nil
 	}
 	if err := s.etcd.MoveLeader(ctx, victim.Name, target.ID); err != nil {
 		return stepResult{}, err
@@ -89,7 +89,7 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Healthy, Learner: victim.IsLearner}) {
 		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf(
 			"removing the member now is not quorum-safe (%d/%d voting members healthy, %d learners, victim %s)",
-			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Healthy])}, giveWay: true}, nil
+			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Healthy])}, notQuorumSafe: true}, nil
 	}
 	var via []string
 	for _, m := range state.Members {

@@ -103,7 +103,7 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		// Quorum safety is re-checked against the state of now, not the state when the order was chosen.
 		if !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 			c := state.Counts()
-			return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, giveWay: true}, nil
+			return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, notQuorumSafe: true}, nil
 		}
 		afterRemoval = state.ByName(s.victimNode()) == nil
 	}
@@ -200,7 +200,7 @@ func (r *Reconciler) joinBlocked(ctx context.Context, s *scope) *stepResult {
 	}
 	c := state.Counts()
 	return &stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf(
-		"the replacement cannot join: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, giveWay: true}
+		"the replacement cannot join: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, notQuorumSafe: true}
 }
 
 // membersJoined reports whether etcd lists a member that is not one of the control-plane Machines

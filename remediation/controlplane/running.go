@@ -126,39 +126,39 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, err
 	return true, nil
 }
 
-// giveWayAfter is how long a step waits for a quorum-safe membership change before the remediation
+// notQuorumSafeUndoAfter is how long a step waits for a quorum-safe membership change before the remediation
 // gives way: long enough that a member's brief unhealthiness does not undo a surge, short enough that
 // the control plane is not held for the step timeout by a remediation that cannot go on.
-const giveWayAfter = 30 * time.Second
+const notQuorumSafeUndoAfter = 30 * time.Second
 
-// mayGiveWay reports whether a remediation whose step asks to give way (stepResult.giveWay) does so
-// now: the step has been waiting for the same reason for giveWayAfter (the Progressing condition's
+// mayUndoNotQuorumSafe reports whether a remediation whose step asks to give way (stepResult.notQuorumSafe) does so
+// now: the step has been waiting for the same reason for notQuorumSafeUndoAfter (the Progressing condition's
 // reason and last transition, so a restart does not reset it), nothing irreversible was done, and no
 // member joined etcd since the start (membersJoined). Undoing after a replacement joined would remove
 // a healthy member, which is no safer than the step the remediation waits to take: it keeps waiting.
 // With external etcd no step waits on quorum.
-func (r *Reconciler) mayGiveWay(ctx context.Context, s *scope, reason string) bool {
+func (r *Reconciler) mayUndoNotQuorumSafe(ctx context.Context, s *scope, reason string) bool {
 	c := conditions.Get(s.mr, caprv1.MachineRemediationProgressingCondition)
 	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
-		now().Sub(c.LastTransitionTime.Time) < giveWayAfter || r.pastPointOfNoReturn(ctx, s) {
+		now().Sub(c.LastTransitionTime.Time) < notQuorumSafeUndoAfter || r.pastPointOfNoReturn(ctx, s) {
 		return false
 	}
 	state, err := r.inspectEtcd(ctx, s)
 	return err == nil && !membersJoined(s, state)
 }
 
-// giveWay undoes a remediation whose next membership change cannot be made quorum-safe (another
+// undoNotQuorumSafe undoes a remediation whose next membership change cannot be made quorum-safe (another
 // member went down after the start) and returns it to Pending, where the order is chosen again on the
 // etcd state of now. Holding the control plane would only wait for the step timeout: the lock would
 // keep every other remediation of the cluster out, and a surge (a replacement that cannot join)
 // would stay. Before its point of no return and before any member joined, everything can be undone.
-func (r *Reconciler) giveWay(ctx context.Context, s *scope, step caprv1.StepName, why string) (ctrl.Result, error) {
+func (r *Reconciler) undoNotQuorumSafe(ctx context.Context, s *scope, step caprv1.StepName, why string) (ctrl.Result, error) {
 	undone, err := r.undo(ctx, s)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	msg := fmt.Sprintf("step %s: %s for %s; nothing irreversible was done, so this remediation gave way (%s) and chooses its order again",
-		step, why, giveWayAfter, undone)
+		step, why, notQuorumSafeUndoAfter, undone)
 	backToPending(s, caprv1.MachineRemediationNotQuorumSafeReason, msg)
 	r.event(s.mr, corev1.EventTypeWarning, EventRemediationYielded, msg)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way: its membership change cannot be made quorum-safe", "step", step, "undone", undone)
@@ -231,7 +231,7 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 	}
 	if r.pastPointOfNoReturn(ctx, s) {
 		msg := fmt.Sprintf("step %s did not finish within %s; %s, so the remediation cannot be undone: it keeps trying, holding the control plane at %s (desired %d). Last: %s",
-			step, limit, noReturn(s), replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
+			step, limit, whyIrreversible(s), replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
 		if !isWaitingFor(s.mr, caprv1.MachineRemediationStepTimedOutReason) {
 			r.event(s.mr, corev1.EventTypeWarning, EventStepTimedOut, msg)
 		}

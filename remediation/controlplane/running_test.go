@@ -30,29 +30,29 @@ func surgedWorld(t *testing.T, etcd *fakeEtcd, extra ...worldOption) *world {
 	return newWorld(t, opts...)
 }
 
-// TestStepsAskToGiveWay: which waits ask to give way (whether the remediation does is mayGiveWay's,
+// TestStepsAskToGiveWay: which waits ask to give way (whether the remediation does is mayUndoNotQuorumSafe's,
 // TestGiveWayAfterWaitingForAQuorumSafeChange).
 func TestStepsAskToGiveWay(t *testing.T) {
 	cDown := func() *fakeEtcd {
 		return newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()))
 	}
 	cases := []struct {
-		name    string
-		world   func(t *testing.T) *world
-		step    caprv1.StepName
-		giveWay bool
-		reason  string
+		name          string
+		world         func(t *testing.T) *world
+		step          caprv1.StepName
+		notQuorumSafe bool
+		reason        string
 	}{
-		{name: "ScaleUp, another member down before the surge", step: caprv1.StepScaleUp, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+		{name: "ScaleUp, another member down before the surge", step: caprv1.StepScaleUp, notQuorumSafe: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world { return newWorld(t, withEtcd(cDown())) }},
-		{name: "RemoveMember, another member down", step: caprv1.StepRemoveMember, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+		{name: "RemoveMember, another member down", step: caprv1.StepRemoveMember, notQuorumSafe: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world {
 				return newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst),
 					withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asUnreachable()), member(nodeC, asDown()))))
 			}},
-		{name: "WaitForReplacement, replacement without a Node, another member down", step: caprv1.StepWaitForReplacement, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+		{name: "WaitForReplacement, replacement without a Node, another member down", step: caprv1.StepWaitForReplacement, notQuorumSafe: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world { return surgedWorld(t, cDown()) }},
-		{name: "WaitForReplacement, no replacement Machine yet, another member down", step: caprv1.StepWaitForReplacement, giveWay: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
+		{name: "WaitForReplacement, no replacement Machine yet, another member down", step: caprv1.StepWaitForReplacement, notQuorumSafe: true, reason: caprv1.MachineRemediationNotQuorumSafeReason,
 			world: func(t *testing.T) *world {
 				return newWorld(t, withReplicas(4), withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""), withEtcd(cDown()))
 			}},
@@ -79,11 +79,11 @@ func TestStepsAskToGiveWay(t *testing.T) {
 			res, err := w.run(tc.step)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(res.Done).To(BeFalse(), "message: %s", res.Message)
-			g.Expect(res.giveWay).To(Equal(tc.giveWay), "message: %s", res.Message)
+			g.Expect(res.notQuorumSafe).To(Equal(tc.notQuorumSafe), "message: %s", res.Message)
 			if tc.reason != "" {
 				g.Expect(res.WaitReason).To(Equal(tc.reason), "message: %s", res.Message)
 			}
-			if tc.giveWay {
+			if tc.notQuorumSafe {
 				g.Expect(res.Message).To(Or(ContainSubstring("not quorum-safe"), ContainSubstring("no healthy voting member")))
 			}
 			expectNoEtcdChange(g, w)
@@ -102,11 +102,11 @@ func TestGiveWayAfterWaitingForAQuorumSafeChange(t *testing.T) {
 		return newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()))
 	}
 
-	t.Run("a replacement that cannot join: undone and Pending again after giveWayAfter", func(t *testing.T) {
+	t.Run("a replacement that cannot join: undone and Pending again after notQuorumSafeUndoAfter", func(t *testing.T) {
 		g := NewWithT(t)
 		w := surgedWorld(t, cDown())
 		setLock(g, w)
-		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, giveWayAfter+time.Second)
+		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, notQuorumSafeUndoAfter+time.Second)
 
 		_, err := w.r.runSteps(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -129,7 +129,7 @@ func TestGiveWayAfterWaitingForAQuorumSafeChange(t *testing.T) {
 		g := NewWithT(t)
 		w := newWorld(t, withEtcd(cDown()), withStep(caprv1.StepScaleUp, caprv1.StepOutcomeInProgress, ""))
 		setLock(g, w)
-		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, giveWayAfter+time.Second)
+		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, notQuorumSafeUndoAfter+time.Second)
 
 		_, err := w.r.runSteps(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -144,7 +144,7 @@ func TestGiveWayAfterWaitingForAQuorumSafeChange(t *testing.T) {
 			withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""), withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeInProgress, ""),
 			withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asUnreachable()), member(nodeC, asDown()))))
 		setLock(g, w)
-		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, giveWayAfter+time.Second)
+		waitingFor(w, caprv1.MachineRemediationNotQuorumSafeReason, notQuorumSafeUndoAfter+time.Second)
 
 		_, err := w.r.runSteps(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -161,7 +161,7 @@ func TestGiveWayAfterWaitingForAQuorumSafeChange(t *testing.T) {
 		world  func(t *testing.T) *world
 		says   string
 	}{
-		{name: "waiting for less than giveWayAfter", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: giveWayAfter - 5*time.Second},
+		{name: "waiting for less than notQuorumSafeUndoAfter", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: notQuorumSafeUndoAfter - 5*time.Second},
 		{name: "the step waited for something else until now", reason: caprv1.MachineRemediationEtcdUnreachableReason, ago: time.Hour},
 		{name: "the replacement joined (undoing would remove a healthy member)", reason: caprv1.MachineRemediationNotQuorumSafeReason, ago: time.Hour,
 			says: "removing the member now is not quorum-safe",

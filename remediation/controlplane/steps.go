@@ -23,12 +23,12 @@ import (
 // waits for a membership change that is not quorum-safe now.
 type stepResult struct {
 	remediation.StepResult
-	// giveWay: the step waits because its membership change (adding the replacement's member,
+	// notQuorumSafe: the step waits because its membership change (adding the replacement's member,
 	// moving leadership, removing the victim's member) is not quorum-safe now. If nothing
-	// irreversible was done and no member joined since the start, after giveWayAfter of such waiting
-	// the remediation is undone and goes back to Pending (mayGiveWay and giveWay in running.go)
+	// irreversible was done and no member joined since the start, after notQuorumSafeUndoAfter of such waiting
+	// the remediation is undone and goes back to Pending (mayUndoNotQuorumSafe and undoNotQuorumSafe in running.go)
 	// instead of holding the control plane until its step timeout.
-	giveWay bool
+	notQuorumSafe bool
 }
 
 // currentStep is the first step of the plan that is not finished (StepFinished).
@@ -107,8 +107,8 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		return r.recovered(ctx, s, rec, res.Message)
 	}
 	if !res.Done {
-		if res.giveWay && r.mayGiveWay(ctx, s, res.WaitReason) {
-			return r.giveWay(ctx, s, step, res.Message)
+		if res.notQuorumSafe && r.mayUndoNotQuorumSafe(ctx, s, res.WaitReason) {
+			return r.undoNotQuorumSafe(ctx, s, step, res.Message)
 		}
 		if res.WaitReason != "" {
 			msg := fmt.Sprintf("step %s: %s", step, res.Message)

@@ -49,7 +49,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		if r.pastPointOfNoReturn(ctx, s) {
 			if !isWaitingFor(mr, caprv1.MachineRemediationAbortedReason) {
 				r.event(mr, corev1.EventTypeWarning, EventRemediationAborted,
-					"Deletion requested, but "+noReturn(s)+": the remediation is finished first, then the request goes")
+					"Deletion requested, but "+whyIrreversible(s)+": the remediation is finished first, then the request goes")
 			}
 			if s.machineGone {
 				return r.reconcileMachineGone(ctx, s)

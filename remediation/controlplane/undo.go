@@ -48,8 +48,8 @@ func backToPending(s *scope, reason, msg string) {
 	remediation.SetWaiting(s.mr, reason, msg)
 }
 
-// noReturn says why a remediation past its point of no return cannot be undone.
-func noReturn(s *scope) string {
+// whyIrreversible says why a remediation past its point of no return cannot be undone.
+func whyIrreversible(s *scope) string {
 	if findStep(s.mr, caprv1.StepDelete) != nil {
 		return "the victim's deletion has started"
 	}
