@@ -38,14 +38,14 @@ func TestStepsWithExternalEtcdReadNoEtcd(t *testing.T) {
 				}))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("APIServerPodHealthy"))
+				g.Expect(res.Message).To(ContainSubstring("APIServerPodHealthy"))
 				g.Expect(w.etcd.inspected).To(BeEmpty())
 			}},
 		{name: "replacement serving: done, etcd not read",
 			world: []worldOption{withControlPlaneObject(kcpObject(withExternalEtcd())), etcdFails, healthy, withReplacement(cpMachine("m-d", kcpHealthy()))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectDone(g, res, err)
-				g.Expect(res.message).To(ContainSubstring("serving the API"))
+				g.Expect(res.Message).To(ContainSubstring("serving the API"))
 				g.Expect(w.etcd.inspected).To(BeEmpty())
 			}},
 	})

@@ -27,7 +27,7 @@ import (
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
-// The fakes behind the step tests (steps_test.go): a workload etcd cluster, an EtcdProvider, a
+// The fakes behind the step tests (steps_test.go and the tests of each step family): a workload etcd cluster, an EtcdProvider, a
 // Fencer, and a world (a fake API server with a Cluster, its control-plane object and Machines, and
 // a running MachineRemediation) in which a step is run exactly as runStep runs it.
 

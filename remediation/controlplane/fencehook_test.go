@@ -56,7 +56,7 @@ func TestFenceHook(t *testing.T) {
 				withFence(fencing.Result{Outcome: outcome}, nil))
 			res, err := w.run(caprv1.StepFence)
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(res.done).To(BeTrue())
+			g.Expect(res.Done).To(BeTrue())
 			g.Expect(hook(g, w)).To(BeEmpty())
 		})
 	}
@@ -66,7 +66,7 @@ func TestFenceHook(t *testing.T) {
 			withFence(fencing.Result{Outcome: fencing.Waiting, Message: "waiting"}, nil))
 		res, err := w.run(caprv1.StepFence)
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(res.done).To(BeFalse())
+		g.Expect(res.Done).To(BeFalse())
 		g.Expect(hook(g, w)).To(Equal("m-b"))
 	})
 	t.Run("Delete step on a fenced victim that carries the hook again (a crash before the Fence step's record): the hook is removed", func(t *testing.T) {

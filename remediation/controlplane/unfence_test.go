@@ -29,7 +29,7 @@ func fencedWorld(t *testing.T, g Gomega) *world {
 	controllerutil.AddFinalizer(w.s.mr, caprv1.MachineRemediationFinalizer)
 	res, err := w.run(caprv1.StepFence)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeTrue())
+	g.Expect(res.Done).To(BeTrue())
 	return w
 }
 
@@ -139,7 +139,7 @@ func TestFenceStepOfAVictimGoneIsDone(t *testing.T) {
 	w.s.machineGone = true
 	res, err := w.run(caprv1.StepFence)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res.done).To(BeTrue())
+	g.Expect(res.Done).To(BeTrue())
 	g.Expect(w.fencer.requests).To(BeEmpty())
 }
 
@@ -169,10 +169,10 @@ func TestAFencedRemediationDoesNotGiveWay(t *testing.T) {
 	g := NewWithT(t)
 	w := fencedWorld(t, g)
 	conditions.Set(w.s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse,
-		Reason: caprv1.MachineRemediationNotQuorumSafeReason, LastTransitionTime: metav1.NewTime(metav1.Now().Add(-2 * giveWayAfter))})
-	g.Expect(w.r.mayGiveWay(t.Context(), w.s, caprv1.MachineRemediationNotQuorumSafeReason)).To(BeFalse())
+		Reason: caprv1.MachineRemediationNotQuorumSafeReason, LastTransitionTime: metav1.NewTime(metav1.Now().Add(-2 * notQuorumSafeUndoAfter))})
+	g.Expect(w.r.mayUndoNotQuorumSafe(t.Context(), w.s, caprv1.MachineRemediationNotQuorumSafeReason)).To(BeFalse())
 	w.s.mr.Status.Fencing = nil
-	g.Expect(w.r.mayGiveWay(t.Context(), w.s, caprv1.MachineRemediationNotQuorumSafeReason)).To(BeTrue(), "the same remediation without a fence may")
+	g.Expect(w.r.mayUndoNotQuorumSafe(t.Context(), w.s, caprv1.MachineRemediationNotQuorumSafeReason)).To(BeTrue(), "the same remediation without a fence may")
 }
 
 // TestUndoMarksASurgeCreatedMeanwhile: the provider created the surge Machine after the reconcile's

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 )
 
 // MachineAnnotation on an escalation object names the Machine it remediates.
@@ -59,17 +60,9 @@ func Index(mr *caprv1.MachineRemediation, step caprv1.StepName) int {
 	return -1
 }
 
-// Result is what one attempt at an escalation step found.
-type Result struct {
-	// Done: the step is over; Skipped (the chain is not run) or Failed (timed out: the next step follows).
-	Done, Skipped, Failed bool
-	// Recovered: the Machine is healthy again; the remediation ends here, nothing deleted.
-	Recovered bool
-	Message   string
-	// WaitReason, when set, is the Progressing reason while the step cannot proceed.
-	WaitReason string
-	Requeue    time.Duration
-}
+// Result is what one attempt at an escalation step found: the remediators' step result
+// (remediation.StepResult), so that both run an escalation step as any other.
+type Result = remediation.StepResult
 
 // Runner runs escalation steps.
 type Runner struct {

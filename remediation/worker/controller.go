@@ -18,17 +18,13 @@ import (
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/paused"
-	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation"
-	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
@@ -95,27 +91,21 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if r.Client == nil || r.APIReader == nil || r.Fencer == nil {
 		return errors.New("client, APIReader and Fencer must not be nil")
 	}
-	log := ctrl.LoggerFrom(ctx)
-	scheme := mgr.GetScheme()
-	err := ctrl.NewControllerManagedBy(mgr).
-		Named("capr-worker-remediation").
-		For(&caprv1.MachineRemediation{}, builder.WithPredicates(notControlPlane(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+	recorder, err := remediation.Watches{
+		Name:             "capr-worker-remediation",
+		WatchFilterValue: r.WatchFilterValue,
+		Requests:         notControlPlane(),
 		// A worker remediation that finishes or goes away frees a slot of its MachineDeployment.
-		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.remediationToGroup),
-			builder.WithPredicates(phaseChangedOrDeleted(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+		Released: r.remediationToGroup,
+		Counts:   func(mr *caprv1.MachineRemediation) bool { return mr.Status.Worker != nil },
 		// The Machine going away ends the Delete step; its pause annotation stops the remediation.
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToRemediation),
-			builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
-		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToRemediations),
-			builder.WithPredicates(predicates.All(scheme, log,
-				predicates.ClusterPausedTransitions(scheme, log),
-				predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue)))).
-		WithOptions(options).
-		Complete(r)
+		Machine: r.machineToRemediation,
+		Cluster: r.clusterToRemediations,
+	}.Complete(ctx, mgr, options, r)
 	if err != nil {
 		return fmt.Errorf("setting up the worker remediation controller: %w", err)
 	}
-	r.recorder = mgr.GetEventRecorder("capr-worker-remediation")
+	r.recorder = recorder
 	return nil
 }
 
@@ -127,12 +117,6 @@ type scope struct {
 	cluster     *clusterv1.Cluster
 	// base is the request as last read or written; persist sends the difference.
 	base *caprv1.MachineRemediation
-}
-
-// ownedByWorker reports whether the request is this remediator's: the control-plane remediator's
-// discriminator (which never hands over a request the control-plane remediator has recorded).
-func ownedByWorker(mr *caprv1.MachineRemediation, m *clusterv1.Machine, machineGone bool) bool {
-	return controlplane.IsWorkerRequest(mr, m, machineGone)
 }
 
 // Reconcile follows the CAPI skeleton: get → Machine and Cluster → base for the patch → paused → deferred
@@ -149,14 +133,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if !ownedByWorker(mr, machine, machineGone) {
+	if !remediation.IsWorkerRequest(mr, machine, machineGone) {
 		return ctrl.Result{}, nil // the control-plane remediator's
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("Machine", klog.KRef(mr.Namespace, mr.Name))
 	ctx = ctrl.LoggerInto(ctx, log)
 	s := &scope{mr: mr, machine: machine, machineGone: machineGone}
 
-	if terminal(mr) {
+	if remediation.Terminal(mr) {
 		if !mr.DeletionTimestamp.IsZero() {
 			return ctrl.Result{}, r.removeFinalizer(ctx, mr)
 		}
@@ -194,20 +178,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	case machineGone:
 		return r.reconcileMachineGone(ctx, s)
 	case annotations.HasPaused(machine):
-		setWaiting(mr, caprv1.MachineRemediationPausedReason,
+		remediation.SetWaiting(mr, caprv1.MachineRemediationPausedReason,
 			fmt.Sprintf("Machine %s has annotation %s: nothing is done until it is removed", machine.Name, clusterv1.PausedAnnotation))
 		return ctrl.Result{}, nil
 	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && mr.Status.Worker == nil:
 		// start records the worker status before Running, so only a status written by someone else
 		// gets here: nothing this remediator did can be resumed from it, and nothing is done.
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
+		remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
 			"status.phase is Running but status.worker is missing (the status was not written by CAPR's worker remediator): nothing is done; delete the request to start again")
 		return ctrl.Result{}, nil
 	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && mr.Status.Worker.MachineSet == "":
 		// start runs only for a Machine a MachineSet replaces, and records it: a Running request
 		// whose record names none (e.g. Running written over a NoRemediator record) was not started
 		// here, and its Machine, which nothing would replace, is never deleted.
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
+		remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
 			"status.phase is Running but status.worker names no MachineSet (the status was not written by CAPR's worker remediator): nothing is done; delete the request to start again")
 		return ctrl.Result{}, nil
 	case mr.Status.Phase == caprv1.MachineRemediationPhaseRunning:
@@ -323,25 +307,15 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, mr *caprv1.MachineReme
 	return nil
 }
 
-func terminal(mr *caprv1.MachineRemediation) bool {
-	return mr.Status.Phase == caprv1.MachineRemediationPhaseSucceeded || mr.Status.Phase == caprv1.MachineRemediationPhaseFailed
-}
-
-func setWaiting(mr *caprv1.MachineRemediation, reason, msg string) {
-	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-}
-
 // setWaitingWithEvent sets the waiting condition and, when the reason changes, records a Warning event.
 func (r *Reconciler) setWaitingWithEvent(mr *caprv1.MachineRemediation, eventReason, reason, msg string) {
 	if conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition) != reason ||
 		conditions.IsTrue(mr, caprv1.MachineRemediationProgressingCondition) {
 		r.event(mr, corev1.EventTypeWarning, eventReason, msg)
 	}
-	setWaiting(mr, reason, msg)
+	remediation.SetWaiting(mr, reason, msg)
 }
 
 func (r *Reconciler) event(mr *caprv1.MachineRemediation, eventType, reason, msg string) {
-	if r.recorder != nil {
-		r.recorder.Eventf(mr, nil, eventType, reason, "Remediate", "%s", msg)
-	}
+	remediation.Event(r.recorder, mr, eventType, reason, msg)
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/escalation"
 )
 
@@ -17,13 +18,8 @@ func (r *Reconciler) escalationRunner() *escalation.Runner {
 }
 
 // stepEscalate runs one escalation step (remediation/escalation).
-func (r *Reconciler) stepEscalate(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
-	res, err := r.escalationRunner().Step(ctx, s.mr, s.machine, s.cluster.Name, rec, nil, time.Now())
-	if err != nil {
-		return stepResult{}, err
-	}
-	return stepResult{done: res.Done, skipped: res.Skipped, failed: res.Failed, recovered: res.Recovered,
-		message: res.Message, waitReason: res.WaitReason, requeue: res.Requeue}, nil
+func (r *Reconciler) stepEscalate(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (remediation.StepResult, error) {
+	return r.escalationRunner().Step(ctx, s.mr, s.machine, s.cluster.Name, rec, nil, time.Now())
 }
 
 // deleteStartedEscalationObjects deletes the objects of every escalation step started (abort, or the

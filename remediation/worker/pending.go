@@ -18,6 +18,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 )
 
 // reconcilePending records the role, checks that something replaces the Machine, then starts the
@@ -33,7 +34,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	if !m.DeletionTimestamp.IsZero() {
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf("Machine %s is already being deleted", m.Name))
+		remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf("Machine %s is already being deleted", m.Name))
 		return ctrl.Result{RequeueAfter: waitShort}, nil
 	}
 	g, err := resolveGroup(ctx, r.Client, mr.Namespace, msName)
@@ -55,7 +56,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 	}
 	if !adm.Start {
 		kind, name := g.key()
-		setWaiting(mr, caprv1.MachineRemediationDeferredReason, fmt.Sprintf("%s %s: %s", kind, name, adm.Message))
+		remediation.SetWaiting(mr, caprv1.MachineRemediationDeferredReason, fmt.Sprintf("%s %s: %s", kind, name, adm.Message))
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	return r.start(ctx, s, adm.Message)

@@ -18,6 +18,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -40,21 +41,6 @@ func nextStep(mr *caprv1.MachineRemediation) caprv1.StepName {
 		}
 	}
 	return ""
-}
-
-// stepResult is what one attempt at a step found.
-type stepResult struct {
-	done    bool
-	skipped bool
-	// failed: done without effect (an escalation step that timed out); the next step follows.
-	failed bool
-	// recovered: the Machine is healthy again, the remediation ends here (escalation).
-	recovered bool
-	message   string
-	// waitReason, when set, is the Progressing reason while the step cannot proceed (with a Warning
-	// event when it changes).
-	waitReason string
-	requeue    time.Duration
 }
 
 // deleteIssued is the point of no return: the Delete step was started, so the Machine may be deleting.
@@ -108,7 +94,7 @@ func (r *Reconciler) waitForDeletionByOthers(ctx context.Context, s *scope, pref
 				"Machine %s is being deleted by someone else; fencing finished (%s), its deletion may proceed", s.machine.Name, v.Message))
 		}
 	}
-	setWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf(
+	remediation.SetWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason, fmt.Sprintf(
 		"%sMachine %s is being deleted by someone else (since %s); the remediation ends when it is gone", prefix, s.machine.Name,
 		s.machine.DeletionTimestamp.UTC().Format(time.RFC3339)))
 	return ctrl.Result{RequeueAfter: waitShort}, nil
@@ -131,7 +117,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		}
 		rec = s.mr.Status.Step(step)
 	}
-	var res stepResult
+	var res remediation.StepResult
 	var err error
 	switch step {
 	case caprv1.StepFence:
@@ -145,7 +131,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		s.mr.Status.LastError = err.Error()
 		return ctrl.Result{}, err
 	}
-	if res.recovered {
+	if res.Recovered {
 		// Healthy again, nothing deleted: the Machine is let go of, its fence (if any) and hook included.
 		if done, res, err := r.unfenceKept(ctx, s, fmt.Sprintf("Machine %s recovered; ", s.mr.Name)); !done || err != nil {
 			return res, err
@@ -153,39 +139,39 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
 			return ctrl.Result{}, err
 		}
-		rec.Outcome, rec.FinishTime, rec.Message = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now()), res.message
-		return r.succeed(ctx, s, res.message)
+		rec.Outcome, rec.FinishTime, rec.Message = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now()), res.Message
+		return r.succeed(ctx, s, res.Message)
 	}
 	return r.recordStep(s, step, rec, res), nil
 }
 
 // recordStep writes a step attempt's outcome into the status (persisted by the deferred patch).
-func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.RemediationStep, res stepResult) ctrl.Result {
+func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.RemediationStep, res remediation.StepResult) ctrl.Result {
 	mr := s.mr
-	rec.Message = res.message
+	rec.Message = res.Message
 	mr.Status.LastError = ""
 	switch {
-	case res.done:
+	case res.Done:
 		rec.Outcome, rec.FinishTime = caprv1.StepOutcomeSucceeded, ptr.To(metav1.Now())
 		switch {
-		case res.skipped:
+		case res.Skipped:
 			rec.Outcome = caprv1.StepOutcomeSkipped
-		case res.failed:
+		case res.Failed:
 			rec.Outcome = caprv1.StepOutcomeFailed
 		}
 		metrics.StepFinished(metrics.KindWorker, string(step), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
 		return ctrl.Result{RequeueAfter: time.Millisecond}
-	case res.waitReason != "":
+	case res.WaitReason != "":
 		eventReason := EventRemediationWaiting
-		if res.waitReason == caprv1.MachineRemediationStepTimedOutReason {
+		if res.WaitReason == caprv1.MachineRemediationStepTimedOutReason {
 			eventReason = EventStepTimedOut
 		}
-		r.setWaitingWithEvent(mr, eventReason, res.waitReason, fmt.Sprintf("step %s: %s", step, res.message))
+		r.setWaitingWithEvent(mr, eventReason, res.WaitReason, fmt.Sprintf("step %s: %s", step, res.Message))
 	default:
 		conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
-			Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.message)})
+			Reason: caprv1.MachineRemediationStepInProgressReason, Message: fmt.Sprintf("step %s: %s", step, res.Message)})
 	}
-	return ctrl.Result{RequeueAfter: res.requeue}
+	return ctrl.Result{RequeueAfter: res.Requeue}
 }
 
 // fencingRequest is what the Fencer is asked for this remediation. A Machine that is gone is named
@@ -252,50 +238,50 @@ func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, pr
 
 // stepFence asks the Fencer until its outcome is final. Required never finishes unconfirmed: past
 // the fencing timeout it reports StepTimedOut and keeps waiting; BestEffort finishes with a Warning.
-func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (remediation.StepResult, error) {
 	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencingRequest(ctx, s, rec.StartTime.Time), time.Now(), r.persistFunc(s))
 	if err != nil {
-		return stepResult{}, fmt.Errorf("fencing node %q: %w", s.victimNode(ctx), err)
+		return remediation.StepResult{}, fmt.Errorf("fencing node %q: %w", s.victimNode(ctx), err)
 	}
 	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
 	if v.Done {
 		metrics.Fenced(metrics.KindWorker, v.Outcome(), time.Since(rec.StartTime.Time))
 		// Fenced (or let go by the policy): the hook must no longer hold a deletion.
 		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(s.machine)); err != nil {
-			return stepResult{}, err
+			return remediation.StepResult{}, err
 		}
 	}
 	switch {
 	case v.GaveUp:
 		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
-		return stepResult{done: true, message: v.Message}, nil
+		return remediation.StepResult{Done: true, Message: v.Message}, nil
 	case v.Done:
-		return stepResult{done: true, skipped: v.Skipped, message: v.Message}, nil
+		return remediation.StepResult{Done: true, Skipped: v.Skipped, Message: v.Message}, nil
 	case v.TimedOut:
-		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: v.Requeue, message: v.Message}, nil
+		return remediation.StepResult{WaitReason: caprv1.MachineRemediationStepTimedOutReason, Requeue: v.Requeue, Message: v.Message}, nil
 	}
-	return stepResult{waitReason: caprv1.MachineRemediationWaitingForFencingReason, message: v.Message, requeue: v.Requeue}, nil
+	return remediation.StepResult{WaitReason: caprv1.MachineRemediationWaitingForFencingReason, Message: v.Message, Requeue: v.Requeue}, nil
 }
 
 // stepDelete deletes the Machine (its MachineSet replaces it) and waits for it to go. It refuses
 // unless the Fence step finished (fence before delete).
-func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (remediation.StepResult, error) {
 	fence := s.mr.Status.Step(caprv1.StepFence)
 	if fence == nil || (fence.Outcome != caprv1.StepOutcomeSucceeded && fence.Outcome != caprv1.StepOutcomeSkipped) {
-		return stepResult{}, fmt.Errorf("refusing to delete Machine %s: the Fence step has not finished", s.mr.Name)
+		return remediation.StepResult{}, fmt.Errorf("refusing to delete Machine %s: the Fence step has not finished", s.mr.Name)
 	}
 	m := s.machine
 	if m.DeletionTimestamp.IsZero() {
 		// Fenced (checked above): a hook still there can only be left by a crash between the Fence
 		// step's removal and its record, and must not hold the deletion.
 		if _, _, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(m)); err != nil {
-			return stepResult{}, err
+			return remediation.StepResult{}, err
 		}
 		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: ptr.To(m.UID)}); err != nil && !apierrors.IsNotFound(err) {
-			return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
+			return remediation.StepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
 		}
 		ctrl.LoggerFrom(ctx).Info("Deleted worker Machine", "MachineSet", s.mr.Status.Worker.MachineSet)
-		return stepResult{message: "Machine deleted; waiting for it to drain and go", requeue: waitShort}, nil
+		return remediation.StepResult{Message: "Machine deleted; waiting for it to drain and go", Requeue: waitShort}, nil
 	}
 	timeout := DefaultDeleteTimeout
 	if r.DeleteTimeout > 0 {
@@ -303,10 +289,10 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope, rec *caprv1.Remed
 	}
 	msg := fmt.Sprintf("Machine %s is being deleted (since %s)", m.Name, m.DeletionTimestamp.UTC().Format(time.RFC3339))
 	if time.Since(rec.StartTime.Time) > timeout {
-		return stepResult{waitReason: caprv1.MachineRemediationStepTimedOutReason, requeue: waitLong,
-			message: fmt.Sprintf("%s and not gone within %s; still waiting (check its drain and finalizers)", msg, timeout)}, nil
+		return remediation.StepResult{WaitReason: caprv1.MachineRemediationStepTimedOutReason, Requeue: waitLong,
+			Message: fmt.Sprintf("%s and not gone within %s; still waiting (check its drain and finalizers)", msg, timeout)}, nil
 	}
-	return stepResult{message: msg, requeue: waitShort}, nil
+	return remediation.StepResult{Message: msg, Requeue: waitShort}, nil
 }
 
 // reconcileMachineGone ends a remediation whose Machine is gone: deleted by the Delete step, or by
@@ -371,7 +357,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		msg := "The request was deleted after the Machine's deletion was issued: it goes once the Machine is gone; " + res.message
+		msg := "The request was deleted after the Machine's deletion was issued: it goes once the Machine is gone; " + res.Message
 		r.setWaitingWithEvent(mr, EventRemediationAborted, caprv1.MachineRemediationAbortedReason, msg)
 		return ctrl.Result{RequeueAfter: waitShort}, nil
 	}
@@ -385,7 +371,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, err
 	}
 	msg := fmt.Sprintf("Remediation aborted (the request was deleted) before Machine %s was deleted: the Machine is kept", mr.Name)
-	setWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)
+	remediation.SetWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)
 	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
 	metrics.RemediationFinished(metrics.KindWorker, metrics.ResultAborted)
 	ctrl.LoggerFrom(ctx).Info("Worker remediation aborted")

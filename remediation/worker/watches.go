@@ -4,13 +4,12 @@ import (
 	"context"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 )
 
 // notControlPlane drops events of requests the control-plane remediator has started (the Machine is
@@ -20,24 +19,6 @@ func notControlPlane() predicate.Funcs {
 		mr, ok := o.(*caprv1.MachineRemediation)
 		return ok && mr.Status.ControlPlane == nil
 	})
-}
-
-// phaseChangedOrDeleted passes worker request events that can free a slot of a MachineDeployment.
-func phaseChangedOrDeleted() predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc:  func(event.CreateEvent) bool { return false },
-		GenericFunc: func(event.GenericEvent) bool { return false },
-		DeleteFunc: func(e event.DeleteEvent) bool {
-			mr, ok := e.Object.(*caprv1.MachineRemediation)
-			return ok && mr.Status.Worker != nil
-		},
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, ok1 := e.ObjectOld.(*caprv1.MachineRemediation)
-			n, ok2 := e.ObjectNew.(*caprv1.MachineRemediation)
-			return ok1 && ok2 && n.Status.Worker != nil &&
-				(o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero())
-		},
-	}
 }
 
 // machineToRemediation maps a Machine to its request (same name and namespace), when there is one
@@ -71,7 +52,7 @@ func (r *Reconciler) remediationToGroup(ctx context.Context, o client.Object) []
 	var out []reconcile.Request
 	for i := range list.Items {
 		other := &list.Items[i]
-		if other.Name != mr.Name && !terminal(other) && sameGroup(other.Status.Worker, mr.Status.Worker) {
+		if other.Name != mr.Name && !remediation.Terminal(other) && sameGroup(other.Status.Worker, mr.Status.Worker) {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(other)})
 		}
 	}
@@ -91,19 +72,13 @@ func sameGroup(a, b *caprv1.WorkerRemediationStatus) bool {
 
 // clusterToRemediations maps a Cluster (pause transitions) to its unfinished worker requests.
 func (r *Reconciler) clusterToRemediations(ctx context.Context, o client.Object) []reconcile.Request {
-	list := &caprv1.MachineRemediationList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
-		return nil
-	}
-	var out []reconcile.Request
-	for i := range list.Items {
-		mr := &list.Items[i]
-		if terminal(mr) || mr.Status.ControlPlane != nil {
-			continue
+	return remediation.RequestsOfCluster(ctx, r.Client, o.GetNamespace(), o.GetName(), "", func(mr *caprv1.MachineRemediation) (string, bool) {
+		switch {
+		case mr.Status.ControlPlane != nil:
+			return "", false // the control-plane remediator's
+		case mr.Status.Worker != nil:
+			return mr.Status.Worker.ClusterName, true
 		}
-		if (mr.Status.Worker != nil && mr.Status.Worker.ClusterName == o.GetName()) || mr.Labels[clusterv1.ClusterNameLabel] == o.GetName() {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(mr)})
-		}
-	}
-	return out
+		return "", true
+	})
 }

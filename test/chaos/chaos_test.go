@@ -92,7 +92,7 @@ func TestChaos(t *testing.T) {
 // knownSeeds are seeds that once found a defect, run by `make test` (TestChaosKnownSeeds) on top of
 // the campaign's fixed range, so that the defect stays fixed:
 //   - 100148: the leader's kubelet stopped, then a second kubelet before the surge: the remediation
-//     held the control plane at ScaleUp (NotQuorumSafe) instead of giving way (giveWay).
+//     held the control plane at ScaleUp (NotQuorumSafe) instead of giving way (undoNotQuorumSafe).
 //   - 100282: a member killed after the surge: the replacement could not join and the remediation
 //     held the control plane at WaitForReplacement.
 //   - 200231: a kubelet stopped (remove first chosen), then another member killed before the

@@ -173,7 +173,7 @@ type moveFixture struct {
 //   - MachineRemediation cp-0, Pending, owned by its Machine as the health check creates it
 //     (ensureRequest, controllers/machinehealthcheck/requests.go); cp-1, Running,
 //     re-owned by the Cluster with the finalizer as start does
-//     (remediation/controlplane/controlplane_pending.go:222-251). Both with status, as the
+//     (remediation/controlplane/pending.go, Reconciler.start). Both with status, as the
 //     remediator writes it.
 func createMoveFixture(g Gomega, c client.Client) *moveFixture {
 	ns, err := capienv.CreateNamespace(ctx, c, "move")

@@ -21,6 +21,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 )
 
 // waiting says why a remediation cannot proceed now.
@@ -41,7 +42,7 @@ func (r *Reconciler) wait(s *scope, w *waiting) ctrl.Result {
 	if w.warning != "" && !isWaitingFor(s.mr, w.reason) {
 		r.event(s.mr, corev1.EventTypeWarning, w.warning, w.message)
 	}
-	setWaiting(s.mr, w.reason, w.message)
+	remediation.SetWaiting(s.mr, w.reason, w.message)
 	return ctrl.Result{RequeueAfter: w.requeue}
 }
 
@@ -93,7 +94,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 // behind would start the moment the annotation is removed.
 func (r *Reconciler) withdraw(ctx context.Context, s *scope) error {
 	msg := fmt.Sprintf("Machine %s has annotation %s: the request is withdrawn", s.machine.Name, clusterv1.MachineSkipRemediationAnnotation)
-	setWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason, msg)
+	remediation.SetWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason, msg)
 	err := r.Client.Delete(ctx, s.mr, client.Preconditions{UID: &s.mr.UID, ResourceVersion: &s.mr.ResourceVersion})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("withdrawing the request of skipped Machine %s: %w", s.machine.Name, err)
@@ -308,13 +309,6 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 		}
 	}
 	return cp
-}
-
-// holdsLock reports whether the control-plane lock names this remediation (a start that crashed
-// after taking it: the provider may already be acting on it).
-func holdsLock(s *scope) bool {
-	l := lockOf(s.cp)
-	return l != nil && l.MachineRemediation == s.mr.Name
 }
 
 // controlPlaneInitialized reads whether the control plane is initialized, failing closed: known is

@@ -34,11 +34,7 @@ func (r *Reconciler) escalationRunner() *escalation.Runner {
 // stepEscalate runs one escalation step.
 func (r *Reconciler) stepEscalate(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
 	res, err := r.escalationRunner().Step(ctx, s.mr, s.machine, s.cluster.Name, rec, r.takeDownGate(s), now())
-	if err != nil {
-		return stepResult{}, err
-	}
-	return stepResult{done: res.Done, skipped: res.Skipped, failed: res.Failed, recovered: res.Recovered,
-		message: res.Message, waitReason: res.WaitReason, requeue: res.Requeue}, nil
+	return stepResult{StepResult: res}, err
 }
 
 // takeDownGate refuses an escalation step's object while the victim's member going down (the
@@ -59,7 +55,7 @@ func (r *Reconciler) takeDownGate(s *scope) escalation.Gate {
 		}
 		state, wait := r.etcdOrWait(ctx, s)
 		if wait != nil {
-			return wait.waitReason, wait.message, nil
+			return wait.WaitReason, wait.Message, nil
 		}
 		victim := etcdutil.Victim{}
 		if m := state.ByName(s.victimNode()); m != nil {

@@ -17,15 +17,10 @@ import (
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/paused"
-	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -108,49 +103,31 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if r.Client == nil || r.APIReader == nil || r.Etcd == nil || r.Fencer == nil {
 		return errors.New("client, APIReader, Etcd and Fencer must not be nil")
 	}
-	log := ctrl.LoggerFrom(ctx)
-	scheme := mgr.GetScheme()
-	err := ctrl.NewControllerManagedBy(mgr).
-		Named("capr-controlplane-remediation").
-		For(&caprv1.MachineRemediation{}, builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
+	recorder, err := remediation.Watches{
+		Name:             "capr-controlplane-remediation",
+		WatchFilterValue: r.WatchFilterValue,
 		// A remediation that finishes or goes away releases the control plane: wake the others of
 		// its cluster now instead of at their next requeue.
-		Watches(&caprv1.MachineRemediation{}, handler.EnqueueRequestsFromMapFunc(r.remediationToSiblings),
-			builder.WithPredicates(phaseChangedOrDeleted(), predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToRemediations),
-			builder.WithPredicates(predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue))).
-		// Pausing or unpausing the Cluster stops or resumes its remediations.
-		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToRemediations),
-			builder.WithPredicates(predicates.All(scheme, log,
-				predicates.ClusterPausedTransitions(scheme, log),
-				predicates.ResourceHasFilterLabel(scheme, log, r.WatchFilterValue)))).
-		WithOptions(options).
-		Complete(r)
+		Released: r.remediationToSiblings,
+		Counts:   func(*caprv1.MachineRemediation) bool { return true },
+		Machine:  r.machineToRemediations,
+		Cluster:  r.clusterToRemediations,
+	}.Complete(ctx, mgr, options, r)
 	if err != nil {
 		return fmt.Errorf("setting up the control-plane remediation controller: %w", err)
 	}
-	r.recorder = mgr.GetEventRecorder("capr-controlplane-remediation")
+	r.recorder = recorder
 	return nil
 }
 
 // remediationsOfCluster returns the requests for the remediations of a cluster's Machines.
 func (r *Reconciler) remediationsOfCluster(ctx context.Context, namespace, clusterName, except string) []reconcile.Request {
-	// Read-only, and run for watch events: without copies.
-	list := &caprv1.MachineRemediationList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil
-	}
-	var out []reconcile.Request
-	for i := range list.Items {
-		mr := &list.Items[i]
-		if mr.Name == except || terminal(mr) {
-			continue
+	return remediation.RequestsOfCluster(ctx, r.Client, namespace, clusterName, except, func(mr *caprv1.MachineRemediation) (string, bool) {
+		if mr.Status.ControlPlane != nil {
+			return mr.Status.ControlPlane.ClusterName, true
 		}
-		if (mr.Status.ControlPlane != nil && mr.Status.ControlPlane.ClusterName == clusterName) || mr.Labels[clusterv1.ClusterNameLabel] == clusterName {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(mr)})
-		}
-	}
-	return out
+		return "", true
+	})
 }
 
 // remediationToSiblings maps a remediation to the other remediations of its cluster. The request
@@ -179,20 +156,6 @@ func (r *Reconciler) remediationToSiblings(ctx context.Context, o client.Object)
 // clusterToRemediations maps a Cluster to its remediations.
 func (r *Reconciler) clusterToRemediations(ctx context.Context, o client.Object) []reconcile.Request {
 	return r.remediationsOfCluster(ctx, o.GetNamespace(), o.GetName(), "")
-}
-
-// phaseChangedOrDeleted passes remediation events that can release the control plane.
-func phaseChangedOrDeleted() predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc:  func(event.CreateEvent) bool { return false },
-		GenericFunc: func(event.GenericEvent) bool { return false },
-		DeleteFunc:  func(event.DeleteEvent) bool { return true },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, ok1 := e.ObjectOld.(*caprv1.MachineRemediation)
-			n, ok2 := e.ObjectNew.(*caprv1.MachineRemediation)
-			return ok1 && ok2 && (o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero())
-		},
-	}
 }
 
 // machineToRemediations enqueues the remediations of the Machine's cluster: a Machine appearing,
@@ -236,7 +199,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	// does not have is gone (its deletion costs the API server no read) or its create event is coming.
 	if m := (&clusterv1.Machine{}); r.Client.Get(ctx, req.NamespacedName, m) == nil && !util.IsControlPlaneMachine(m) {
 		cached := &caprv1.MachineRemediation{}
-		if err := r.Client.Get(ctx, req.NamespacedName, cached); apierrors.IsNotFound(err) || (err == nil && IsWorkerRequest(cached, m, false)) {
+		if err := r.Client.Get(ctx, req.NamespacedName, cached); apierrors.IsNotFound(err) || (err == nil && remediation.IsWorkerRequest(cached, m, false)) {
 			return ctrl.Result{}, nil
 		}
 	}
@@ -256,7 +219,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("reading Machine: %w", machineErr)
 	}
 	machineGone := apierrors.IsNotFound(machineErr)
-	if IsWorkerRequest(mr, machine, machineGone) {
+	if remediation.IsWorkerRequest(mr, machine, machineGone) {
 		return ctrl.Result{}, nil // remediation/worker's: not even observedGeneration is written here
 	}
 
@@ -282,7 +245,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 
-	if terminal(mr) && !fencing.Owed(mr) {
+	if remediation.Terminal(mr) && !fencing.Owed(mr) {
 		return r.reconcileTerminal(ctx, s), nil
 	}
 	if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning && mr.Status.ControlPlane == nil {
@@ -313,15 +276,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	if err := r.gather(ctx, s); err != nil {
-		setWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
+		remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	if msg := pausedBy(s); msg != "" {
-		setWaiting(mr, caprv1.MachineRemediationPausedReason, msg)
+		remediation.SetWaiting(mr, caprv1.MachineRemediationPausedReason, msg)
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	switch {
-	case terminal(mr):
+	case remediation.Terminal(mr):
 		return r.reconcileFinishedFence(ctx, s)
 	case !mr.DeletionTimestamp.IsZero():
 		return r.reconcileDelete(ctx, s)
@@ -354,18 +317,8 @@ func reconcileRunningWithoutRecord(s *scope) {
 		controllerutil.RemoveFinalizer(s.mr, caprv1.MachineRemediationFinalizer)
 		return
 	}
-	setWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
+	remediation.SetWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
 		"status.phase is Running but status.controlPlane is missing (the status was not written by CAPR's control-plane remediator): nothing is done; delete the request to start again")
-}
-
-// IsWorkerRequest reports whether a request belongs to the worker remediator: the control-plane
-// remediator did not record it (status.controlPlane: it may hold its cluster's lock and have changed
-// etcd's membership, which only it can finish or undo, so that record decides over any other), and
-// it recorded status.worker (durable, also once the Machine is gone) or its Machine exists and is
-// not a control-plane Machine. The control-plane remediator leaves such requests alone and takes up
-// every other one, so each request has exactly one owner.
-func IsWorkerRequest(mr *caprv1.MachineRemediation, machine *clusterv1.Machine, machineGone bool) bool {
-	return mr.Status.ControlPlane == nil && (mr.Status.Worker != nil || (!machineGone && !util.IsControlPlaneMachine(machine)))
 }
 
 // clusterNameOf returns the Cluster of the remediation: the Machine's, or, once the Machine is gone,
@@ -453,17 +406,11 @@ func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine, state *etcdu
 	}
 }
 
-func setWaiting(mr *caprv1.MachineRemediation, reason, msg string) {
-	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-}
-
 func isWaitingFor(mr *caprv1.MachineRemediation, reason string) bool {
 	c := conditions.Get(mr, caprv1.MachineRemediationProgressingCondition)
 	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason
 }
 
 func (r *Reconciler) event(mr *caprv1.MachineRemediation, eventType, reason, msg string) {
-	if r.recorder != nil {
-		r.recorder.Eventf(mr, nil, eventType, reason, "Remediate", "%s", msg)
-	}
+	remediation.Event(r.recorder, mr, eventType, reason, msg)
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -82,7 +83,7 @@ func (r *Reconciler) fenceHeldFirst(ctx context.Context, s *scope) (bool, ctrl.R
 	if v.TimedOut {
 		reason = caprv1.MachineRemediationStepTimedOutReason
 	}
-	setWaiting(s.mr, reason, fmt.Sprintf("Machine %s is being deleted by someone else; its deletion is held until it is fenced: %s", s.machine.Name, v.Message))
+	remediation.SetWaiting(s.mr, reason, fmt.Sprintf("Machine %s is being deleted by someone else; its deletion is held until it is fenced: %s", s.machine.Name, v.Message))
 	return false, ctrl.Result{RequeueAfter: min(v.Requeue, waitShort)}, nil
 }
 
@@ -129,6 +130,6 @@ func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, pr
 	if err != nil || done {
 		return done, ctrl.Result{}, err
 	}
-	setWaiting(s.mr, caprv1.MachineRemediationWaitingForUnfencingReason, prefix+msg)
+	remediation.SetWaiting(s.mr, caprv1.MachineRemediationWaitingForUnfencingReason, prefix+msg)
 	return false, ctrl.Result{RequeueAfter: waitShort}, nil
 }

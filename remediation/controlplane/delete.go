@@ -1,0 +1,261 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
+	"github.com/capr-io/capr/remediation/fencing"
+)
+
+func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.RemediationStep) (stepResult, error) {
+	if s.machineGone {
+		// Deleted by someone else past the point of no return: its deletion was held by the hook until
+		// fenceDeletingVictim's fence was final (recorded in status.fencing, unfenced when the
+		// remediation ends). Nothing is left to fence before a delete.
+		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("Machine %s is gone, deleted by someone else (a deletion held by the fence hook is fenced first)", s.mr.Name)}}, nil
+	}
+	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencing.Request{
+		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing, Started: rec.StartTime.Time,
+	}, time.Now(), r.persistFunc(s))
+	if err != nil {
+		return stepResult{}, err
+	}
+	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
+	if !v.Done {
+		reason := caprv1.MachineRemediationWaitingForFencingReason
+		if v.TimedOut {
+			reason = caprv1.MachineRemediationStepTimedOutReason
+		}
+		return stepResult{StepResult: remediation.StepResult{WaitReason: reason, Message: v.Message, Requeue: v.Requeue}}, nil
+	}
+	// Whoever deletes the victim now may: the fence is confirmed (or the policy lets it go).
+	if err := r.removeFenceHook(ctx, s); err != nil {
+		return stepResult{}, err
+	}
+	if v.GaveUp {
+		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
+	}
+	metrics.Fenced(metrics.KindControlPlane, v.Outcome(), time.Since(rec.StartTime.Time))
+	return stepResult{StepResult: remediation.StepResult{Done: true, Skipped: v.Skipped, Message: v.Message}}, nil
+}
+
+// stepDelete deletes the victim and, after a surge, returns replicas to N (the victim also carries
+// cluster.x-k8s.io/delete-machine, the provider's first choice should it scale down first). It is
+// the only place the victim is deleted, and it refuses unless the Fence step finished (fence before
+// delete).
+func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, error) {
+	fence := findStep(s.mr, caprv1.StepFence)
+	if fence == nil || (fence.Outcome != caprv1.StepOutcomeSucceeded && fence.Outcome != caprv1.StepOutcomeSkipped) {
+		return stepResult{}, fmt.Errorf("refusing to delete Machine %s: the Fence step has not finished", s.mr.Name)
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
+		if client.IgnoreNotFound(err) != nil {
+			return stepResult{}, err
+		}
+		// Gone, possibly deleted by someone else before the replicas came back: the surge must go
+		// too, or the provider replaces the victim and stays above N.
+		note := ""
+		if o := s.mr.Status.ControlPlane.Order; o != caprv1.ControlPlaneOrderReplace && o != caprv1.ControlPlaneOrderDeleteFirst {
+			if note, err = r.replicasBack(ctx, s); err != nil {
+				return stepResult{}, err
+			}
+		}
+		res, err := r.waitForDesiredMachines(ctx, s)
+		res.Message += note
+		return res, err
+	}
+	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; ok {
+		// Fenced (checked above), so the hook must not hold the deletion; it can be back only
+		// through a crash between a re-added hook and the Fence step's record.
+		if err := r.removeFenceHook(ctx, s); err != nil {
+			return stepResult{}, err
+		}
+	}
+	cps := s.mr.Status.ControlPlane
+	if !m.DeletionTimestamp.IsZero() {
+		// Being deleted, possibly by someone else (a rollout, a person): the surge still has to go.
+		note := ""
+		if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
+			var err error
+			if note, err = r.replicasBack(ctx, s); err != nil {
+				return stepResult{}, err
+			}
+		}
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s", m.Name, note), Requeue: waitShort}}, nil
+	}
+	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
+		base := m.DeepCopy()
+		annotations.AddAnnotations(m, map[string]string{clusterv1.DeleteMachineAnnotation: "capr"})
+		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
+			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
+		}
+	}
+	// After a surge of two the provider removes one more Machine when it returns to N: it is to be
+	// the surplus replacement, not the provider's default (the oldest), which may be the Machine of
+	// another request waiting for the lock and would go unfenced.
+	if surplus := surplusReplacement(s); surplus != nil {
+		if err := r.markForDeletion(ctx, []*clusterv1.Machine{surplus}); err != nil {
+			return stepResult{}, err
+		}
+	}
+	// The victim is deleted here, not left to the provider's scale-down: a provider picks the Machine
+	// to scale down from its own caches, where the new replicas can arrive before the annotation above
+	// (two informers), and would then delete a healthy Machine, taking a voting member out of the
+	// failure margin and leaving the victim in place (the fault suite saw it). While the victim is
+	// being deleted neither KCP nor the sandbox's provider scales (KCP's preflight waits for deleting
+	// Machines), and the replicas are back to N before it is gone.
+	if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+		return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
+	}
+	if cps.Order == caprv1.ControlPlaneOrderReplace || cps.Order == caprv1.ControlPlaneOrderDeleteFirst {
+		// Nothing was scaled (Replace: not initialized; DeleteFirst: the provider would not scale
+		// down): the provider creates a new Machine.
+		return stepResult{StepResult: remediation.StepResult{Message: "deleted the Machine; the provider creates a new one", Requeue: waitShort}}, nil
+	}
+	note, err := r.replicasBack(ctx, s)
+	if err != nil {
+		return stepResult{}, err
+	}
+	if note != "" {
+		return stepResult{StepResult: remediation.StepResult{Message: "deleting Machine " + m.Name + note, Requeue: waitShort}}, nil
+	}
+	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
+		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
+}
+
+// replicasBack returns the control plane's replicas to what they were before the surge, when they
+// are still what the surge set. Replicas someone else changed since (a person, GitOps, an
+// autoscaler) are theirs: they are left as they are, and the note returned says so (for the step's
+// message; a Warning event the first time).
+//
+// It runs right after the victim's delete: a provider that sees the victim gone while the replicas
+// still ask for the surge creates a Machine too many (and then scales an old one down). So a write
+// that conflicts (the provider wrote the object meanwhile, e.g. its status) is decided again at once
+// from a live read, not at the step's next pass.
+func (r *Reconciler) replicasBack(ctx context.Context, s *scope) (note string, err error) {
+	cps := s.mr.Status.ControlPlane
+	desired := ptr.Deref(cps.DesiredReplicas, 0)
+	current, _, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
+		return desired, current == desired+surge(s)
+	}, nil)
+	if err != nil || current == desired || current == desired+surge(s) {
+		return "", err
+	}
+	note = fmt.Sprintf("; %s %s replicas are %d, %s (it set %d, from %d), so CAPR leaves them",
+		s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired+surge(s), desired)
+	if rec := findStep(s.mr, caprv1.StepDelete); rec == nil || !strings.Contains(rec.Message, replicasChangedElsewhere) {
+		r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, strings.TrimPrefix(note, "; "))
+	}
+	return note, nil
+}
+
+// replicasChangedElsewhere is how a step's message says that the replicas were changed by someone
+// other than CAPR during the remediation.
+const replicasChangedElsewhere = "changed by someone else during the remediation"
+
+// waitForDesiredMachines finishes the Delete step once the victim is gone and the provider is back
+// at desiredReplicas Machines, none deleting (after a surge of two it also removes a second Machine).
+func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (stepResult, error) {
+	cps := s.mr.Status.ControlPlane
+	desired := ptr.Deref(cps.DesiredReplicas, 0)
+	if current, err := Replicas(s.cp); err == nil && current != desired && current != desired+surge(s) {
+		desired = current // changed by someone else (replicasBack left them): the provider scales to theirs
+	}
+	if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
+		live, deleting := 0, 0
+		for _, m := range s.machines {
+			if m.Name == s.mr.Name {
+				continue
+			}
+			if m.DeletionTimestamp.IsZero() {
+				live++
+			} else {
+				deleting++
+			}
+		}
+		if live > int(desired) && deleting == 0 {
+			if res, ok, err := r.deleteSurplusReplacement(ctx, s); ok {
+				return res, err
+			}
+		}
+		if live != int(desired) || deleting > 0 {
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s deleted; waiting for the %s to scale to %d Machines (%d, %d deleting)%s",
+				s.mr.Name, s.adapter.Name(), desired, live, deleting, s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
+		}
+	}
+	return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("Machine %s deleted; the %s is at %d Machines", s.mr.Name, s.adapter.Name(), desired)}}, nil
+}
+
+// deleteSurplusReplacement deletes, after a surge of two, the newer replacement when the provider
+// refuses to scale down to N itself (KCP while another control-plane Machine is unhealthy, e.g. one
+// that failed after this remediation's point of no return): otherwise the control plane stays above
+// its replicas and the next remediation, which starts only on a quiet control plane, waits forever.
+// With N odd (KCP's stacked etcd), N+1 members with one unhealthy keep the same failure margin
+// when a healthy one goes: (h-1) - (N/2+1) = h - ((N+1)/2+1). KCP's own deletion path (its
+// pre-terminate hook) removes the Machine's etcd member. ok is false when there is nothing to do.
+func (r *Reconciler) deleteSurplusReplacement(ctx context.Context, s *scope) (res stepResult, ok bool, err error) {
+	surplus := surplusReplacement(s)
+	if surplus == nil {
+		return stepResult{}, false, nil
+	}
+	refusal := s.adapter.ScaleDownRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: surplus})
+	if refusal == "" {
+		return stepResult{}, false, nil
+	}
+	if _, marked := surplus.Annotations[clusterv1.DeleteMachineAnnotation]; !marked {
+		// First the provider's own choice is pinned to the surplus (it would otherwise pick the
+		// oldest Machine, and may delete it: KCP does when that one is the unhealthy Machine). Only
+		// if the provider still refuses at a later pass, with nothing deleting, is it deleted here.
+		if err := r.markForDeletion(ctx, []*clusterv1.Machine{surplus}); err != nil {
+			return stepResult{}, true, err
+		}
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s deleted; surplus replacement %s marked %s (%s)",
+			s.mr.Name, surplus.Name, clusterv1.DeleteMachineAnnotation, refusal), Requeue: waitShort}}, true, nil
+	}
+	if err := r.Client.Delete(ctx, surplus); client.IgnoreNotFound(err) != nil {
+		return stepResult{}, true, fmt.Errorf("deleting surplus replacement %s: %w", surplus.Name, err)
+	}
+	msg := fmt.Sprintf("Machine %s deleted; the %s does not scale down (%s), so CAPR deleted the surplus replacement %s itself",
+		s.mr.Name, s.adapter.Name(), refusal, surplus.Name)
+	r.event(s.mr, corev1.EventTypeNormal, EventSurplusReplacementDeleted, msg)
+	return stepResult{StepResult: remediation.StepResult{Message: msg, Requeue: waitShort}}, true, nil
+}
+
+// succeed ends the remediation: the victim is gone and the control plane back to N Machines. Its
+// fence is undone first, once its Node is gone too.
+func (r *Reconciler) succeed(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if done, res, err := r.unfence(ctx, s, true, fmt.Sprintf("Machine %s is gone; ", s.mr.Name)); !done || err != nil {
+		return res, err
+	}
+	if err := r.releaseLock(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	s.mr.Status.Phase = caprv1.MachineRemediationPhaseSucceeded
+	s.mr.Status.CurrentStep = ""
+	s.mr.Status.CompletionTime = ptr.To(metav1.Now())
+	msg := fmt.Sprintf("Machine %s replaced", s.mr.Name)
+	if rep := s.mr.Status.ControlPlane.Replacement; rep != "" {
+		msg += " by " + rep
+	}
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
+	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
+	r.event(s.mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	metrics.RemediationFinished(metrics.KindControlPlane, string(caprv1.MachineRemediationPhaseSucceeded))
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation succeeded", "replacement", s.mr.Status.ControlPlane.Replacement)
+	return ctrl.Result{}, nil
+}

@@ -1,0 +1,258 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
+	"github.com/capr-io/capr/remediation/fencing"
+)
+
+// Default step timeouts (ControlPlaneRemediationSpec.replacementTimeoutSeconds, stepTimeoutSeconds).
+const (
+	DefaultReplacementTimeout = 30 * time.Minute
+	DefaultStepTimeout        = 10 * time.Minute
+)
+
+// reconcileRunning makes sure this remediation still holds the control plane, applies the step
+// timeouts, then works on the current step.
+func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Result, error) {
+	other, err := r.runningRemediation(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if other != "" {
+		// Two requests recorded Running for one cluster (the lock was lost while both started). The
+		// one that has done nothing yet goes back to Pending; one that has acted waits.
+		if len(s.mr.Status.Steps) == 0 {
+			backToPending(s, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+				"the remediation of control-plane Machine %s runs; this one went back to Pending before doing anything", other))
+			return ctrl.Result{RequeueAfter: waitLong}, nil
+		}
+		remediation.SetWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+			"the control plane is held by %s although this remediation is running; waiting for it", other))
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
+	if l := lockOf(s.cp); l == nil || l.MachineRemediation != s.mr.Name {
+		if l != nil {
+			active, err := r.lockHolderActive(ctx, s.mr.Namespace, l)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			if active {
+				// A Pending request is between taking the lock and finding that this one runs; it
+				// gives the lock back in the same reconcile.
+				remediation.SetWaiting(s.mr, caprv1.MachineRemediationAnotherRemediationInProgressReason, fmt.Sprintf(
+					"the control-plane lock is briefly held by %s; waiting for it to give it back", l.MachineRemediation))
+				return ctrl.Result{RequeueAfter: waitShort}, nil
+			}
+		}
+		// Lost (a hand edit, a GitOps replace), stale, or a crash between releasing and recording:
+		// the durable state says this remediation runs, so it takes the lock back.
+		if err := r.takeLock(ctx, s, ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if res, done, err := r.checkStepTimeout(ctx, s); done || err != nil {
+		return res, err
+	}
+	if yielded, err := r.yieldToMoreBroken(ctx, s); yielded || err != nil {
+		return ctrl.Result{RequeueAfter: waitLong}, err
+	}
+	if err := r.ensureFenceHook(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if _, _, err := r.fenceDeletingVictim(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	return r.runSteps(ctx, s)
+}
+
+// yieldToMoreBroken gives the control plane to a waiting remediation whose victim's etcd member is
+// down while this one's is healthy (YieldTo), as long as this one can still be undone: replicas back,
+// lock released, Pending again. Without it the running remediation would wait for its timeout at the
+// quorum check and the broken member would wait behind it.
+func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, error) {
+	if s.machineGone {
+		return false, nil
+	}
+	list := &caprv1.MachineRemediationList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
+		return false, fmt.Errorf("listing MachineRemediations: %w", err)
+	}
+	othersWait := false
+	for _, other := range list.Items {
+		if other.Name != s.mr.Name && (other.Status.Phase == "" || other.Status.Phase == caprv1.MachineRemediationPhasePending) {
+			othersWait = true
+		}
+	}
+	if !othersWait || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || r.pastPointOfNoReturn(ctx, s) {
+		// With external etcd no victim is more broken than another: first come, first served. A
+		// remediation that fenced its victim, or whose victim someone else deletes, finishes: the
+		// victim is about to go.
+		return false, nil
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return false, nil //nolint:nilerr // without etcd state nobody can be judged more broken: the steps say why they wait
+	}
+	waiting, err := r.waitingCandidates(ctx, s, state)
+	if err != nil {
+		return false, err
+	}
+	other := YieldTo(candidate(s.mr, s.machine, state), waiting)
+	if other == "" {
+		return false, nil
+	}
+	undone, err := r.undo(ctx, s)
+	if err != nil {
+		return false, err
+	}
+	msg := fmt.Sprintf("the etcd member of control-plane Machine %s is %s and this one's is healthy: removing a healthy member now would not be quorum-safe, so this remediation gave way before its point of no return (%s) and waits for that one",
+		other, victimMember(state, machineNode(s.machines, other)), undone)
+	backToPending(s, caprv1.MachineRemediationAnotherRemediationInProgressReason, msg)
+	r.event(s.mr, corev1.EventTypeNormal, EventRemediationYielded, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way to a more broken Machine", "other", other, "undone", undone)
+	return true, nil
+}
+
+// notQuorumSafeUndoAfter is how long a step waits for a quorum-safe membership change before the remediation
+// gives way: long enough that a member's brief unhealthiness does not undo a surge, short enough that
+// the control plane is not held for the step timeout by a remediation that cannot go on.
+const notQuorumSafeUndoAfter = 30 * time.Second
+
+// mayUndoNotQuorumSafe reports whether a remediation whose step asks to give way (stepResult.notQuorumSafe) does so
+// now: the step has been waiting for the same reason for notQuorumSafeUndoAfter (the Progressing condition's
+// reason and last transition, so a restart does not reset it), nothing irreversible was done, and no
+// member joined etcd since the start (membersJoined). Undoing after a replacement joined would remove
+// a healthy member, which is no safer than the step the remediation waits to take: it keeps waiting.
+// With external etcd no step waits on quorum.
+func (r *Reconciler) mayUndoNotQuorumSafe(ctx context.Context, s *scope, reason string) bool {
+	c := conditions.Get(s.mr, caprv1.MachineRemediationProgressingCondition)
+	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
+		now().Sub(c.LastTransitionTime.Time) < notQuorumSafeUndoAfter || r.pastPointOfNoReturn(ctx, s) {
+		return false
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	return err == nil && !membersJoined(s, state)
+}
+
+// undoNotQuorumSafe undoes a remediation whose next membership change cannot be made quorum-safe (another
+// member went down after the start) and returns it to Pending, where the order is chosen again on the
+// etcd state of now. Holding the control plane would only wait for the step timeout: the lock would
+// keep every other remediation of the cluster out, and a surge (a replacement that cannot join)
+// would stay. Before its point of no return and before any member joined, everything can be undone.
+func (r *Reconciler) undoNotQuorumSafe(ctx context.Context, s *scope, step caprv1.StepName, why string) (ctrl.Result, error) {
+	undone, err := r.undo(ctx, s)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	msg := fmt.Sprintf("step %s: %s for %s; nothing irreversible was done, so this remediation gave way (%s) and chooses its order again",
+		step, why, notQuorumSafeUndoAfter, undone)
+	backToPending(s, caprv1.MachineRemediationNotQuorumSafeReason, msg)
+	r.event(s.mr, corev1.EventTypeWarning, EventRemediationYielded, msg)
+	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way: its membership change cannot be made quorum-safe", "step", step, "undone", undone)
+	return ctrl.Result{RequeueAfter: waitLong}, nil
+}
+
+// machineNode returns the Node name of the named Machine among machines ("" if unknown).
+func machineNode(machines []*clusterv1.Machine, name string) string {
+	for _, m := range machines {
+		if m.Name == name {
+			return m.Status.NodeRef.Name
+		}
+	}
+	return ""
+}
+
+// runningRemediation returns another Running request of the same cluster, read live: the durable
+// state that says who holds the control plane, whatever happened to the lock annotation.
+func (r *Reconciler) runningRemediation(ctx context.Context, s *scope) (string, error) {
+	list := &caprv1.MachineRemediationList{}
+	if err := r.APIReader.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
+		return "", fmt.Errorf("listing MachineRemediations: %w", err)
+	}
+	for _, other := range list.Items {
+		if other.Name == s.mr.Name || other.Status.Phase != caprv1.MachineRemediationPhaseRunning || other.Status.ControlPlane == nil {
+			continue
+		}
+		if other.Status.ControlPlane.ClusterName == s.cluster.Name {
+			return other.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// stepTimeout is how long a step may take (0: no timeout of its own).
+func stepTimeout(mr *caprv1.MachineRemediation, step caprv1.StepName) time.Duration {
+	spec := mr.Spec.ControlPlane
+	if spec == nil {
+		spec = &caprv1.ControlPlaneRemediationSpec{}
+	}
+	switch step {
+	case caprv1.StepScaleUp, caprv1.StepWaitForReplacement:
+		if spec.ReplacementTimeoutSeconds != nil {
+			return time.Duration(*spec.ReplacementTimeoutSeconds) * time.Second
+		}
+		return DefaultReplacementTimeout
+	case caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepDelete:
+		if spec.StepTimeoutSeconds != nil {
+			return time.Duration(*spec.StepTimeoutSeconds) * time.Second
+		}
+		return DefaultStepTimeout
+	default:
+		// Fence has the fencing policy's own timeout (spec.fencing.timeoutSeconds).
+		return 0
+	}
+}
+
+// checkStepTimeout fails (and undoes) a remediation whose current step ran out of time before the
+// point of no return; after it, the remediation keeps trying and says so.
+func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Result, bool, error) {
+	step := currentStep(s.mr)
+	rec := findStep(s.mr, step)
+	limit := stepTimeout(s.mr, step)
+	if rec == nil || rec.StartTime == nil || limit == 0 {
+		return ctrl.Result{}, false, nil
+	}
+	deadline := rec.StartTime.Add(limit)
+	if now().Before(deadline) {
+		return ctrl.Result{}, false, nil
+	}
+	if r.pastPointOfNoReturn(ctx, s) {
+		msg := fmt.Sprintf("step %s did not finish within %s; %s, so the remediation cannot be undone: it keeps trying, holding the control plane at %s (desired %d). Last: %s",
+			step, limit, whyIrreversible(s), replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
+		if !isWaitingFor(s.mr, caprv1.MachineRemediationStepTimedOutReason) {
+			r.event(s.mr, corev1.EventTypeWarning, EventStepTimedOut, msg)
+		}
+		res, err := r.runSteps(ctx, s)
+		if !currentStepDone(s.mr, step) {
+			remediation.SetWaiting(s.mr, caprv1.MachineRemediationStepTimedOutReason, msg)
+		}
+		return res, true, err
+	}
+	res, err := r.fail(ctx, s, caprv1.MachineRemediationStepTimedOutReason, fmt.Sprintf(
+		"step %s did not finish within %s (last: %s)", step, limit, rec.Message))
+	return res, true, err
+}
+
+func currentStepDone(mr *caprv1.MachineRemediation, step caprv1.StepName) bool {
+	return StepFinished(findStep(mr, step))
+}
+
+func replicasString(s *scope) string {
+	if n, err := Replicas(s.cp); err == nil {
+		return fmt.Sprintf("%d replicas", n)
+	}
+	return "unknown replicas"
+}
