@@ -191,7 +191,7 @@ const (
 	ControlPlaneOrderDeleteFirst ControlPlaneOrder = "DeleteFirst"
 )
 
-// EtcdPlacement is where a control plane's etcd runs (etcdutil.PlacementOf reads it from the
+// EtcdPlacement is where a control plane's etcd runs (remediation.EtcdPlacementOf reads it from the
 // control-plane object).
 // +kubebuilder:validation:Enum=Stacked;External
 type EtcdPlacement string

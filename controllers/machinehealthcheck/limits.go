@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/etcdutil/quorum"
+	"github.com/capr-io/capr/remediation"
 )
 
 // This file holds the "max unhealthy" decisions: triggerIf (as CAPI) and the quorum-safe limit for
@@ -211,7 +211,7 @@ func controlPlaneLimit(cp *unstructured.Unstructured, cpErr error, userLimit, no
 			replicas = int64(rec.DesiredReplicas)
 		}
 	}
-	return controlPlaneDecision(userLimit, int(replicas), notHealthy, etcdutil.PlacementOf(cp))
+	return controlPlaneDecision(userLimit, int(replicas), notHealthy, remediation.EtcdPlacementOf(cp))
 }
 
 // surgeStarting is how many of the starting control-plane Machines (no Node yet) are the surge of

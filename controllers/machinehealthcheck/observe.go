@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 )
 
 // unreachableRequeue is how often an unreachable workload cluster is looked at again, on top of the
@@ -87,7 +87,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, mh
 		if hasControlPlaneTarget(targets) {
 			o.cp, o.cpErr = r.controlPlaneObject(ctx, cluster)
 		}
-		o.etcd = r.observeEtcd(ctx, cluster, cfg, facts, targets, etcdutil.PlacementOf(o.cp), now)
+		o.etcd = r.observeEtcd(ctx, cluster, cfg, facts, targets, remediation.EtcdPlacementOf(o.cp), now)
 		o.rd, o.excluded = evaluateAll(targets, cfg, facts, now), excluded
 		ec.reset(o.rd, valid, now)
 		metrics.HealthCheckEvaluated(mhc.Namespace, mhc.Name, metrics.PassFull, len(targets))

@@ -9,7 +9,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 )
 
 // externalKCP returns kcpObject with etcd.external set, as a user writes it.
@@ -62,16 +62,16 @@ func TestStepsWithExternalEtcdReadNoEtcd(t *testing.T) {
 
 func TestPlacementOf(t *testing.T) {
 	g := NewWithT(t)
-	g.Expect(etcdutil.PlacementOf(kcpObject())).To(Equal(caprv1.EtcdPlacementStacked))
-	g.Expect(etcdutil.PlacementOf(externalKCP(t))).To(Equal(caprv1.EtcdPlacementExternal))
+	g.Expect(remediation.EtcdPlacementOf(kcpObject())).To(Equal(caprv1.EtcdPlacementStacked))
+	g.Expect(remediation.EtcdPlacementOf(externalKCP(t))).To(Equal(caprv1.EtcdPlacementExternal))
 	local := kcpObject()
 	g.Expect(unstructured.SetNestedMap(local.Object, map[string]interface{}{"dataDir": "/var/lib/etcd"},
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "local")).To(Succeed())
-	g.Expect(etcdutil.PlacementOf(local)).To(Equal(caprv1.EtcdPlacementStacked))
+	g.Expect(remediation.EtcdPlacementOf(local)).To(Equal(caprv1.EtcdPlacementStacked))
 	other := externalKCP(t)
 	other.SetKind("SandboxControlPlane")
-	g.Expect(etcdutil.PlacementOf(other)).To(Equal(caprv1.EtcdPlacementStacked), "only KCP's spec is understood; any other provider is Stacked")
-	g.Expect(etcdutil.PlacementOf(nil)).To(Equal(caprv1.EtcdPlacementStacked))
+	g.Expect(remediation.EtcdPlacementOf(other)).To(Equal(caprv1.EtcdPlacementStacked), "only KCP's spec is understood; any other provider is Stacked")
+	g.Expect(remediation.EtcdPlacementOf(nil)).To(Equal(caprv1.EtcdPlacementStacked))
 }
 
 func TestStepsWithExternalEtcdHaveNoMembershipSteps(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 )
 
 // KCP knows KubeadmControlPlane's preflight rules (sigs.k8s.io/cluster-api
@@ -309,7 +310,7 @@ func kcpEtcdProjection(view ProviderView, removed string) string {
 }
 
 func kcpEtcdManaged(cp *unstructured.Unstructured) bool {
-	return etcdutil.PlacementOf(cp) == caprv1.EtcdPlacementStacked
+	return remediation.EtcdPlacementOf(cp) == caprv1.EtcdPlacementStacked
 }
 
 // ServesAPI implements Adapter with the conditions KCP sets from the static pods of a control-plane

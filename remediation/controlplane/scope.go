@@ -20,6 +20,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 )
 
 // scope is what one reconcile of a control-plane remediation works with. Everything in it is read
@@ -85,12 +86,12 @@ func (s *scope) victimNode() string {
 }
 
 // etcdPlacement is where the cluster's etcd runs: as recorded when the remediation chose its order,
-// otherwise as the control-plane object says now (etcdutil.PlacementOf).
+// otherwise as the control-plane object says now (remediation.EtcdPlacementOf).
 func (s *scope) etcdPlacement() caprv1.EtcdPlacement {
 	if cps := s.mr.Status.ControlPlane; cps != nil && cps.Etcd != "" {
 		return cps.Etcd
 	}
-	return etcdutil.PlacementOf(s.cp)
+	return remediation.EtcdPlacementOf(s.cp)
 }
 
 // externalEtcd is true when etcd runs outside the control-plane Machines: nothing reads etcd then.
