@@ -63,11 +63,13 @@ demo: apiserver-assets $(if $(filter kubeadm,$(PROVIDER))$(filter worker-statefu
 # The randomized fault suite: `make chaos RUNS=n SEED=s` runs n scenarios with seeds s, s+1, ...
 # (default seed: the clock); PARALLEL=p runs p at a time; PROVIDER=kubeadm runs them on the full stack
 # (CAPI's core, KCP, kubeadm bootstrap, webhooks, kube-controller-manager). `make test` runs
-# TEST_CHAOS_RUNS of them on the lightweight providers from a fixed seed.
+# TEST_CHAOS_RUNS of them on the lightweight providers from a fixed seed, beside the heavy test
+# packages: 9 runs (three waves of three, about 3 minutes) keep make test within its 30 minutes on
+# 2 cores (issue 31); `make chaos` keeps 20 (`make chaos SEED=1`: seeds 1-20, what make test ran before).
 RUNS ?= 20
 SEED ?=
 PARALLEL ?= 1
-TEST_CHAOS_RUNS ?= 20
+TEST_CHAOS_RUNS ?= 9
 TEST_CHAOS_SEED ?= 1
 # Three scenarios at a time (each in its own namespace with its own manager): the campaigns ran at
 # 4 and 5 on 2 cores.
@@ -76,11 +78,12 @@ TEST_CHAOS_PARALLEL ?= 3
 CHAOS_TESTS ?= ^TestChaos$$
 
 # Every package's tests run in two lanes side by side (hack/test-levels.sh): the heavy packages that
-# start workload clusters or the full stack one at a time, everything else beside them.
+# start workload clusters or the full stack one at a time, everything else beside them, then the
+# fault suite in the same lane as everything else.
 .PHONY: test
-test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd), then the fault suite.
-	hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
-	$(MAKE) --no-print-directory chaos RUNS=$(TEST_CHAOS_RUNS) SEED=$(TEST_CHAOS_SEED) PARALLEL=$(TEST_CHAOS_PARALLEL) CHAOS_TESTS='^TestChaos(KnownSeeds)?$$$$'
+test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd) and the fault suite.
+	TEST_CHAOS_RUNS=$(TEST_CHAOS_RUNS) TEST_CHAOS_SEED=$(TEST_CHAOS_SEED) TEST_CHAOS_PARALLEL=$(TEST_CHAOS_PARALLEL) \
+		hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: chaos
 chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
@@ -105,6 +108,10 @@ fuzz: ## Run every Go fuzz target (func FuzzXxx outside test/) for FUZZTIME each
 .PHONY: test-kcp
 test-kcp: envtest-assets ## Every control-plane scenario on the full stack (CAPI core, CABPK, KCP, webhooks, kube-controller-manager); make test runs a subset.
 	go test ./test/kubeadm/... -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
+
+.PHONY: test-scenarios
+test-scenarios: envtest-assets storage-assets ## Every control-plane scenario on the sandbox (test/scenarios); make test leaves out the few that hack/test-levels.sh names.
+	go test ./test/scenarios -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
 
 .PHONY: e2e
 e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; docs/developer/testing.md); make test runs it on the sandbox.

@@ -80,7 +80,8 @@ func expectKCPAtRest(g Gomega, wc *sandbox.WorkloadCluster) {
 
 // TestCAPIMachineHealthCheckDrivesCAPR: a control-plane Node stops reporting; CAPI's
 // MachineHealthCheck creates the MachineRemediation from CAPR's template and CAPR replaces the
-// Machine on KCP (surge by two), quorum never lost.
+// Machine on KCP (surge by two), quorum never lost. `make test-kcp` runs it; `make test` leaves it out
+// (hack/test-levels.sh; the claims resting on it: docs/developer/testing.md#ci).
 func TestCAPIMachineHealthCheckDrivesCAPR(t *testing.T) {
 	g := NewWithT(t)
 	wc, machines := capiHealthCheckCluster(t, "capi-mhc")

@@ -62,7 +62,8 @@ func TestKCPExternalEtcdSurgesByOne(t *testing.T) {
 // every other control-plane Machine is healthy, so a surge would never be undone while the second
 // victim is broken (the deadlock of a surge with KCP). CAPR removes the first victim's member,
 // deletes it without a surge (DeleteFirst) and KCP replaces it under its relaxed preflight; then
-// the second, the same way or with a surge once nothing else is unhealthy.
+// the second, the same way or with a surge once nothing else is unhealthy. `make test-kcp` runs it;
+// `make test` leaves it out (hack/test-levels.sh; the claims resting on it: docs/developer/testing.md#ci).
 func TestKCPTwoOfFiveDeadNeverDeadlocks(t *testing.T) {
 	var victims []string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-2of5", kubeadm.Scenario{ControlPlane: 5,

@@ -151,6 +151,8 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 // TestLostLockNeverAllowsTwoRunning: the lock annotation is stripped again and again (a GitOps tool
 // replacing the object) while two Machines of five need remediation. Who holds the control plane is
 // derived from the Running requests, so the two are never Running at once, and both complete.
+// `make test-scenarios` runs it; `make test` leaves it out (hack/test-levels.sh; the claims resting on
+// it: docs/developer/testing.md#ci).
 func TestLostLockNeverAllowsTwoRunning(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t, withControlPlane(5))

@@ -9,9 +9,8 @@ import (
 )
 
 // More control-plane scenarios on the full stack (CAPI's core, kubeadm bootstrap and KCP controllers
-// and webhooks, kube-controller-manager, real etcd): `make test-kcp`. `make test` runs the package
-// above (the stack coming up, a surge by two, two unhealthy of five, CAPI's MachineHealthCheck
-// driving CAPR through its template).
+// and webhooks, kube-controller-manager, real etcd): `make test-kcp`, which also runs the tests of
+// the package above that `make test` leaves out (hack/test-levels.sh, docs/developer/testing.md#ci).
 
 var (
 	sb  *sandbox.Sandbox
