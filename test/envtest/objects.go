@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/test/builder"
 )
 
 // CreateNamespace creates a namespace with a generated name.
@@ -77,22 +78,9 @@ func CreateKubeconfigSecret(ctx context.Context, c client.Client, cfg *rest.Conf
 	return nil
 }
 
-// NewMachine returns a Machine of cluster with the CAPI contract's required fields.
+// NewMachine returns a Machine of cluster with the CAPI contract's required fields (builder.Machine).
 func NewMachine(namespace, cluster, name string, opts ...MachineOption) *clusterv1.Machine {
-	m := &clusterv1.Machine{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: namespace,
-			Name:      name,
-			Labels:    map[string]string{clusterv1.ClusterNameLabel: cluster},
-		},
-		Spec: clusterv1.MachineSpec{
-			ClusterName: cluster,
-			Bootstrap:   clusterv1.Bootstrap{DataSecretName: ptr.To(name + "-bootstrap")},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "SandboxMachine", Name: name,
-			},
-		},
-	}
+	m := builder.Machine(namespace, cluster, name).Build()
 	for _, o := range opts {
 		o(m)
 	}
@@ -119,13 +107,7 @@ func SetMachineNode(ctx context.Context, c client.Client, m *clusterv1.Machine, 
 
 // NewNode returns a Node with a Ready condition of the given status, last changed at since.
 func NewNode(name string, ready corev1.ConditionStatus, since time.Time) *corev1.Node {
-	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
-			Type: corev1.NodeReady, Status: ready, Reason: "Sandbox",
-			LastTransitionTime: metav1.NewTime(since), LastHeartbeatTime: metav1.NewTime(since),
-		}}},
-	}
+	return builder.Node(name).Ready(ready, since).Build()
 }
 
 // CreateNode creates a Node and sets its status (status is ignored on create).
@@ -180,18 +162,5 @@ func SetNodeCondition(ctx context.Context, c client.Client, name string, conditi
 // pool=<pool>: a target is unhealthy once its Node's Ready is False or Unknown for timeoutSeconds;
 // no node startup timeout.
 func NewHealthCheck(namespace, cluster, pool string, timeoutSeconds int32) *caprv1.MachineHealthCheck {
-	return &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: cluster,
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": caprv1.LabelValue(pool)}},
-			Checks: caprv1.MachineHealthCheckChecks{
-				NodeStartupTimeoutSeconds: ptr.To[int32](0),
-				UnhealthyNodeConditions: []caprv1.UnhealthyNodeCondition{
-					{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To(timeoutSeconds)},
-					{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To(timeoutSeconds)},
-				},
-			},
-		},
-	}
+	return builder.HealthCheck(namespace, "hc", cluster).Pool(pool).NodeNotReadyFor(timeoutSeconds).Build()
 }

@@ -31,7 +31,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(capienv.RunTests(m, capienv.Options{}, func(e *capienv.Environment) { testEnv = e }))
+	os.Exit(capienv.Run(m, capienv.Options{}, func(s *capienv.Suite) error {
+		testEnv = s.Environment
+		return nil
+	}))
 }
 
 // recordingClient records every call a reconciler makes and passes it on to the API server.

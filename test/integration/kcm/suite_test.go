@@ -27,33 +27,24 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	var err error
-	testEnv, err = capienv.Start(capienv.Options{})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
-		return 1
-	}
-	defer func() { _ = testEnv.Stop() }()
-	k8sClient = testEnv.Client
-
-	start := time.Now()
-	kcm, err = testEnv.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
-		NodeMonitorGracePeriod: gracePeriod,
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start kube-controller-manager: %v\n", err)
-		return 1
-	}
-	defer kcm.Stop()
-	fmt.Fprintf(os.Stderr, "kube-controller-manager running in %s (log: %s)\n", time.Since(start).Round(time.Millisecond), kcm.LogFile)
-
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "last lines of %s:\n%s\n", kcm.LogFile, kcm.LogTail(60))
-	}
-	return code
+	os.Exit(capienv.Run(m, capienv.Options{}, func(s *capienv.Suite) error {
+		testEnv = s.Environment
+		k8sClient = testEnv.Client
+		start := time.Now()
+		var err error
+		kcm, err = testEnv.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
+			NodeMonitorGracePeriod: gracePeriod,
+		})
+		if err != nil {
+			return fmt.Errorf("cannot start kube-controller-manager: %w", err)
+		}
+		s.Cleanup(func() {
+			if s.Failed() {
+				fmt.Fprintf(os.Stderr, "last lines of %s:\n%s\n", kcm.LogFile, kcm.LogTail(60))
+			}
+			kcm.Stop()
+		})
+		fmt.Fprintf(os.Stderr, "kube-controller-manager running in %s (log: %s)\n", time.Since(start).Round(time.Millisecond), kcm.LogFile)
+		return nil
+	}))
 }

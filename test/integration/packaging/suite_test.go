@@ -40,19 +40,20 @@ var componentVariables = []string{
 }
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
 	// clusterctl reads its configuration directory from XDG_CONFIG_HOME (and creates it) and every
 	// variable from the environment: point it at a temporary directory, and leave the components'
 	// variables unset so that their defaults are what gets installed.
 	xdgHome, err := os.MkdirTemp("", "capr-packaging-xdg-")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
-		return 1
+		os.Exit(1)
 	}
-	defer func() { _ = os.RemoveAll(xdgHome) }()
+	code := run(m, xdgHome)
+	_ = os.RemoveAll(xdgHome)
+	os.Exit(code)
+}
+
+func run(m *testing.M, xdgHome string) int {
 	if err := os.Setenv("XDG_CONFIG_HOME", xdgHome); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		return 1
@@ -61,27 +62,23 @@ func run(m *testing.M) int {
 	for _, v := range componentVariables {
 		_ = os.Unsetenv(v)
 	}
-
+	var err error
 	if root, err = capienv.ModuleRoot(); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		return 1
 	}
 	// CAPI's CRDs only: CAPR's CRDs and RBAC come from the components clusterctl installs.
-	testEnv, err = capienv.Start(capienv.Options{WithoutCAPR: true})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
-		return 1
-	}
-	defer func() { _ = testEnv.Stop() }()
-	// The ClusterRole aggregation controller fills the aggregated roles CAPR ships and uses.
-	kcm, err := testEnv.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
-		Controllers: []string{capienv.ClusterRoleAggregationController},
+	return capienv.Run(m, capienv.Options{WithoutCAPR: true}, func(s *capienv.Suite) error {
+		testEnv = s.Environment
+		// The ClusterRole aggregation controller fills the aggregated roles CAPR ships and uses.
+		kcm, err := testEnv.StartKubeControllerManager(ctx, capienv.KubeControllerManagerOptions{
+			Controllers: []string{capienv.ClusterRoleAggregationController},
+		})
+		if err != nil {
+			return fmt.Errorf("cannot start kube-controller-manager: %w", err)
+		}
+		s.Cleanup(kcm.Stop)
+		s.Cleanup(cleanupInstallation)
+		return nil
 	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start kube-controller-manager: %v\n", err)
-		return 1
-	}
-	defer kcm.Stop()
-	defer cleanupInstallation()
-	return m.Run()
 }
