@@ -89,14 +89,16 @@ test: envtest-assets storage-assets lint verify-generate ## Lint, check generate
 chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
 	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
 
-# Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) live under test/:
-# test/scenarios (sandbox control-plane scenarios) and test/integration/<area> (envtest). Every other
-# package's tests are pure and make up `make unit`.
+# Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) are either a package's
+# envtest suite, next to its code in *_envtest_test.go files behind the build tag envtest (which
+# `make test` and `make lint` pass), or live under test/ (sandbox, scenarios, full stack, chaos,
+# storage, e2e, bench, test/integration). Without the tag every package outside test/ is pure: that
+# is `make unit`.
 UNIT_PACKAGES = $$(go list ./... | grep -v '/test/')
 UNIT_TIMEOUT ?= 5m
 
 .PHONY: unit
-unit: ## Run the tests that need no binaries (every package not under test/): no kube-apiserver, no etcd, bin/ not used.
+unit: ## Run the tests that need no binaries (every package not under test/, without the envtest tag): no kube-apiserver, no etcd, bin/ not used.
 	go test $(UNIT_PACKAGES) -count=1 -timeout $(UNIT_TIMEOUT) $(GO_TEST_FLAGS)
 
 FUZZTIME ?= 30s
@@ -160,7 +162,7 @@ verify-generate: generate ## Fail if generated files are not up to date.
 lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint (pinned).
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
-	go vet ./...
+	go vet -tags envtest ./...
 	GOLANGCI_LINT_CACHE=$(CURDIR)/.cache/golangci-lint $(GOLANGCI_LINT) run ./...
 
 .PHONY: build

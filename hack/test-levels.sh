@@ -7,7 +7,8 @@
 #          processes, kubelet stand-ins) or the full stack (CAPI's core, KCP, kube-controller-manager):
 #          test/kubeadm, then test/scenarios. Side by side they loaded this 2-core machine until
 #          healthy etcd members could not be dialled within the sandbox's timeouts (issue 35).
-#   light: everything else, one package at a time: pure unit tests and envtest suites, then the
+#   light: everything else, one package at a time: pure unit tests and envtest suites (test/integration
+#          and each package's own, behind the build tag envtest, which both lanes pass), then the
 #          packages that start one sandbox with a cluster or two (test/e2e, test/binary,
 #          test/sandbox, test/storage), then the fault suite (`make chaos` with TEST_CHAOS_RUNS runs
 #          from TEST_CHAOS_SEED, TEST_CHAOS_PARALLEL at a time, and the known seeds). Before the
@@ -57,7 +58,9 @@ step() { # lane, step name, command...
 	return "$rc"
 }
 
-gotest() { go test "$@" -p 1 -count=1 -timeout "$timeout" "${go_flags[@]}"; }
+# -tags envtest: the packages' own envtest suites (*_envtest_test.go, behind the tag so that
+# `make unit` starts no API server) run here too.
+gotest() { go test -tags envtest "$@" -p 1 -count=1 -timeout "$timeout" "${go_flags[@]}"; }
 
 heavy_lane() {
 	local skip

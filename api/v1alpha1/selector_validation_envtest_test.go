@@ -1,4 +1,6 @@
-package api_test
+//go:build envtest
+
+package v1alpha1_test
 
 import (
 	"fmt"

@@ -1,9 +1,9 @@
-package api_test
+//go:build envtest
+
+package v1alpha1_test
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -15,28 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // These tests apply bad specs to a real kube-apiserver with CAPR's CRDs installed and check that each
 // is refused at admission with a message that names the field.
-
-var (
-	testEnv *capienv.Environment
-	ctx     = context.Background()
-)
-
-func TestMain(m *testing.M) {
-	var err error
-	testEnv, err = capienv.Start(capienv.Options{})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = testEnv.Stop()
-	os.Exit(code)
-}
 
 func validHealthCheck(name string) *caprv1.MachineHealthCheck {
 	return &caprv1.MachineHealthCheck{
