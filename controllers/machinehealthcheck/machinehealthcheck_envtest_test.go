@@ -1,3 +1,5 @@
+//go:build envtest
+
 package machinehealthcheck_test
 
 import (
@@ -28,6 +30,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/test/builder"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -127,6 +130,9 @@ func nodeReady(ready corev1.ConditionStatus, since time.Time) machineOption {
 }
 
 // withAnnotations creates the Machine with these annotations.
+// pool labels a Machine into the pool the fixture's health checks select.
+var pool = map[string]string{"pool": "a"}
+
 func withAnnotations(a map[string]string) machineOption {
 	return func(s *machineSpec) { s.annotations = a }
 }
@@ -138,14 +144,11 @@ func (f *fixture) machine(g *WithT, name string, options ...machineOption) *clus
 	for _, o := range options {
 		o(&spec)
 	}
-	m := capienv.NewMachine(f.ns, f.cluster.Name, name)
+	b := builder.Machine(f.ns, f.cluster.Name, name).WithLabels(pool).WithAnnotations(spec.annotations)
 	if spec.controlPlane {
-		capienv.AsControlPlane(m)
+		b.ControlPlane()
 	}
-	m.Labels["pool"] = "a"
-	if len(spec.annotations) > 0 {
-		m.Annotations = spec.annotations
-	}
+	m := b.Build()
 	g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
 	nodeName := f.ns + "-" + name
 	g.Expect(capienv.CreateNode(ctx, k8sClient, capienv.NewNode(nodeName, spec.ready, spec.since))).To(Succeed())
@@ -477,11 +480,9 @@ func TestNodeStartupTimeoutAndMissingNode(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
-	noNode := capienv.NewMachine(f.ns, f.cluster.Name, "no-node")
-	noNode.Labels["pool"] = "a"
+	noNode := builder.Machine(f.ns, f.cluster.Name, "no-node").WithLabels(pool).Build()
 	g.Expect(k8sClient.Create(ctx, noNode)).To(Succeed())
-	gone := capienv.NewMachine(f.ns, f.cluster.Name, "gone")
-	gone.Labels["pool"] = "a"
+	gone := builder.Machine(f.ns, f.cluster.Name, "gone").WithLabels(pool).Build()
 	g.Expect(k8sClient.Create(ctx, gone)).To(Succeed())
 	g.Expect(capienv.SetMachineNode(ctx, k8sClient, gone, f.ns+"-never-created")).To(Succeed())
 	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
@@ -566,13 +567,11 @@ func TestSkipRemediationAndPausedMachinesAreNotTargets(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	long := time.Now().Add(-time.Hour)
-	skipped := capienv.NewMachine(f.ns, f.cluster.Name, "skipped")
-	skipped.Labels["pool"] = "a"
-	skipped.Annotations = map[string]string{clusterv1.MachineSkipRemediationAnnotation: ""}
+	skipped := builder.Machine(f.ns, f.cluster.Name, "skipped").WithLabels(pool).
+		WithAnnotations(map[string]string{clusterv1.MachineSkipRemediationAnnotation: ""}).Build()
 	g.Expect(k8sClient.Create(ctx, skipped)).To(Succeed())
-	paused := capienv.NewMachine(f.ns, f.cluster.Name, "paused")
-	paused.Labels["pool"] = "a"
-	paused.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	paused := builder.Machine(f.ns, f.cluster.Name, "paused").WithLabels(pool).
+		WithAnnotations(map[string]string{clusterv1.PausedAnnotation: ""}).Build()
 	g.Expect(k8sClient.Create(ctx, paused)).To(Succeed())
 	f.machine(g, "normal", nodeReady(corev1.ConditionTrue, long))
 	f.healthCheck(g, nil)
@@ -631,19 +630,12 @@ func TestUnreachableWorkloadClusterMarksNothing(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	ns := unreachableCluster(g)
-	m := capienv.NewMachine(ns, "far", "m")
-	m.Labels["pool"] = "a"
 	// Even a remediate-machine request waits: nothing is marked while the cluster cannot be seen.
-	m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
+	m := builder.Machine(ns, "far", "m").WithLabels(pool).
+		WithAnnotations(map[string]string{clusterv1.RemediateMachineAnnotation: ""}).Build()
 	g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
 	g.Expect(capienv.SetMachineNode(ctx, k8sClient, m, "far-node")).To(Succeed())
-	mhc := &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: "far",
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": "a"}},
-		},
-	}
+	mhc := builder.HealthCheck(ns, "hc", "far").Pool("a").Build()
 	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		cond := conditions.Get(getHealthCheck(g, ns), caprv1.MachineHealthCheckWorkloadClusterReachableCondition)
@@ -938,19 +930,12 @@ func TestUnreachableWarningOncePerTransition(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	ns := unreachableCluster(g)
-	g.Expect(k8sClient.Create(ctx, &caprv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hc"},
-		Spec: caprv1.MachineHealthCheckSpec{
-			ClusterName: "far",
-			Selector:    caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"pool": "a"}},
-		},
-	})).To(Succeed())
+	g.Expect(k8sClient.Create(ctx, builder.HealthCheck(ns, "hc", "far").Pool("a").Build())).To(Succeed())
 	// A burst of Machine events while the health check is being reconciled, as on a manager's start:
 	// reconciles follow each other faster than the health check's own status patch reaches the cache.
 	machines := make([]*clusterv1.Machine, 0, 5)
 	for i := range 5 {
-		m := capienv.NewMachine(ns, "far", fmt.Sprintf("m-%d", i))
-		m.Labels["pool"] = "a"
+		m := builder.Machine(ns, "far", fmt.Sprintf("m-%d", i)).WithLabels(pool).Build()
 		g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
 		machines = append(machines, m)
 	}
