@@ -68,12 +68,6 @@ func (b *MachineBuilder) WithAnnotations(annotations map[string]string) *Machine
 	return b
 }
 
-// WithOwner adds an owner reference (controller unset), e.g. the MachineSet that replaces the Machine.
-func (b *MachineBuilder) WithOwner(apiVersion, kind, name string, uid types.UID) *MachineBuilder {
-	b.m.OwnerReferences = append(b.m.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: uid})
-	return b
-}
-
 // Build returns a copy of the Machine.
 func (b *MachineBuilder) Build() *clusterv1.Machine { return b.m.DeepCopy() }
 

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package worker_test
 
 import (
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/test/builder"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -52,7 +55,7 @@ func newFixture(t *testing.T, g *WithT, maxInFlight *intstr.IntOrString) *fixtur
 	labels := map[string]string{"pool": "a"}
 	template := clusterv1.MachineTemplateSpec{
 		ObjectMeta: clusterv1.ObjectMeta{Labels: labels},
-		Spec:       capienv.NewMachine(ns, "c1", "template").Spec,
+		Spec:       builder.Machine(ns, "c1", "template").Build().Spec,
 	}
 	f.md = &clusterv1.MachineDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "md"},
@@ -94,8 +97,7 @@ func (f *fixture) workerOfMachineSet(g *WithT, name string, mutate ...func(*clus
 
 // machine creates a Machine of the fixture's Cluster with nodeRef <namespace>-<name>.
 func (f *fixture) machine(g *WithT, name string, mutate ...func(*clusterv1.Machine)) *clusterv1.Machine {
-	m := capienv.NewMachine(f.ns, f.cluster.Name, name)
-	m.Labels["pool"] = "a"
+	m := builder.Machine(f.ns, f.cluster.Name, name).WithLabels(pool).Build()
 	for _, mu := range mutate {
 		mu(m)
 	}
@@ -104,21 +106,15 @@ func (f *fixture) machine(g *WithT, name string, mutate ...func(*clusterv1.Machi
 	return m
 }
 
+// pool labels a Machine into the pool of the fixture's MachineDeployment and health checks.
+var pool = map[string]string{"pool": "a"}
+
 func (f *fixture) node(machine string) string { return f.ns + "-" + machine }
 
 // request creates the MachineRemediation of m the way CAPR's health checker does (named after the
 // Machine, owned by it, labelled with the Cluster).
 func (f *fixture) request(g *WithT, m *clusterv1.Machine, fencingSpec *caprv1.FencingSpec, source caprv1.RemediationSource, mutate ...func(*caprv1.MachineRemediation)) {
-	mr := &caprv1.MachineRemediation{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: f.ns, Name: m.Name,
-			Labels: map[string]string{clusterv1.ClusterNameLabel: f.cluster.Name},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: m.Name, UID: m.UID,
-			}},
-		},
-		Spec: caprv1.MachineRemediationSpec{Source: source, Reason: "UnhealthyNode", Fencing: fencingSpec},
-	}
+	mr := builder.MachineRemediation(f.ns, f.cluster.Name, m.Name).OwnedByMachine(m).Source(source).Fencing(fencingSpec).Build()
 	for _, mu := range mutate {
 		mu(mr)
 	}

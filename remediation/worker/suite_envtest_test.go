@@ -1,6 +1,10 @@
-// Package worker_test runs CAPR's worker remediator against a real kube-apiserver and etcd
-// (envtest) with CAPI's CRDs, next to the control-plane remediator and the health checker, as the
-// manager runs them. The fencing backend is a recording stand-in behind the real policy fencer.
+//go:build envtest
+
+// The envtest suite of the worker remediator (go test -tags envtest; make test): CAPR's worker
+// remediator against a real kube-apiserver and etcd (test/envtest) with CAPI's CRDs, next to the
+// control-plane remediator and the health checker, as the manager runs them, with the shipped RBAC.
+// The fencing backend is a recording stand-in behind the real policy fencer.
+
 package worker_test
 
 import (
@@ -13,14 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zapcore"
-	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
@@ -145,46 +143,30 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
-	var err error
-	testEnv, err = capienv.Start(capienv.Options{
-		ExtraCRDDirs:     []string{filepath.Join("testdata", "crd"), filepath.Join("..", "..", "crds", "csiaddons")},
-		ManagerRoleFiles: []string{filepath.Join("testdata", "escalation_role.yaml")},
-	})
+	capienv.SetLogger()
+	root, err := capienv.ModuleRoot()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: cannot start envtest: %v\n", err)
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		return 1
 	}
-	defer func() { _ = testEnv.Stop() }()
-	k8sClient = testEnv.Client
+	return capienv.Run(m, capienv.Options{
+		ExtraCRDDirs:     []string{filepath.Join("testdata", "crd"), filepath.Join(root, "test", "crds", "csiaddons")},
+		ManagerRoleFiles: []string{filepath.Join("testdata", "escalation_role.yaml")},
+	}, setup)
+}
 
-	mgrCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	mgrConfig := rest.CopyConfig(testEnv.ManagerConfig)
-	mgrConfig.Wrap(requests.Wrap)
-	mgr, err := ctrl.NewManager(mgrConfig, ctrl.Options{
-		Scheme:  testEnv.Scheme,
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache:   controllers.ManagerCacheOptions(testEnv.Scheme, "", 10*time.Minute),
-		Client:  controllers.ManagerClientOptions(),
-		// Tests end by stopping the manager. Under load an in-flight reconcile can outlast 2 s. Some
-		// calls are bounded by their own timeouts, not by the reconcile's context: the etcd dial's
-		// websocket and SPDY upgrades (cluster-api/controlplane/kubeadm/pkg/proxy) take none. (The
-		// shutdowns that outlived 30 s and then 60 s in CI were workers deadlocked in controller-runtime's
-		// priority queue, which CAPR's controllers no longer use: controllers.controllerOptions.)
-		// Shutdown time is not what these suites test; a manager that still does not stop fails the
-		// suite and names the stuck workers.
-		GracefulShutdownTimeout: ptr.To(time.Minute),
-	})
+func setup(s *capienv.Suite) error {
+	testEnv = s.Environment
+	k8sClient = testEnv.Client
+	mgr, err := testEnv.NewManager(capienv.ManagerOptions{Requests: requests})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: creating manager: %v\n", err)
-		return 1
+		return err
 	}
 	fencer := &routingFencer{stub: unfencingFencer{
 		PolicyFencer: &fencing.PolicyFencer{Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: backend}},
 		backend:      backend,
 	}}
-	setup, err := controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{
+	set, err := controllers.SetupWithManager(s.Ctx, mgr, controllers.Options{
 		ConnectionRetryInterval: 2 * time.Second,
 		Fencer:                  fencer,
 		// An escalation step's timeoutSeconds (at least 60) counts as that many 100 ms here.
@@ -192,42 +174,22 @@ func run(m *testing.M) int {
 		// The Delete step's 10 minutes are too long to wait for (TestDeleteThatNeverEndsIsReported).
 		WorkerDeleteTimeout: 5 * time.Second,
 		// The shipped TTL; a limit above any other test's finished requests per Cluster (3), low
-		// enough for retention_test.go to exceed.
+		// enough for retention_envtest_test.go to exceed.
 		Retention: retention.Settings{TTL: retention.DefaultTTL, MaxPerCluster: retentionLimit},
 	})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: setting up controllers: %v\n", err)
-		return 1
+		return fmt.Errorf("setting up controllers: %w", err)
 	}
-	workloadClusters = setup.ClusterCache
+	workloadClusters = set.ClusterCache
 	// The policy fencer reads the workload cluster's Nodes for a Machine without a Node (Required).
-	fencer.stub.Workload = setup.ClusterCache.GetUncachedClient
-	fencer.real.Store(controllers.NewFencer(mgr, setup.ClusterCache))
+	fencer.stub.Workload = set.ClusterCache.GetUncachedClient
+	fencer.real.Store(controllers.NewFencer(mgr, set.ClusterCache))
 	// CAPI v1.14's own MachineHealthCheck reconciler, in its own manager as in CAPI's (interop tests).
-	capiMgr, err := capienv.CAPIMachineHealthCheckManager(mgrCtx, testEnv.Config, 2, false)
+	capiMgr, err := capienv.CAPIMachineHealthCheckManager(s.Ctx, testEnv.Config, 2, false)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: setting up CAPI's MachineHealthCheck: %v\n", err)
-		return 1
+		return fmt.Errorf("setting up CAPI's MachineHealthCheck: %w", err)
 	}
-	done := make(chan error, 2)
-	go func() { done <- mgr.Start(mgrCtx) }()
-	go func() { done <- capiMgr.Start(mgrCtx) }()
-	code := m.Run()
-	cancel()
-	for range 2 {
-		if err := <-done; err != nil {
-			fmt.Fprintf(os.Stderr, "%s\nmanager stopped with error: %v\n", capienv.StuckWorkers(), err)
-			if code == 0 {
-				code = 1
-			}
-		}
-	}
-	return code
-}
-
-func zapLevel() zapcore.Level {
-	if os.Getenv("CAPR_TEST_VERBOSE") != "" {
-		return zapcore.Level(-4)
-	}
-	return zapcore.ErrorLevel
+	s.Go(mgr.Start)
+	s.Go(capiMgr.Start)
+	return nil
 }

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package worker_test
 
 import (
@@ -10,6 +12,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/test/builder"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -20,11 +23,10 @@ import (
 // nodelessWorker creates a worker Machine of the fixture's MachineSet without a nodeRef, with the
 // given providerID and CAPR's health mark.
 func (f *fixture) nodelessWorker(g *WithT, name, providerID string) *clusterv1.Machine {
-	m := capienv.NewMachine(f.ns, f.cluster.Name, name)
-	m.Labels["pool"] = "a"
+	m := builder.Machine(f.ns, f.cluster.Name, name).WithLabels(pool).
+		WithAnnotations(map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"NodeStartupTimeout","checker":"test"}`}).Build()
 	m.OwnerReferences = ownedBy("MachineSet", f.ms.Name, f.ms.UID)
 	m.Spec.ProviderID = providerID
-	m.Annotations = map[string]string{caprv1.UnhealthyAnnotation: `{"reason":"NodeStartupTimeout","checker":"test"}`}
 	g.Expect(k8sClient.Create(ctx, m)).To(Succeed())
 	return m
 }

@@ -1,3 +1,5 @@
+//go:build envtest
+
 package worker_test
 
 import (
@@ -8,14 +10,14 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/retention"
+	"github.com/capr-io/capr/test/builder"
 )
 
-// retentionLimit is the suite's maximum of finished requests per Cluster (suite_test.go).
+// retentionLimit is the suite's maximum of finished requests per Cluster (suite_envtest_test.go).
 const retentionLimit = 5
 
 // finishedRequest creates the request of Machine name as a remediator leaves it when it has
@@ -23,16 +25,7 @@ const retentionLimit = 5
 // written until it sticks: the worker remediator may write the new request first (its Machine may
 // not exist), after which it no longer touches a finished one.
 func (f *fixture) finishedRequest(g *WithT, name string, phase caprv1.RemediationPhase, completed time.Time) {
-	mr := &caprv1.MachineRemediation{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: f.ns, Name: name,
-			Labels: map[string]string{clusterv1.ClusterNameLabel: f.cluster.Name},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: f.cluster.Name, UID: f.cluster.UID,
-			}},
-		},
-		Spec: caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceHealthCheck, Reason: "UnhealthyNode"},
-	}
+	mr := builder.MachineRemediation(f.ns, f.cluster.Name, name).OwnedByCluster(f.cluster).Build()
 	g.Expect(k8sClient.Create(ctx, mr)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		mr := getRemediation(g, f.ns, name)
