@@ -16,7 +16,8 @@ import (
 	"github.com/capr-io/capr/controllers"
 )
 
-// VerboseEnv, set to anything, makes SetLogger log at debug level instead of errors only.
+// VerboseEnv is the environment variable that, set to anything, makes SetLogger log at debug level
+// instead of errors only.
 const VerboseEnv = "CAPR_TEST_VERBOSE"
 
 // SetLogger sets controller-runtime's logger for a suite: errors only, which keeps `make test`
