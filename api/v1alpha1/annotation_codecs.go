@@ -188,3 +188,14 @@ func checkTimestamp(t metav1.Time) error {
 	}
 	return nil
 }
+
+// EtcdLearnerJoinsFromAnnotation parses the value of EtcdLearnerJoinsAnnotation: "true" or "false".
+func EtcdLearnerJoinsFromAnnotation(value string) (bool, error) {
+	switch value {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("value %q of annotation %s: want \"true\" or \"false\"", value, EtcdLearnerJoinsAnnotation)
+}

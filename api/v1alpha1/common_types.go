@@ -34,6 +34,13 @@ const (
 	// meanwhile (a KCP rollout, a person), CAPI's Machine controller neither drains nor deletes it
 	// before the hook is removed. Its value is the name of the MachineRemediation.
 	FenceBeforeDeleteHookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/capr-fence-before-delete"
+
+	// EtcdLearnerJoinsAnnotation on a cluster's control-plane object, "true", says that its provider
+	// joins new etcd members as learners and promotes them once caught up (kubeadm's EtcdLearnerMode,
+	// on by default since Kubernetes 1.29). CAPI's control-plane contract does not say how members
+	// join, so without it CAPR assumes voting joins, the stricter model; the models differ for a
+	// control plane of one Machine, which only a learner join can replace without losing quorum.
+	EtcdLearnerJoinsAnnotation = "remediation.cluster.x-k8s.io/etcd-learner-joins"
 )
 
 // MachineRemediation lifecycle.

@@ -12,7 +12,7 @@
 //     RemediationTemplatesValid check; overlap.go, health checks selecting the same Machines.
 //   - round.go and targets.go: decide which targets are healthy, unhealthy or pending.
 //   - limits.go: triggerIf, the storm cooldown, the quorum-safe control-plane limit and the etcd
-//     quorum.
+//     quorum; single.go, the limit of a control plane of one Machine, from its etcd member.
 //   - apply.go: write or clear each mark (mark.go), then create one remediation request per marked
 //     Machine when remediation is allowed and withdraw Pending ones that are no longer needed
 //     (requests.go; the requests it created that its cache does not show yet stand in for the

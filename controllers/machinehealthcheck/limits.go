@@ -38,6 +38,10 @@ type limitDecision struct {
 	// storm is true when more targets are unhealthy than triggerIf allows (not when too few are, for
 	// unhealthyInRange): what starts a storm cooldown.
 	storm bool
+	// single is set by controlPlaneDecision for one desired replica with stacked etcd, whose limit
+	// depends on the etcd member (singleControlPlaneDecision); userLimit and unhealthy are its inputs.
+	single               bool
+	userLimit, unhealthy int
 }
 
 // limits are the decisions that apply to one health check's targets.
@@ -165,16 +169,23 @@ func stormCooldown(prev *metav1.Condition, cooldown time.Duration, trigger limit
 func controlPlaneDecision(userLimit, desiredReplicas, unhealthy int, placement caprv1.EtcdPlacement) limitDecision {
 	external := placement == caprv1.EtcdPlacementExternal
 	limit := quorum.EffectiveControlPlaneLimit(userLimit, desiredReplicas, external)
+	var d limitDecision
 	if unhealthy > limit {
 		what := "the quorum-safe limit"
 		if external {
 			what = "with external etcd the limit (one Machine must keep serving)"
 		}
-		return limitDecision{limit: limit, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf(
+		d = limitDecision{limit: limit, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: fmt.Sprintf(
 			"Remediation of control-plane Machines is not allowed, %d of %d desired control-plane Machines are not started or unhealthy and %s is %d",
 			unhealthy, desiredReplicas, what, limit)}
+	} else {
+		d = limitDecision{allowed: true, remaining: limit - unhealthy, limit: limit}
 	}
-	return limitDecision{allowed: true, remaining: limit - unhealthy, limit: limit}
+	if desiredReplicas == 1 && !external {
+		// decided again from the etcd member (singleControlPlaneDecision)
+		d.single, d.userLimit, d.unhealthy = true, userLimit, unhealthy
+	}
+	return d
 }
 
 // controlPlaneObject reads the Cluster's control-plane object, which the control-plane limit (its
@@ -296,9 +307,13 @@ func quorumLostDecision(cp limitDecision, q etcdQuorum) limitDecision {
 	if len(q.dead) > 0 {
 		dead = strings.Join(q.dead, ", ")
 	}
-	return limitDecision{limit: cp.limit, reason: caprv1.MachineHealthCheckEtcdQuorumLostReason, message: fmt.Sprintf(
+	msg := fmt.Sprintf(
 		"Remediation of control-plane Machines is not allowed: etcd has lost quorum, %d of %d voting members are up and a quorum is %d; dead members (by Node): %s; members that are up but have no leader are not marked",
-		q.counts.Healthy, q.counts.Voting, quorum.Of(q.counts.Voting), dead)}
+		q.counts.Healthy, q.counts.Voting, quorum.Of(q.counts.Voting), dead)
+	if q.counts.Voting == 1 {
+		msg += "; " + quorum.SingleMemberRecovery
+	}
+	return limitDecision{limit: cp.limit, reason: caprv1.MachineHealthCheckEtcdQuorumLostReason, message: msg}
 }
 
 // excuseLeaderless drops the etcd observation of control-plane targets whose member's only problem
@@ -327,10 +342,7 @@ func (r *Reconciler) decideLimits(mhc *caprv1.MachineHealthCheck, rd *round, q e
 	}
 	cpLimit := limitDecision{allowed: true, limit: -1}
 	if rd.cpTargets > 0 {
-		cpLimit = controlPlaneLimit(cp, cpErr, trigger.limit, rd.cpNotHealthy, rd.cpStarting)
-		if q.lost() {
-			cpLimit = quorumLostDecision(cpLimit, q)
-		}
+		cpLimit = etcdLimit(controlPlaneLimit(cp, cpErr, trigger.limit, rd.cpNotHealthy, rd.cpStarting), q)
 	}
 	lim.trigger, lim.controlPlane = trigger, cpLimit
 	return lim, nil

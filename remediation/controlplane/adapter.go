@@ -64,21 +64,23 @@ type ProviderView struct {
 
 // AdapterFor returns the adapter for a control-plane object's kind.
 func AdapterFor(cp *unstructured.Unstructured) Adapter {
+	learners, _ := learnerJoins(cp)
 	if cp.GroupVersionKind().Group == controlplanev1.GroupVersion.Group && cp.GetKind() == "KubeadmControlPlane" {
-		return KCP{}
+		return KCP{learners: learners}
 	}
-	return Generic{}
+	return Generic{learners: learners}
 }
 
 // Generic follows CAPI's control-plane contract only. It assumes voting joins (the conservative
-// choice when the provider's join mode is unknown) and no preflight refusals.
-type Generic struct{}
+// choice when the provider's join mode is unknown) unless the control-plane object declares learner
+// joins (caprv1.EtcdLearnerJoinsAnnotation), and no preflight refusals.
+type Generic struct{ learners bool }
 
 // Name implements Adapter.
 func (Generic) Name() string { return "control-plane provider" }
 
 // AddsLearners implements Adapter.
-func (Generic) AddsLearners() bool { return false }
+func (g Generic) AddsLearners() bool { return g.learners }
 
 // ScaleUpRefusal implements Adapter.
 func (Generic) ScaleUpRefusal(ProviderView, bool) string { return "" }

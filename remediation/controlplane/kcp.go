@@ -26,14 +26,14 @@ import (
 // remediation-in-progress annotation is set; then it projects the etcd cluster with the new member
 // counted as unhealthy and refuses if that projection would lose quorum or if a learner exists.
 // CAPR asks before scaling, so it never raises replicas that KCP would silently not act on.
-type KCP struct{}
+type KCP struct{ learners bool }
 
 // Name implements Adapter.
 func (KCP) Name() string { return "KubeadmControlPlane" }
 
 // AddsLearners implements Adapter. kubeadm's learner mode depends on its version and feature gates,
-// so the conservative answer is no.
-func (KCP) AddsLearners() bool { return false }
+// so the conservative answer is no unless the KCP declares it (caprv1.EtcdLearnerJoinsAnnotation).
+func (k KCP) AddsLearners() bool { return k.learners }
 
 // kcpRemediationData is KCP's RemediationData JSON.
 type kcpRemediationData struct {

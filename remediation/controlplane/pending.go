@@ -163,6 +163,7 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 			s.cluster.Name, clusterv1.ClusterControlPlaneInitializedCondition)}, nil
 	}
 	in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: initialized, AddsLearners: s.adapter.AddsLearners()}
+	_, in.LearnerJoinsProblem = learnerJoins(s.cp)
 	if s.mr.Spec.ControlPlane != nil && s.mr.Spec.ControlPlane.Order != "" {
 		in.Policy = s.mr.Spec.ControlPlane.Order
 	}

@@ -93,6 +93,9 @@ type OrderInput struct {
 	Victim      VictimMember
 	// AddsLearners is true when the control-plane provider joins new members as learners.
 	AddsLearners bool
+	// LearnerJoinsProblem says why the control-plane object's EtcdLearnerJoinsAnnotation was not
+	// understood (learnerJoins), for the messages; optional.
+	LearnerJoinsProblem string
 	// ProviderRefusesScaleUpNow is why the provider would not create a replacement now ("" = it would).
 	ProviderRefusesScaleUpNow string
 	// ProviderRefusesScaleUpAfterRemoval is why it would not once the victim's member is removed.
@@ -211,6 +214,9 @@ func chooseSurgeOrder(in OrderInput) OrderDecision {
 		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason,
 			WaitMessage: "an etcd learner is pending promotion; membership changes wait until it is promoted"}
 	}
+	if d, ok := chooseSingleMemberOrder(in); ok {
+		return d
+	}
 
 	canRemove := in.Victim == VictimMissing ||
 		quorum.CanRemoveMember(c, quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: learnerVictim})
@@ -299,12 +305,12 @@ func quorumWait(in OrderInput) (reason, message string) {
 		// part of a working quorum. Members that could not be reached may run, but they would have to
 		// be partitioned from the reachable ones; nothing is decided on a node-local list.
 		return caprv1.MachineRemediationQuorumLostReason, fmt.Sprintf(
-			"etcd has lost quorum: no member could serve a linearizable read (%d of %d voting members healthy in one member's local view, %d unreachable and not proven down): nothing is done automatically; if the members are really down, disaster recovery is needed",
-			c.Healthy, c.Voting, c.Unreachable)
+			"etcd has lost quorum: no member could serve a linearizable read (%d of %d voting members healthy in one member's local view, %d unreachable and not proven down): nothing is done automatically; if the members are really down, disaster recovery is needed%s",
+			c.Healthy, c.Voting, c.Unreachable, singleMemberRecovery(c))
 	case quorum.Lost(c):
 		return caprv1.MachineRemediationQuorumLostReason, fmt.Sprintf(
-			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed",
-			c.Healthy, c.Voting, quorum.Of(c.Voting))
+			"etcd has lost quorum (%d of %d voting members healthy, %d needed): nothing is done automatically, disaster recovery is needed%s",
+			c.Healthy, c.Voting, quorum.Of(c.Voting), singleMemberRecovery(c))
 	case c.Healthy < quorum.Of(c.Voting) && c.Unreachable > 0:
 		// Quorum is proven but too few members can be seen healthy for any membership change; the
 		// checks below would refuse too, this says why.

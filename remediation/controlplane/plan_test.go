@@ -78,6 +78,19 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleUpNow: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"single member healthy: adding a voter is not safe, removing the last is refused", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		// A control plane of one (single.go).
+		{"single member healthy, provider adds learners: scale up first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 1, QuorumProven: true}, Victim: VictimHealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"single member healthy, policy RemoveMemberFirst: it would remove the last voter, scale up first", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 1, QuorumProven: true}, Victim: VictimHealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"single member healthy, provider refuses scale-up now: wait, never remove first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy, AddsLearners: true, ProviderRefusesScaleUpNow: "KCP preflight"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"single member healthy, provider would not scale down: wait, never delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy, AddsLearners: true, ProviderRefusesScaleDown: "x"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"single member dead: quorum lost", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 0}, Victim: VictimUnhealthy, AddsLearners: true}, "", caprv1.MachineRemediationQuorumLostReason},
+		{"single member unreachable: quorum lost", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 0, Unreachable: 1}, Victim: VictimUnhealthy, AddsLearners: true}, "", caprv1.MachineRemediationQuorumLostReason},
 		// The provider would not scale down (KCP with another unhealthy Machine): no surge.
 		{"5 members, two dead, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "KCP: d unhealthy"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
@@ -117,6 +130,9 @@ func TestChooseOrder(t *testing.T) {
 			d := ChooseOrder(tt.in)
 			g.Expect(d.Order).To(Equal(tt.order), d.WaitMessage)
 			g.Expect(d.WaitReason).To(Equal(tt.waitReason), d.Reason)
+			if tt.in.Counts.Voting == 1 {
+				singleMemberExpectations(g, tt.in, d)
+			}
 			if tt.waitReason != "" {
 				g.Expect(d.WaitMessage).NotTo(BeEmpty())
 				for _, n := range tt.in.Unreachable {
@@ -130,6 +146,31 @@ func TestChooseOrder(t *testing.T) {
 				g.Expect(d.Reason).NotTo(BeEmpty())
 			}
 		})
+	}
+}
+
+// singleMemberExpectations are what a cluster of one voting member must get (single.go): never an
+// order that removes the last voter, the recovery named when quorum is lost, the annotation named
+// when the provider's voting joins are what blocks, and the one safe order when it is possible.
+func singleMemberExpectations(g Gomega, in OrderInput, d OrderDecision) {
+	if in.Victim == VictimHealthy || in.Victim == VictimUnhealthy {
+		// The victim's member is the only voter (a missing or learner victim removes no voter).
+		g.Expect(d.Order).NotTo(BeElementOf(caprv1.ControlPlaneOrderRemoveMemberFirst, caprv1.ControlPlaneOrderDeleteFirst), d.Reason)
+	}
+	if d.WaitReason == caprv1.MachineRemediationQuorumLostReason {
+		g.Expect(d.WaitMessage).To(ContainSubstring("etcdutl snapshot restore"))
+		g.Expect(d.WaitMessage).To(ContainSubstring("runbook.md#single-member-etcd-recovery"))
+	}
+	c := in.Counts
+	if in.Victim != VictimHealthy || c.Healthy != 1 || c.Learners != 0 || c.Serializable {
+		return
+	}
+	if !in.AddsLearners {
+		g.Expect(d.WaitMessage).To(ContainSubstring(caprv1.EtcdLearnerJoinsAnnotation))
+		return
+	}
+	if in.ProviderRefusesScaleUpNow == "" && in.ProviderRefusesScaleDown == "" {
+		g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), d.WaitMessage)
 	}
 }
 
@@ -323,6 +364,11 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 // checkChosenOrder says what is wrong with the order chosen for oc ("" when nothing is).
 func checkChosenOrder(oc orderCase) string {
 	d := ChooseOrder(oc.input())
+	if oc.v == 1 {
+		if msg := singleMemberProblem(oc, d); msg != "" {
+			return msg
+		}
+	}
 	switch {
 	case oc.proven && d.WaitReason == caprv1.MachineRemediationQuorumLostReason:
 		return "quorum said lost while proven: " + d.WaitMessage
@@ -363,6 +409,21 @@ func checkChosenOrder(oc orderCase) string {
 	return ""
 }
 
+// singleMemberProblem is singleMemberExpectations for the exhaustive test.
+func singleMemberProblem(oc orderCase, d OrderDecision) string {
+	g := NewGomega(func(message string, _ ...int) { panic(message) })
+	var msg string
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				msg = fmt.Sprint(r)
+			}
+		}()
+		singleMemberExpectations(g, oc.input(), d)
+	}()
+	return msg
+}
+
 func (s simCluster) String() string {
 	parts := make([]string, 0, len(s))
 	for _, m := range s {
@@ -386,7 +447,14 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 	if !s.hasQuorum() {
 		return "an order was chosen without quorum"
 	}
+	_, upBefore := s.voters()
 	var err string
+	// With one voter, the up voters never drop below what they were before the fault (issue 33).
+	keepVoters := func(what string) {
+		if _, up := s.voters(); err == "" && oc.v == 1 && up < upBefore {
+			err = fmt.Sprintf("%d up voters after %s, %d before", up, what, upBefore)
+		}
+	}
 	add := func(name string, afterRemoval bool) {
 		switch {
 		case err != "":
@@ -417,6 +485,7 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		if !s.hasQuorum() {
 			err = "quorum lost after " + name + " joined"
 		}
+		keepVoters("adding " + name)
 	}
 	remove := func(name string) {
 		if err != "" || name == "" {
@@ -430,6 +499,7 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		if !s.hasQuorum() {
 			err = "quorum lost by removing " + name
 		}
+		keepVoters("removing " + name)
 	}
 	scaleDown := func() {
 		if err != "" {

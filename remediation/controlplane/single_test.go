@@ -1,0 +1,36 @@
+package controlplane
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// TestLearnerJoinsAnnotation: the control-plane object declares learner joins; an invalid value is
+// taken as voting joins (the stricter model) and the reason names the annotation and the value.
+func TestLearnerJoinsAnnotation(t *testing.T) {
+	cp := func(kind, group string, value *string) *unstructured.Unstructured {
+		obj := &unstructured.Unstructured{}
+		obj.SetAPIVersion(group + "/v1beta2")
+		obj.SetKind(kind)
+		obj.SetName("cp")
+		if value != nil {
+			obj.SetAnnotations(map[string]string{caprv1.EtcdLearnerJoinsAnnotation: *value})
+		}
+		return obj
+	}
+	yes, no, bad := "true", "false", "yes"
+	for _, kind := range [][2]string{{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io"}, {"SandboxControlPlane", "controlplane.sandbox.capr.io"}} {
+		g := NewWithT(t)
+		g.Expect(AdapterFor(cp(kind[0], kind[1], nil)).AddsLearners()).To(BeFalse(), kind[0])
+		g.Expect(AdapterFor(cp(kind[0], kind[1], &yes)).AddsLearners()).To(BeTrue(), kind[0])
+		g.Expect(AdapterFor(cp(kind[0], kind[1], &no)).AddsLearners()).To(BeFalse(), kind[0])
+		g.Expect(AdapterFor(cp(kind[0], kind[1], &bad)).AddsLearners()).To(BeFalse(), kind[0])
+	}
+	learners, problem := learnerJoins(cp("KubeadmControlPlane", "controlplane.cluster.x-k8s.io", &bad))
+	NewWithT(t).Expect(learners).To(BeFalse())
+	NewWithT(t).Expect(problem).To(SatisfyAll(ContainSubstring(caprv1.EtcdLearnerJoinsAnnotation), ContainSubstring(`"yes"`), ContainSubstring("voting joins")))
+}
