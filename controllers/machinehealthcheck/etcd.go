@@ -100,7 +100,7 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 	health, err := r.EtcdMembers.MemberHealth(ctx, cluster)
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Info("Could not read etcd member health; the etcd member check and the quorum are skipped this time", "err", err.Error())
-		return etcdQuorum{}
+		return etcdQuorum{readErr: err}
 	}
 	r.observeEtcdMembers(health, targets, now)
 	q := quorumOf(health)

@@ -272,6 +272,8 @@ type etcdQuorum struct {
 	counts quorum.Counts
 	// dead are the voting members that are not up, by Node.
 	dead []string
+	// readErr is why etcd could not be read when it was tried (known false).
+	readErr error
 }
 
 // quorumOf derives the quorum from the member health the EtcdMemberSource reports, by Node name.

@@ -33,6 +33,14 @@ func etcdLimit(cp limitDecision, q etcdQuorum) limitDecision {
 // otherwise, saying why. cp is controlPlaneDecision's (single set).
 func singleControlPlaneDecision(cp limitDecision, q etcdQuorum) limitDecision {
 	limit := quorum.EffectiveSingleControlPlaneLimit(cp.userLimit, q.counts, q.known)
+	if q.readErr != nil {
+		// No member answered, and there is only one: etcd has no quorum CAPR can see, whether the
+		// member is down or cannot be reached. Said even while no Machine is marked: a dead member
+		// cannot be observed, so the etcd member check never marks its Machine.
+		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckEtcdQuorumLostReason, message: fmt.Sprintf(
+			"Remediation of the only control-plane Machine is not allowed: its etcd could not be read (%v), so its one voting member is down or cannot be reached and etcd has no quorum CAPR can see; %s",
+			q.readErr, quorum.SingleMemberRecovery)}
+	}
 	if cp.unhealthy <= limit {
 		return limitDecision{allowed: true, remaining: limit - cp.unhealthy, limit: limit}
 	}

@@ -1,6 +1,7 @@
 package machinehealthcheck
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ func TestSingleControlPlaneLimit(t *testing.T) {
 		// unhealthy of the control-plane targets (all of them, no workers)
 		targets, unhealthy int
 		health             map[string]EtcdMemberHealth // nil: etcd not read
+		readErr            error                       // etcd tried and not read
 		triggerIf          *caprv1.MachineHealthCheckRemediationTriggerIf
 		allowed            bool
 		remaining          int
@@ -55,6 +57,9 @@ func TestSingleControlPlaneLimit(t *testing.T) {
 			says: []string{"single voting member"}},
 		{name: "etcd not read: refused, says the etcd member check is needed", cp: cp(1, false), targets: 1, unhealthy: 1,
 			reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, says: []string{"spec.checks.etcdMember"}},
+		{name: "etcd tried and no member answered: quorum lost, said even with nothing marked", cp: cp(1, false), targets: 1,
+			readErr: errors.New("no etcd member could be reached"), reason: caprv1.MachineHealthCheckEtcdQuorumLostReason,
+			says: []string{"no etcd member could be reached", "etcdutl snapshot restore"}},
 		{name: "triggerIf allows none", cp: cp(1, false), targets: 1, unhealthy: 1, health: map[string]EtcdMemberHealth{"n1": healthy},
 			triggerIf: &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(0))},
 			reason:    caprv1.MachineHealthCheckTooManyUnhealthyReason},
@@ -78,7 +83,7 @@ func TestSingleControlPlaneLimit(t *testing.T) {
 			mhc := &caprv1.MachineHealthCheck{}
 			mhc.Spec.Remediation.TriggerIf = tt.triggerIf
 			rd := &round{total: tt.targets, healthy: tt.targets - tt.unhealthy, cpTargets: tt.targets, cpNotHealthy: tt.unhealthy}
-			q := etcdQuorum{}
+			q := etcdQuorum{readErr: tt.readErr}
 			if tt.health != nil {
 				q = quorumOf(tt.health)
 			}
