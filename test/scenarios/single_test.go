@@ -27,13 +27,7 @@ func newSingleCluster(t *testing.T) *sandbox.WorkloadCluster {
 	wc := newCluster(t, withControlPlane(1), withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
 		mhc.Spec.Remediation.Fencing = sandbox.ExternalFencing("gate")
 	}))
-	cp := controlPlaneObject(g, wc)
-	base := cp.DeepCopy()
-	if cp.Annotations == nil {
-		cp.Annotations = map[string]string{}
-	}
-	cp.Annotations[caprv1.EtcdLearnerJoinsAnnotation] = "true"
-	g.Expect(sb.Client.Patch(ctx, cp, client.MergeFrom(base))).To(Succeed())
+	g.Expect(sb.AnnotateControlPlane(ctx, wc, caprv1.EtcdLearnerJoinsAnnotation, "true")).To(Succeed())
 	return wc
 }
 

@@ -91,6 +91,20 @@ var scenarios = map[string]scenario{
 			return []string{a.Name, b.Name}, nil
 		},
 	},
+	"single": {
+		description:  "the only control-plane Machine's Node stops reporting while its etcd member stays healthy: it is replaced scale-up-first, the replacement joining as an etcd learner",
+		controlPlane: 1,
+		inject: func(ctx context.Context, d *demo) ([]string, error) {
+			// The provider joins members as learners (kubeadm ≥ 1.29 does; so does the sandbox's) and
+			// says so on its control-plane object: CAPR replaces a single Machine only then.
+			if err := d.sb.AnnotateControlPlane(ctx, d.wc, caprv1.EtcdLearnerJoinsAnnotation, "true"); err != nil {
+				return nil, err
+			}
+			d.say("Control-plane object annotated %s=true", caprv1.EtcdLearnerJoinsAnnotation)
+			m := d.machines[0]
+			return []string{m.Name}, d.sb.StopHeartbeat(ctx, d.wc, m.Status.NodeRef.Name)
+		},
+	},
 	"quorum-lost": {
 		description:  "two of three etcd members crash: quorum is lost, CAPR does nothing automatic and says why",
 		controlPlane: 3,
