@@ -392,7 +392,8 @@ func (r *Reconciler) waitingCandidates(ctx context.Context, s *scope, state *etc
 }
 
 // candidate describes a remediation for FirstCandidate and YieldTo. Without etcd state (external
-// etcd: no member to judge) every victim counts as equally broken.
+// etcd: no member to judge) every victim counts as equally broken. Only the Machine's remediate-machine
+// annotation makes it an explicit request: spec.source is writable by anyone who may create a request.
 func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine, state *etcdutil.State) Candidate {
 	member := VictimUnhealthy
 	if state != nil {
@@ -400,7 +401,7 @@ func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine, state *etcdu
 	}
 	return Candidate{
 		Name:      mr.Name,
-		Requested: annotations.HasRemediateMachine(m) || mr.Spec.Source == caprv1.MachineRemediationSourceManual,
+		Requested: annotations.HasRemediateMachine(m),
 		Member:    member,
 		Created:   mr.CreationTimestamp.Time,
 	}

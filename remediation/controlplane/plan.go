@@ -393,7 +393,8 @@ func CheckRetryLimits(record *caprv1.RemediationRecord, spec *caprv1.ControlPlan
 // Candidate is one waiting control-plane remediation, for choosing which goes first.
 type Candidate struct {
 	Name string
-	// Requested is true for cluster.x-k8s.io/remediate-machine or a manual request.
+	// Requested is true for cluster.x-k8s.io/remediate-machine on the Machine (not spec.source
+	// Manual: anyone who may write a request can set that).
 	Requested bool
 	Member    VictimMember
 	Created   time.Time

@@ -14,8 +14,8 @@ const Unlimited = math.MaxInt
 // Candidate is a Pending worker remediation of one MachineDeployment (or MachineSet) that may start.
 type Candidate struct {
 	Name string
-	// Requested is an explicit request: the Machine has cluster.x-k8s.io/remediate-machine, or the
-	// request was written by a person (spec.source Manual).
+	// Requested is an explicit request: the Machine has cluster.x-k8s.io/remediate-machine (not
+	// spec.source Manual, which anyone who may write a request can set).
 	Requested bool
 	// Created is when the request was created.
 	Created time.Time

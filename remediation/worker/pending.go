@@ -130,10 +130,10 @@ func waitsForTurn(cluster *clusterv1.Cluster, mr *caprv1.MachineRemediation, m *
 }
 
 // candidate describes a waiting request for Admit: explicit when its Machine (nil if not found)
-// carries CAPI's remediate-machine annotation or a person wrote it.
+// carries CAPI's remediate-machine annotation. Not spec.source: anyone who may create a request can
+// write Manual there, while the annotation takes write access to the Machine (issue 30).
 func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine) Candidate {
-	requested := mr.Spec.Source == caprv1.MachineRemediationSourceManual || (m != nil && annotations.HasRemediateMachine(m))
-	return Candidate{Name: mr.Name, Requested: requested, Created: mr.CreationTimestamp.Time}
+	return Candidate{Name: mr.Name, Requested: m != nil && annotations.HasRemediateMachine(m), Created: mr.CreationTimestamp.Time}
 }
 
 // start records Running with the finalizer and re-owns the request by the Cluster (its record must

@@ -279,7 +279,8 @@ func requestPath(ns, name string) string {
 
 // TestMaxInFlightOneAtATime: nothing starts while the Cluster is paused; then, with maxInFlight 1,
 // three requests are remediated one at a time, the explicit request
-// (cluster.x-k8s.io/remediate-machine) first, then the oldest.
+// (cluster.x-k8s.io/remediate-machine) first, then the oldest. A hand-written request (spec.source
+// Manual) is not explicit: anyone who may write a request can set that, so it waits its turn.
 func TestMaxInFlightOneAtATime(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, g, ptr.To(intstr.FromInt32(1)))
@@ -288,10 +289,11 @@ func TestMaxInFlightOneAtATime(t *testing.T) {
 		m.Annotations = map[string]string{clusterv1.RemediateMachineAnnotation: ""}
 	})
 	c := f.workerOfMachineSet(g, "c")
-	// The requests arrive while the Cluster is paused, oldest first: a, then c, then the explicit b.
+	// The requests arrive while the Cluster is paused, oldest first: a, then the hand-written c, then
+	// the explicit b.
 	setClusterPaused(g, f.cluster, true)
 	f.request(g, a, required(), caprv1.MachineRemediationSourceHealthCheck)
-	f.request(g, c, required(), caprv1.MachineRemediationSourceHealthCheck)
+	f.request(g, c, required(), caprv1.MachineRemediationSourceManual)
 	f.request(g, b, required(), caprv1.MachineRemediationSourceHealthCheck)
 	g.Eventually(func(g Gomega) {
 		for _, name := range []string{"a", "b", "c"} {
