@@ -234,6 +234,11 @@ type MachineRemediationStatus struct {
 	// worker: the one set says which remediator owns it.
 	// +optional
 	Worker *WorkerRemediationStatus `json:"worker,omitempty"`
+	// appliedFencing is the fencing this remediation applies, decided when it starts: spec.fencing
+	// raised to the strictest fencing of the CAPR MachineHealthChecks covering the Machine. Unset
+	// (a request started by an earlier CAPR) means spec.fencing.
+	// +optional
+	AppliedFencing *AppliedFencing `json:"appliedFencing,omitempty"`
 	// fencing records the storage fence of the Machine's Node: what was fenced, by which backend,
 	// when, and whether it was undone. It is written before the first backend acts, so a restart
 	// resumes and the unfencing owed after the Machine is gone (or when the remediation is aborted
@@ -261,7 +266,8 @@ type FencingStatus struct {
 	// startTime is when the first backend was asked to fence.
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
-	// backends are spec.fencing.backends' results, in the same order.
+	// backends are the applied fencing's backends' results (status.appliedFencing, else
+	// spec.fencing), in the same order.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8

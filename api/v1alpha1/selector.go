@@ -1,7 +1,11 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
 // LabelSelector returns the selector as a metav1.LabelSelector (to parse with
@@ -27,4 +31,20 @@ func LabelValues(labels map[string]string) map[string]LabelValue {
 		out[k] = LabelValue(v)
 	}
 	return out
+}
+
+// MachineSelector is the health check's selector restricted to its cluster (the Machines it
+// checks), parsed. Both the health checker and the remediators (the fencing of the health checks
+// covering a Machine) select with it.
+func (s *MachineHealthCheckSpec) MachineSelector() (labels.Selector, error) {
+	ls := s.Selector.LabelSelector()
+	if ls.MatchLabels == nil {
+		ls.MatchLabels = map[string]string{}
+	}
+	ls.MatchLabels[clusterv1.ClusterNameLabel] = s.ClusterName
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return nil, fmt.Errorf("invalid spec.selector: %w", err)
+	}
+	return sel, nil
 }

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -69,16 +68,7 @@ func (s *selectors) forget(key types.NamespacedName) {
 
 // machineSelector is the health check's selector restricted to its cluster.
 func machineSelector(mhc *caprv1.MachineHealthCheck) (labels.Selector, error) {
-	ls := mhc.Spec.Selector.LabelSelector()
-	if ls.MatchLabels == nil {
-		ls.MatchLabels = map[string]string{}
-	}
-	ls.MatchLabels[clusterv1.ClusterNameLabel] = mhc.Spec.ClusterName
-	s, err := metav1.LabelSelectorAsSelector(ls)
-	if err != nil {
-		return nil, fmt.Errorf("invalid spec.selector: %w", err)
-	}
-	return s, nil
+	return mhc.Spec.MachineSelector()
 }
 
 // setInvalidSelector reports that spec.selector does not parse: RemediationAllowed is False with

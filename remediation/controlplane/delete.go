@@ -29,12 +29,12 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("Machine %s is gone, deleted by someone else (a deletion held by the fence hook is fenced first)", s.mr.Name)}}, nil
 	}
 	res, err := fencing.FenceRecorded(ctx, r.Fencer, s.mr, fencing.Request{
-		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing, Started: rec.StartTime.Time,
+		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: fencing.SpecOf(s.mr), Started: rec.StartTime.Time,
 	}, time.Now(), r.persistFunc(s))
 	if err != nil {
 		return stepResult{}, err
 	}
-	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
+	v := fencing.Judge(res, fencing.SpecOf(s.mr), rec.StartTime.Time, time.Now())
 	if !v.Done {
 		reason := caprv1.MachineRemediationWaitingForFencingReason
 		if v.TimedOut {

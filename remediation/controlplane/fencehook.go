@@ -24,7 +24,7 @@ import (
 // ensureFenceHook puts the hook on the victim while it exists and is not fenced yet, unless fencing
 // can only be skipped (fencing.HookNeeded: no deletion is worth holding).
 func (r *Reconciler) ensureFenceHook(ctx context.Context, s *scope) error {
-	if s.machineGone || s.machine == nil || fencing.StepFinished(s.mr) || !fencing.HookNeeded(s.mr.Spec.Fencing, s.victimNode()) {
+	if s.machineGone || s.machine == nil || fencing.StepFinished(s.mr) || !fencing.HookNeeded(fencing.SpecOf(s.mr), s.victimNode()) {
 		return nil
 	}
 	m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
@@ -59,7 +59,7 @@ func (r *Reconciler) fenceDeletingVictim(ctx context.Context, s *scope) (final b
 		return true, fencing.Verdict{}, nil
 	}
 	v, released, err := fencing.FenceHeld(ctx, r.Fencer, r.Client, r.APIReader, s.mr, fencing.Request{
-		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: s.mr.Spec.Fencing,
+		Cluster: s.cluster, Machine: s.machine, Node: s.victimNode(), Spec: fencing.SpecOf(s.mr),
 	}, time.Now(), r.persistFunc(s))
 	if err != nil {
 		return false, v, err

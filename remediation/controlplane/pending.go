@@ -230,6 +230,10 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 // and release it; if recording Running fails, the lock is released again.
 func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.Result, error) {
 	mr := s.mr
+	raised, w := r.decideFencing(ctx, s)
+	if w != nil {
+		return r.wait(s, w), nil
+	}
 	metaChanged := controllerutil.AddFinalizer(mr, caprv1.MachineRemediationFinalizer)
 	if mr.Labels[clusterv1.ClusterNameLabel] != s.cluster.Name {
 		if mr.Labels == nil {
@@ -261,7 +265,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 	mr.Status.StartTime = ptr.To(metav1.Now())
 	mr.Status.LastError = ""
 	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
-		Reason: caprv1.MachineRemediationStepInProgressReason, Message: "order " + string(plan.decision.Order) + ": " + plan.decision.Reason})
+		Reason: caprv1.MachineRemediationStepInProgressReason, Message: "order " + string(plan.decision.Order) + ": " + plan.decision.Reason + noteOf(raised)})
 	if err := r.persist(ctx, s); err != nil {
 		// Not started: give the lock back so that nobody waits on a start that did not happen.
 		if relErr := r.releaseLock(ctx, s); relErr != nil {
@@ -280,6 +284,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 	metrics.RemediationStarted(metrics.KindControlPlane, string(plan.decision.Order))
 	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s%s",
 		s.machine.Name, plan.decision.Order, plan.decision.Reason, how, table))
+	r.fencingRaisedEvent(s, raised)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", plan.decision.Order, "reason", plan.decision.Reason,
 		"Cluster", klog.KObj(s.cluster))
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil

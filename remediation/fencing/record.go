@@ -29,14 +29,14 @@ const maxMessage = 1024
 // skipped (HookNeeded) or it is recorded already. It reports whether the status changed: the caller
 // then writes it before asking the Fencer, so a crash after a backend acted cannot lose the fence.
 func Begin(mr *caprv1.MachineRemediation, node string, now time.Time) bool {
-	if node == "" || !HookNeeded(mr.Spec.Fencing, node) {
+	if node == "" || !HookNeeded(SpecOf(mr), node) {
 		return false
 	}
 	if f := mr.Status.Fencing; f != nil && f.NodeName == node && f.UnfencedTime == nil {
 		return false
 	}
 	f := &caprv1.FencingStatus{NodeName: node, StartTime: ptr.To(metav1.NewTime(now))}
-	for _, b := range mr.Spec.Fencing.Backends {
+	for _, b := range SpecOf(mr).Backends {
 		f.Backends = append(f.Backends, caprv1.FencingBackendStatus{Type: b.Type, State: caprv1.FencingBackendFencing})
 	}
 	mr.Status.Fencing = f
@@ -64,7 +64,8 @@ func Observe(mr *caprv1.MachineRemediation, res Result, now time.Time) {
 // FenceRecorded asks f to fence, recording the fence in mr's status: Begin, then persist when that
 // changed the status (before any backend acts), then the answers (Observe), then, once the fence is
 // confirmed, the force-deletion of the Node's pods (deleteFencedPods). The request is marked with
-// mr's UID (Request.Remediation).
+// mr's UID (Request.Remediation). While it waits, the message says when health checks raised the
+// fencing above the request's own (Raised).
 func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation, req Request, now time.Time, persist func(context.Context) error) (Result, error) {
 	req.Remediation = mr.UID
 	if Begin(mr, req.Node, now) {
@@ -78,6 +79,10 @@ func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation,
 	}
 	Observe(mr, res, now)
 	deleteFencedPods(ctx, f, mr, req, res, now)
+	if note := Raised(mr); note != "" && res.Outcome == Waiting {
+		// An operator must see why a request that says less waits for a fence.
+		res.Message += "; " + note
+	}
 	return res, nil
 }
 
@@ -93,7 +98,7 @@ func UnfenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediatio
 	if !Owed(mr) {
 		return true, "", nil
 	}
-	req.Node, req.Spec, req.Remediation = mr.Status.Fencing.NodeName, mr.Spec.Fencing, mr.UID
+	req.Node, req.Spec, req.Remediation = mr.Status.Fencing.NodeName, SpecOf(mr), mr.UID
 	if u, ok := f.(Unfencer); ok {
 		err := u.Unfence(ctx, req)
 		if errors.Is(err, ErrUnfencePending) {

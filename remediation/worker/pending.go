@@ -140,6 +140,10 @@ func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine) Candidate {
 // outlive the Machine it deletes), before anything is done to the Machine.
 func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Result, error) {
 	mr := s.mr
+	raised, ok := r.decideFencing(ctx, s)
+	if !ok {
+		return ctrl.Result{RequeueAfter: waitLong}, nil
+	}
 	controllerutil.AddFinalizer(mr, caprv1.MachineRemediationFinalizer)
 	if mr.Labels == nil {
 		mr.Labels = map[string]string{}
@@ -156,6 +160,9 @@ func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Resu
 		plan = fmt.Sprintf("%d escalation step(s), then %s", n, plan)
 	}
 	msg := fmt.Sprintf("Remediating worker Machine %s of MachineSet %s (%s): %s", mr.Name, mr.Status.Worker.MachineSet, why, plan)
+	if raised != "" {
+		msg += "; " + raised
+	}
 	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineRemediationStepInProgressReason, Message: msg})
 	if err := r.persist(ctx, s); err != nil {
@@ -163,6 +170,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Resu
 	}
 	metrics.RemediationStarted(metrics.KindWorker, "")
 	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, msg)
+	r.fencingRaisedEvent(s, raised)
 	ctrl.LoggerFrom(ctx).Info("Worker remediation started", "MachineSet", mr.Status.Worker.MachineSet,
 		"MachineDeployment", mr.Status.Worker.MachineDeployment)
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil

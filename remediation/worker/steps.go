@@ -57,7 +57,7 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 	if !s.machine.DeletionTimestamp.IsZero() && !deleteIssued(s.mr) {
 		return r.waitForDeletionByOthers(ctx, s, "")
 	}
-	if !fencing.StepFinished(s.mr) && fencing.HookNeeded(s.mr.Spec.Fencing, s.victimNode(ctx)) {
+	if !fencing.StepFinished(s.mr) && fencing.HookNeeded(fencing.SpecOf(s.mr), s.victimNode(ctx)) {
 		m, err := fencing.EnsureHook(ctx, r.Client, s.machine, s.mr.Name)
 		if err != nil {
 			return ctrl.Result{}, err
@@ -181,7 +181,7 @@ func fencingRequest(ctx context.Context, s *scope, started time.Time) fencing.Re
 	if s.machineGone {
 		m = &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: s.mr.Namespace, Name: s.mr.Name}}
 	}
-	return fencing.Request{Cluster: s.cluster, Machine: m, Node: s.victimNode(ctx), Spec: s.mr.Spec.Fencing, Started: started}
+	return fencing.Request{Cluster: s.cluster, Machine: m, Node: s.victimNode(ctx), Spec: fencing.SpecOf(s.mr), Started: started}
 }
 
 // victimNode is the Node to fence: the one recorded in status.worker.nodeName, else the Machine's
@@ -243,7 +243,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	if err != nil {
 		return remediation.StepResult{}, fmt.Errorf("fencing node %q: %w", s.victimNode(ctx), err)
 	}
-	v := fencing.Judge(res, s.mr.Spec.Fencing, rec.StartTime.Time, time.Now())
+	v := fencing.Judge(res, fencing.SpecOf(s.mr), rec.StartTime.Time, time.Now())
 	if v.Done {
 		metrics.Fenced(metrics.KindWorker, v.Outcome(), time.Since(rec.StartTime.Time))
 		// Fenced (or let go by the policy): the hook must no longer hold a deletion.
