@@ -34,11 +34,13 @@ import (
 // as a request for remediation to every other health check.
 const Finalizer = "remediation.cluster.x-k8s.io/machinehealthcheck"
 
-// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machinehealthchecks;machinehealthchecks/status;machinehealthchecks/finalizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machinehealthchecks,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machinehealthchecks/status,verbs=patch
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediationtemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines;machines/status,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines/status,verbs=patch
 // +kubebuilder:rbac:groups=core;events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=kubeadmcontrolplanes,verbs=get;list;watch

@@ -70,8 +70,12 @@ type StepEvent struct {
 	Time time.Time
 }
 
-// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch;delete
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations,verbs=get;list;watch;patch;delete
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations/status,verbs=patch
+// An escalation object blocks its MachineRemediation's deletion (blockOwnerDeletion), which the
+// OwnerReferencesPermissionEnforcement admission plugin allows only with update on its finalizers.
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations/finalizers,verbs=update
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 // Only KubeadmControlPlane is granted here (read through the contract, patched for replicas and
 // annotations); other control-plane providers are granted by a ClusterRole labelled

@@ -54,7 +54,11 @@ const (
 	EventFencedDeletingMachine = "FencedDeletingMachine"
 )
 
-// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations;machineremediations/status;machineremediations/finalizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations/status,verbs=patch
+// An escalation object blocks its MachineRemediation's deletion (blockOwnerDeletion), which the
+// OwnerReferencesPermissionEnforcement admission plugin allows only with update on its finalizers.
+// +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations/finalizers,verbs=update
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinesets;machinedeployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
