@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/core/setup"
@@ -91,6 +92,9 @@ type Options struct {
 	WorkerDeleteTimeout time.Duration
 	// StepObserver sees every control-plane remediation step being issued and finishing.
 	StepObserver func(controlplane.StepEvent)
+	// ControlPlaneAdapter overrides the control-plane provider adapter (tests); nil means
+	// controlplane.AdapterFor.
+	ControlPlaneAdapter func(cp *unstructured.Unstructured) controlplane.Adapter
 	// ReconcileTimeout bounds every reconcile of every controller; 0 means DefaultReconcileTimeout.
 	ReconcileTimeout time.Duration
 	// Retention bounds the life of finished MachineRemediations (--machineremediation-ttl-after-finished,
@@ -231,6 +235,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 		Fencer:           opts.Fencer,
 		WatchFilterValue: opts.WatchFilterValue,
 		StepObserver:     opts.StepObserver,
+		Adapter:          opts.ControlPlaneAdapter,
 		// Escalation steps have one meaning of timeoutSeconds for both remediators.
 		EscalationTimeout: opts.EscalationTimeout,
 	}).SetupWithManager(ctx, mgr, controllerOptions(opts.RemediationConcurrency, opts.ReconcileTimeout)); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
@@ -98,6 +99,9 @@ type Reconciler struct {
 	// EscalationTimeout, when set, turns an escalation step's timeoutSeconds into its timeout (tests:
 	// the API's minimum of 60 s is too long to wait for).
 	EscalationTimeout func(timeoutSeconds int32) time.Duration
+	// Adapter, when set, replaces AdapterFor (tests: a provider whose scale-down preflight refuses,
+	// so that DeleteFirst is taken on the sandbox, whose provider the Generic adapter describes).
+	Adapter func(cp *unstructured.Unstructured) Adapter
 
 	recorder events.EventRecorder
 }

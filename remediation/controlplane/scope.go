@@ -152,6 +152,9 @@ func (r *Reconciler) gather(ctx context.Context, s *scope) error {
 	}
 	s.cp = cp
 	s.adapter = AdapterFor(cp)
+	if r.Adapter != nil {
+		s.adapter = r.Adapter(cp)
+	}
 	list := &clusterv1.MachineList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(s.cluster.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: s.cluster.Name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {

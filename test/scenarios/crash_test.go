@@ -1,7 +1,6 @@
 package scenarios_test
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -27,19 +26,18 @@ type crashPoint struct {
 	afterStepEvent int64
 	// afterWrites > 0: after that many API writes (any point between two API calls).
 	afterWrites int64
+	// order is the order the remediation takes (crashorders_test.go).
+	order caprv1.ControlPlaneOrder
 }
 
-// TestCrashSafety kills the controller at every step boundary of a scale-up-first remediation in
-// turn, and at random points between API calls, then starts a new one. Every run must complete with
-// exactly one new Machine and exactly the victim's member removed, without losing quorum.
+// TestCrashSafety kills the controller at every step boundary of a remediation in turn, and at
+// random points between API calls, then starts a new one; the seed picks each crash point's order
+// (ScaleUpFirst, RemoveMemberFirst or DeleteFirst; CRASH_ORDERS=all runs each point in each order).
+// Every run must complete in that order with exactly one new Machine and exactly the victim's member
+// removed, without losing quorum.
 func TestCrashSafety(t *testing.T) {
 	wc := newCluster(t)
 	check := writeData(t, wc)
-	steps := int64(len(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
-	var points []crashPoint
-	for n := int64(1); n <= 2*steps; n++ {
-		points = append(points, crashPoint{name: fmt.Sprintf("step boundary %02d", n), afterStepEvent: n})
-	}
 	seed := time.Now().UnixNano()
 	if v := os.Getenv("CRASH_SEED"); v != "" {
 		var err error
@@ -48,10 +46,11 @@ func TestCrashSafety(t *testing.T) {
 		}
 	}
 	// Replay a run's random crash points with CRASH_SEED=<seed> (issue 34, gap 8).
-	t.Logf("random crash points use seed %d (CRASH_SEED=%d replays them)", seed, seed)
+	t.Logf("crash points and their orders use seed %d (CRASH_SEED=%d replays them)", seed, seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	for range 3 {
-		points = append(points, crashPoint{name: "random write", afterWrites: 1 + rng.Int64N(30)})
+	points := crashPointsFor(t, rng)
+	for _, p := range points {
+		t.Logf("seed %d: %s", seed, p.name)
 	}
 	for i, p := range points {
 		victimIndex := i % 3
@@ -75,15 +74,16 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 
 	var first atomic.Pointer[sandbox.CAPR]
 	var events atomic.Int64
-	opts := sandbox.CAPROptions{CrashAfterWrites: p.afterWrites}
+	setOrderPolicy(g, wc, p.order)
+	opts := sandbox.CAPROptions{CrashAfterWrites: p.afterWrites, Options: controllers.Options{ControlPlaneAdapter: crashAdapter(p.order)}}
 	if p.afterStepEvent > 0 {
-		opts.Options = controllers.Options{StepObserver: func(e controlplane.StepEvent) {
+		opts.StepObserver = func(e controlplane.StepEvent) {
 			if e.Remediation.Name == victim.Name && events.Add(1) == p.afterStepEvent {
 				if c := first.Load(); c != nil {
 					c.Crash.Trip()
 				}
 			}
-		}}
+		}
 	}
 	c1, err := sb.StartCAPR(ctx, opts)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -93,7 +93,7 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 
 	g.Eventually(func() bool { return c1.Stopped() }, remediationTimeout, 100*time.Millisecond).Should(BeTrue(), "the first controller never reached its crash point")
 	c1.Stop()
-	c2, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
+	c2, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{ControlPlaneAdapter: crashAdapter(p.order)}})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c2.Stop()
 	mr := waitRemediated(t, wc, victim.Name, 3)
@@ -129,6 +129,6 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 	g.Expect(members).NotTo(ContainElement(victimNode))
 	g.Expect(members).To(ContainElement(added[0]))
 	g.Expect(mr.Status.ControlPlane.Replacement).To(Equal(added[0]))
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), "the crash points are this order's step boundaries")
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(p.order), "the crash point's order (%s)", mr.Status.ControlPlane.OrderReason)
 	g.Expect(ptr.Deref(mr.Status.ControlPlane.DesiredReplicas, 0)).To(BeEquivalentTo(3))
 }
