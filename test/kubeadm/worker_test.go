@@ -49,6 +49,9 @@ func TestWorkersFencedThenReplacedByTheirMachineSet(t *testing.T) {
 	workers := workerMachines(g, ns)
 	g.Expect(workers).To(HaveLen(2))
 	a, b := workers[0], workers[1]
+	deletions, err := sb.WatchMachineDeletions(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(deletions.Stop)
 	start := time.Now()
 	for _, m := range workers {
 		g.Expect(sb.StopKubelet(ctx, wc, m.Status.NodeRef.Name)).To(Succeed())
@@ -104,6 +107,13 @@ func TestWorkersFencedThenReplacedByTheirMachineSet(t *testing.T) {
 		at, ok := sb.Log.Find(wc.LogKey(), start, "machine "+m.Name+" gone")
 		g.Expect(ok).To(BeTrue(), "the sandbox never saw %s go", m.Name)
 		g.Expect(at).To(BeTemporally(">=", fenced), "%s went before it was fenced", m.Name)
+	}
+	// From the API server, against the backend's own confirmation time per Machine (ms; CAPR's
+	// status.fencing has whole seconds): CAPR deleted a only after a's fence, and each deletion took
+	// effect (deleting, no longer held by CAPR's hook) only after that Machine's fence.
+	g.Expect(deletions.SeenAfter(a.Name, sandbox.MachineDeleting, gate.FencedAtFor(a.Name))).To(Succeed())
+	for _, m := range workers {
+		g.Expect(deletions.SeenAfter(m.Name, sandbox.MachineReleased, gate.FencedAtFor(m.Name))).To(Succeed())
 	}
 	mrA := &caprv1.MachineRemediation{}
 	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: a.Name}, mrA)).To(Succeed())

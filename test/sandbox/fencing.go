@@ -17,17 +17,28 @@ type GateBackend struct {
 	mu     sync.Mutex
 	open   bool
 	fenced time.Time
+	// machines is when each Machine's fence was first confirmed.
+	machines map[string]time.Time
 }
 
 // Fence implements fencing.Backend.
-func (b *GateBackend) Fence(context.Context, fencing.Request, caprv1.FencingBackend) (bool, string, error) {
+func (b *GateBackend) Fence(_ context.Context, req fencing.Request, _ caprv1.FencingBackend) (bool, string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.open {
 		return false, "the test has not opened the gate", nil
 	}
+	now := time.Now()
 	if b.fenced.IsZero() {
-		b.fenced = time.Now()
+		b.fenced = now
+	}
+	if b.machines == nil {
+		b.machines = map[string]time.Time{}
+	}
+	if req.Machine != nil {
+		if _, ok := b.machines[req.Machine.Name]; !ok {
+			b.machines[req.Machine.Name] = now
+		}
 	}
 	return true, "fenced", nil
 }
@@ -44,6 +55,13 @@ func (b *GateBackend) FencedAt() time.Time {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.fenced
+}
+
+// FencedAtFor is when the backend first confirmed the fence of the Machine (zero: never).
+func (b *GateBackend) FencedAtFor(machine string) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.machines[machine]
 }
 
 // Fencer serves the backend as the External fencing backend.

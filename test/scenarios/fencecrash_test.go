@@ -144,6 +144,7 @@ func fenceCrashRun(t *testing.T, wc *sandbox.WorkloadCluster, stack *storage.Sta
 	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 	cidr := n.Status.Addresses[0].Address + "/32"
 	start := time.Now()
+	deletions, taints := watchFenceOrder(t, wc)
 
 	f := &crashingFencer{real: sandboxFencer(), point: p}
 	c1, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: f}})
@@ -163,13 +164,11 @@ func fenceCrashRun(t *testing.T, wc *sandbox.WorkloadCluster, stack *storage.Sta
 	g.Expect(rec).NotTo(BeNil())
 	g.Expect(rec.UnfencedTime).NotTo(BeNil())
 	g.Expect(rec.Backends).To(HaveLen(2))
-	deleted, ok := sb.Log.Find(wc.LogKey(), start, "Machine "+victim.Name+" deleted")
-	g.Expect(ok).To(BeTrue())
 	for _, b := range rec.Backends {
 		g.Expect(b.State).To(Equal(caprv1.FencingBackendUnfenced), "%s", b.Type)
 		g.Expect(b.FencedTime).NotTo(BeNil(), "%s", b.Type)
-		g.Expect(b.FencedTime.Time).To(BeTemporally("<=", deleted), "%s confirmed after the victim was deleted", b.Type) // seconds, truncated
 	}
+	expectFencedBeforeDeleted(g, stack, deletions, taints, start, victim.Name, node, cidr)
 	g.Expect(stack.Sidecar.Fenced(cidr)).To(BeFalse(), "the storage system still refuses %s", cidr)
 	nfs := &unstructured.UnstructuredList{}
 	nfs.SetGroupVersionKind(fencing.NetworkFenceGVK)

@@ -27,6 +27,9 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: gate.Fencer()}})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(capr.Stop)
+	deletions, err := sb.WatchMachineDeletions(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(deletions.Stop)
 	start := time.Now()
 	victim := controlPlane(g, wc)[1]
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -64,6 +67,9 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	deleted, ok := sb.Log.Find(wc.LogKey(), start, "Machine "+victim.Name+" deleted")
 	g.Expect(ok).To(BeTrue())
 	g.Expect(deleted).To(BeTemporally(">=", gate.FencedAt()))
+	// From the API server, against the backend's confirmation (ms): the deletion took effect only
+	// once the victim was fenced.
+	g.Expect(deletions.SeenAfter(victim.Name, sandbox.MachineReleased, gate.FencedAtFor(victim.Name))).To(Succeed())
 	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, 3*time.Minute)).To(Succeed())
 	check()
 }

@@ -48,6 +48,9 @@ func TestKCPRolloutDuringRemediation(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	sort.Slice(machines, func(i, j int) bool { return machines[i].CreationTimestamp.Before(&machines[j].CreationTimestamp) })
 	victim := machines[0]
+	deletions, err := sb.WatchMachineDeletions(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(deletions.Stop)
 	start := time.Now()
 	g.Expect(sb.StopKubelet(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
 
@@ -97,6 +100,9 @@ func TestKCPRolloutDuringRemediation(t *testing.T) {
 	gone, ok := sb.Log.Find(wc.LogKey(), start, "machine "+victim.Name+" gone")
 	g.Expect(ok).To(BeTrue(), "the victim was never torn down")
 	g.Expect(gone).To(BeTemporally(">=", gate.FencedAt()), "torn down before it was fenced")
+	// From the API server, against the backend's confirmation (ms): KCP's deletion took effect
+	// only once the victim was fenced.
+	g.Expect(deletions.SeenAfter(victim.Name, sandbox.MachineReleased, gate.FencedAtFor(victim.Name))).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		kcp := &controlplanev1.KubeadmControlPlane{}
 		g.Expect(sb.Client.Get(ctx, kcpKey, kcp)).To(Succeed())
