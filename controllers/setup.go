@@ -222,6 +222,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 	}
 	if err := (&machinehealthcheck.Reconciler{
 		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
 		ClusterCache:     cc,
 		EtcdMembers:      members,
 		WatchFilterValue: opts.WatchFilterValue,

@@ -199,20 +199,21 @@ func forEachParallel(n int, sem chan struct{}, fn func(i int)) {
 }
 
 // writeMark writes the mark of one target when it changed and says what changed; markEvent
-// reports it.
+// reports it. The write is conditional on the version of the Machine the round read (updateMark).
 // The Machine read from the cache is never modified (it is read without a copy, see getTargets):
-// the written copy is returned instead.
+// the written copy, or the one read again, is returned instead.
 func (r *Reconciler) writeMark(ctx context.Context, m *clusterv1.Machine, ev evaluation, checker string) (*clusterv1.Machine, markChange, error) {
-	after := m.DeepCopy()
-	change, err := applyMark(after, ev, checker)
-	if err != nil || change == markUnchanged {
-		return m, markUnchanged, err
-	}
-	if err := patchMark(ctx, r.Client, m, after); err != nil {
+	change := markUnchanged
+	written, err := r.updateMark(ctx, m, func(after *clusterv1.Machine) (bool, error) {
+		var err error
+		change, err = applyMark(after, ev, checker)
+		return change != markUnchanged, err
+	})
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return m, markUnchanged, nil // deleted meanwhile: nothing to mark
 		}
 		return m, markUnchanged, err
 	}
-	return after, change, nil
+	return written, change, nil
 }

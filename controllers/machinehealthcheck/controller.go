@@ -50,6 +50,9 @@ const Finalizer = "remediation.cluster.x-k8s.io/machinehealthcheck"
 type Reconciler struct {
 	Client       client.Client
 	ClusterCache clustercache.ClusterCache
+	// APIReader reads a Machine again from the API server when a write of its mark meets a newer
+	// version than the cache's (updateMark); Client when nil.
+	APIReader client.Reader
 
 	// EtcdMembers, when set, reports the etcd member health of control-plane Machines for
 	// checks.etcdMember. When nil the check is not run.

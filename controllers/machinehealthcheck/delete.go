@@ -41,12 +41,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 	for i := range machines.Items {
 		m := &machines.Items[i]
 		if isMarked(m, checker) {
-			after := m.DeepCopy()
-			changed, err := unmark(after, checker, selector.Matches(labels.Set(m.Labels)))
-			if err == nil && changed {
-				err = patchMark(ctx, r.Client, m, after)
-			}
-			if err != nil {
+			if err := r.removeMark(ctx, m, checker, selector); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -74,4 +69,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
 	return nil
+}
+
+// removeMark removes checker's mark from Machine m (unmark), conditional on the version of m read
+// (updateMark): another health check's entry written since is kept.
+func (r *Reconciler) removeMark(ctx context.Context, m *clusterv1.Machine, checker string, selector labels.Selector) error {
+	_, err := r.updateMark(ctx, m, func(after *clusterv1.Machine) (bool, error) {
+		return unmark(after, checker, selector.Matches(labels.Set(after.Labels)))
+	})
+	return err
 }

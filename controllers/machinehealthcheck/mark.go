@@ -4,17 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/util/retry"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -36,12 +34,13 @@ const (
 // The mark is the condition MachineCAPRHealthCheckSucceededCondition at False: its message has one
 // entry per health check that finds the Machine unhealthy (caprv1.MarkEntries, naming the health
 // check, its reason and message), its reason is the first entry's and its lastTransitionTime since
-// when the Machine is marked. A health check writes and clears only its own entry, so two health
-// checks over one Machine (CAPI forbids that but does not enforce it: overlap.go
-// reports it) do not undo each other's marks, and the Machine stays marked while any of them finds
-// it unhealthy. It is one write to the Machine's status, as CAPI's MachineHealthCheck's mark is (its
-// HealthCheckSucceeded and OwnerRemediated conditions, sigs.k8s.io/cluster-api
-// core/reconcilers/machinehealthcheck machinehealthcheck_targets.go). A mark whose message is not a
+// when the Machine is marked. A health check writes and clears only its own entry, into the entries
+// of the version of the Machine it read (updateMark), so two health checks over one Machine (CAPI
+// forbids that but does not enforce it: overlap.go reports it) do not undo each other's marks, and
+// the Machine stays marked while any of them finds it unhealthy. It is one write to the Machine's
+// status, as CAPI's MachineHealthCheck's mark is (its HealthCheckSucceeded and OwnerRemediated
+// conditions, sigs.k8s.io/cluster-api core/reconcilers/machinehealthcheck
+// machinehealthcheck_targets.go). A mark whose message is not a
 // list of entries was written before marks named their health checks: every health check that
 // selects the Machine takes it for its own, as it did then, and replaces it with its entry.
 //
@@ -201,36 +200,81 @@ func hasOwnAnnotation(m *clusterv1.Machine, checker string) bool {
 // markFieldManager is the field manager of the mark's condition (server-side apply).
 const markFieldManager = "capr-machinehealthcheck"
 
-// patchMark writes what changed of the Machine's mark: the condition, applied server-side as the
-// one entry of status.conditions (a list map keyed by type) that CAPR's health check owns, so that
-// CAPI's conditions on the same Machine are never overwritten and no read is needed first; and,
-// when a mark clears, the annotation an earlier CAPR wrote (a JSON merge patch of that one key, sent
-// at the same time: neither request carries a resourceVersion, so they cannot conflict). A crash
-// between the two leaves that annotation, which the next round removes.
-func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
-	var (
-		wg                sync.WaitGroup
-		annotErr, condErr error
-	)
-	if before.Annotations[caprv1.UnhealthyAnnotation] != after.Annotations[caprv1.UnhealthyAnnotation] {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			annotErr = patchMarkAnnotation(ctx, c, after)
-		}()
+// updateMark changes the mark of Machine m (change, applied to a copy, reports whether it changed
+// anything) and writes what changed, conditional on the version of m it was computed from. Health
+// checks over one Machine share its mark, each writing its own entry into the entries it read: a
+// write computed from a copy older than another health check's write (its cache not showing that
+// write yet) would put back the entries of that copy, dropping the other's entry, which that health
+// check would only write again, as a new mark, in its next round. So when the Machine changed since
+// m was read, it is read again from the API server and the change is computed again, as
+// retry.DefaultRetry allows. It returns the Machine as written, or as read last when nothing was to
+// change, and a NotFound error when the Machine is gone (or was replaced under its name).
+func (r *Reconciler) updateMark(ctx context.Context, m *clusterv1.Machine, change func(*clusterv1.Machine) (bool, error)) (*clusterv1.Machine, error) {
+	current, result := m, m
+	reread := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if reread {
+			fresh := &clusterv1.Machine{}
+			if err := r.liveReader().Get(ctx, client.ObjectKeyFromObject(m), fresh); err != nil {
+				return fmt.Errorf("reading Machine %s again after a conflict: %w", m.Name, err)
+			}
+			if fresh.UID != m.UID {
+				return apierrors.NewNotFound(clusterv1.GroupVersion.WithResource("machines").GroupResource(), m.Name)
+			}
+			current = fresh
+		}
+		reread = true
+		after := current.DeepCopy()
+		changed, err := change(after)
+		if err != nil || !changed {
+			result = current
+			return err
+		}
+		if err := patchMark(ctx, r.Client, current, after); err != nil {
+			return err
+		}
+		result = after
+		return nil
+	})
+	if err != nil {
+		return m, err
 	}
+	return result, nil
+}
+
+// liveReader reads from the API server, not from the cache.
+func (r *Reconciler) liveReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+// patchMark writes what changed of the Machine's mark from before to after, conditional on the
+// resourceVersion of before (when it has one; the annotation's write on the one the condition's write
+// left): a Machine changed since before was read fails it with a Conflict (updateMark computes the
+// mark again). The condition is applied server-side as
+// the one entry of status.conditions (a list map keyed by type) that CAPR's health check owns, so
+// that CAPI's conditions on the same Machine are never overwritten; when a mark clears, the
+// annotation an earlier CAPR wrote is then removed (a JSON merge patch of that one key). A crash
+// between the two leaves that annotation, which the next round removes. after carries the
+// resourceVersion written.
+func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
+	var err error
 	cond, prev := conditions.Get(after, caprv1.MachineCAPRHealthCheckSucceededCondition), conditions.Get(before, caprv1.MachineCAPRHealthCheckSucceededCondition)
 	switch {
 	case cond != nil && !sameCondition(prev, cond):
-		condErr = applyMarkCondition(ctx, c, after, cond)
+		err = applyMarkCondition(ctx, c, after, cond)
 	case cond == nil && prev != nil:
 		// Removed when the health check is deleted: rare, and the entry may have been written by
-		// another field manager (an older CAPR), so it goes through the patch helper.
-		condErr = removeMarkCondition(ctx, c, before, after)
+		// another field manager (an older CAPR), which an apply would not remove.
+		err = removeMarkCondition(ctx, c, before, after)
 	}
-	wg.Wait()
-	if err := kerrors.NewAggregate([]error{annotErr, condErr}); err != nil {
-		if apierrors.IsNotFound(annotErr) || apierrors.IsNotFound(condErr) {
+	if err == nil && before.Annotations[caprv1.UnhealthyAnnotation] != after.Annotations[caprv1.UnhealthyAnnotation] {
+		err = patchMarkAnnotation(ctx, c, after)
+	}
+	if err != nil {
+		if apierrors.IsNotFound(err) {
 			return apierrors.NewNotFound(clusterv1.GroupVersion.WithResource("machines").GroupResource(), after.Name)
 		}
 		return fmt.Errorf("patching mark on Machine %s: %w", after.Name, err)
@@ -238,16 +282,28 @@ func patchMark(ctx context.Context, c client.Client, before, after *clusterv1.Ma
 	return nil
 }
 
-// removeMarkCondition removes the health check's condition with CAPI's patch helper, which owns only
-// that condition and retries on conflicts.
+// removeMarkCondition removes the health check's condition with a JSON merge patch of
+// status.conditions, which sends the whole list: it is conditional on before's resourceVersion, so
+// it never drops what another writer added since.
 func removeMarkCondition(ctx context.Context, c client.Client, before, after *clusterv1.Machine) error {
-	helper, err := patch.NewHelper(before, c)
-	if err != nil {
-		return fmt.Errorf("creating patch helper for Machine %s: %w", before.Name, err)
-	}
 	withoutMetadata := after.DeepCopy()
 	withoutMetadata.ObjectMeta = *before.ObjectMeta.DeepCopy() // the annotation is patched on its own
-	return helper.Patch(ctx, withoutMetadata, patch.WithOwnedConditions{Conditions: []string{caprv1.MachineCAPRHealthCheckSucceededCondition}})
+	var opts []client.MergeFromOption
+	if before.ResourceVersion != "" {
+		opts = append(opts, client.MergeFromWithOptimisticLock{})
+	}
+	if err := c.Status().Patch(ctx, withoutMetadata, client.MergeFromWithOptions(before, opts...)); err != nil {
+		return err
+	}
+	setWrittenVersion(after, withoutMetadata.ResourceVersion)
+	return nil
+}
+
+// setWrittenVersion records on m the resourceVersion a write answered (none from some fakes).
+func setWrittenVersion(m *clusterv1.Machine, resourceVersion string) {
+	if resourceVersion != "" {
+		m.ResourceVersion = resourceVersion
+	}
 }
 
 // sameCondition reports whether a (possibly nil) is b in every field.
@@ -256,7 +312,8 @@ func sameCondition(a, b *metav1.Condition) bool {
 		a.LastTransitionTime.Equal(&b.LastTransitionTime) && a.ObservedGeneration == b.ObservedGeneration
 }
 
-// patchMarkAnnotation sets or removes (when after has none) the mark annotation.
+// patchMarkAnnotation sets or removes (when after has none) the mark annotation, conditional on
+// after's resourceVersion.
 func patchMarkAnnotation(ctx context.Context, c client.Client, after *clusterv1.Machine) error {
 	var value any // JSON null removes the key
 	if v, ok := after.Annotations[caprv1.UnhealthyAnnotation]; ok {
@@ -264,16 +321,24 @@ func patchMarkAnnotation(ctx context.Context, c client.Client, after *clusterv1.
 	}
 	// The UID makes the patch fail on a Machine deleted and created again under the same name since
 	// the round's read (metadata.uid is immutable).
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": after.UID,
-		"annotations": map[string]any{caprv1.UnhealthyAnnotation: value}}})
+	metadata := map[string]any{"uid": after.UID, "annotations": map[string]any{caprv1.UnhealthyAnnotation: value}}
+	if after.ResourceVersion != "" {
+		metadata["resourceVersion"] = after.ResourceVersion
+	}
+	body, err := json.Marshal(map[string]any{"metadata": metadata})
 	if err != nil {
 		return fmt.Errorf("encoding the mark annotation: %w", err)
 	}
-	return c.Patch(ctx, after.DeepCopy(), client.RawPatch(types.MergePatchType, body))
+	patched := after.DeepCopy()
+	if err := c.Patch(ctx, patched, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return err
+	}
+	setWrittenVersion(after, patched.ResourceVersion)
+	return nil
 }
 
 // applyMarkCondition applies the health check's condition as its one owned entry of
-// status.conditions.
+// status.conditions, conditional on m's resourceVersion, and records the one written on m.
 func applyMarkCondition(ctx context.Context, c client.Client, m *clusterv1.Machine, cond *metav1.Condition) error {
 	entry := map[string]any{
 		"type":               cond.Type,
@@ -285,11 +350,19 @@ func applyMarkCondition(ctx context.Context, c client.Client, m *clusterv1.Machi
 	if cond.ObservedGeneration != 0 {
 		entry["observedGeneration"] = cond.ObservedGeneration
 	}
+	metadata := map[string]any{"name": m.Name, "namespace": m.Namespace, "uid": string(m.UID)}
+	if m.ResourceVersion != "" {
+		metadata["resourceVersion"] = m.ResourceVersion // a precondition of the apply
+	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": clusterv1.GroupVersion.String(),
 		"kind":       "Machine",
-		"metadata":   map[string]any{"name": m.Name, "namespace": m.Namespace, "uid": string(m.UID)},
+		"metadata":   metadata,
 		"status":     map[string]any{"conditions": []any{entry}},
 	}}
-	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(markFieldManager), client.ForceOwnership)
+	if err := c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(markFieldManager), client.ForceOwnership); err != nil {
+		return err
+	}
+	setWrittenVersion(m, u.GetResourceVersion())
+	return nil
 }
