@@ -112,8 +112,10 @@ func TestKCPRebootRecovers(t *testing.T) {
 
 // TestKCPRebootThatDoesNotHelpIsFollowedByReplacement: the reboot leaves the Node down. At the step's
 // timeout the reboot is deleted, the order is chosen again, and the Machine is replaced as without
-// escalation (a surge of two, KCP's admission refusing even replicas), the failure margin never
-// below one.
+// escalation (a surge of two, KCP's admission refusing even replicas), quorum kept throughout. The
+// failure margin is 0, not 1, from the reboot until the first replacement votes: a reboot takes its
+// member down, which quorum.CanTakeDown allows when the healthy others still make a quorum (2 of 3),
+// and the stand-in reboot stops the member as a real one does (test/sandbox/reboot.go).
 func TestKCPRebootThatDoesNotHelpIsFollowedByReplacement(t *testing.T) {
 	var victim string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-reboot-fails", kubeadm.Scenario{ControlPlane: 3,
@@ -123,7 +125,7 @@ func TestKCPRebootThatDoesNotHelpIsFollowedByReplacement(t *testing.T) {
 			return []string{victim}, sb.StopHeartbeat(ctx, wc, machines[1].Status.NodeRef.Name)
 		}})
 	g := NewWithT(t)
-	g.Expect(res.MinMargin).To(BeNumerically(">=", 1), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
+	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "etcd lost quorum at %s", res.MinMarginAt)
 	mr := res.Remediations[victim]
 	steps := kubeadm.StepNames(mr)
 	g.Expect(steps).NotTo(BeEmpty())
