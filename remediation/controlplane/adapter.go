@@ -32,9 +32,9 @@ type Adapter interface {
 	// ScalingUp and ScalingDown condition messages), appended to CAPR's messages while a step waits on
 	// the provider; "" when it has none.
 	Explain(cp *unstructured.Unstructured) string
-	// Surge is how many Machines a remediation adds before the victim goes (1, or 2 where the provider
-	// accepts only odd replica counts), and why.
-	Surge(cp *unstructured.Unstructured) (int32, string)
+	// Surge is how a remediation that adds its replacement before the victim goes asks the provider
+	// for it: how far spec.replicas is raised, how many Machines the provider then creates, and why.
+	Surge(cp *unstructured.Unstructured) SurgePlan
 	// Busy says why the provider is not quiet enough for a remediation to start (scaling, rolling
 	// out, remediating on its own, replicas owned by someone else); "" when it is.
 	Busy(view ProviderView) string
@@ -51,6 +51,17 @@ type Adapter interface {
 	// external etcd this is what a replacement must reach before the victim goes, and what must
 	// remain while the victim is gone or rebooting.
 	ServesAPI(m *clusterv1.Machine) string
+}
+
+// SurgePlan is how a provider is asked for the replacement while the victim still exists.
+type SurgePlan struct {
+	// Replicas is how far spec.replicas is raised above the desired count: 1, or 2 where the provider
+	// admits only odd counts.
+	Replicas int32
+	// Machines is how many Machines the provider creates for that. It is the cost of a surge order
+	// that ChooseOrder weighs (OrderInput.SurgeMachines).
+	Machines int32
+	Reason   string
 }
 
 // ProviderView is what a provider's preflight checks look at.
@@ -86,8 +97,8 @@ func (g Generic) AddsLearners() bool { return g.learners }
 func (Generic) ScaleUpRefusal(ProviderView, bool) string { return "" }
 
 // Surge implements Adapter: CAPI's contract puts no constraint on replicas.
-func (Generic) Surge(*unstructured.Unstructured) (int32, string) {
-	return 1, "one replacement: the control-plane provider accepts any replica count"
+func (Generic) Surge(*unstructured.Unstructured) SurgePlan {
+	return SurgePlan{Replicas: 1, Machines: 1, Reason: "one replacement: the control-plane provider accepts any replica count"}
 }
 
 // Busy implements Adapter.

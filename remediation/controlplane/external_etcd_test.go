@@ -94,8 +94,9 @@ func TestStepsWithExternalEtcdHaveNoMembershipSteps(t *testing.T) {
 func TestKCPWithExternalEtcd(t *testing.T) {
 	g := NewWithT(t)
 	cp := externalKCP(t)
-	n, why := KCP{}.Surge(cp)
-	g.Expect(n).To(Equal(int32(1)), why)
+	plan := KCP{}.Surge(cp)
+	g.Expect(plan.Replicas).To(Equal(int32(1)), plan.Reason)
+	g.Expect(plan.Machines).To(Equal(int32(1)), plan.Reason)
 
 	// KCP never sets the etcd conditions with external etcd: a Machine without them serves.
 	serving := kcpMachine("a")

@@ -64,12 +64,12 @@ func (d *kcpRemediationData) marshal() (string, error) {
 // Surge implements Adapter. KCP's admission refuses an even spec.replicas when etcd is stacked
 // (controlplane/kubeadm/webhooks/admission kubeadmcontrolplane.go and kubeadmcontrolplane_scale.go,
 // on create, update and /scale), so N → N+1 is impossible there: the remediation surges by two
-// (3 → 5 → 3). External etcd accepts any count.
-func (KCP) Surge(cp *unstructured.Unstructured) (int32, string) {
+// (3 → 5 → 3), two Machines. External etcd accepts any count.
+func (KCP) Surge(cp *unstructured.Unstructured) SurgePlan {
 	if kcpEtcdManaged(cp) {
-		return 2, "two replacements: KubeadmControlPlane with stacked etcd accepts only an odd number of replicas"
+		return SurgePlan{Replicas: 2, Machines: 2, Reason: "two replacements: KubeadmControlPlane with stacked etcd accepts only an odd number of replicas"}
 	}
-	return 1, "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"
+	return SurgePlan{Replicas: 1, Machines: 1, Reason: "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"}
 }
 
 // Busy implements Adapter: KCP must be quiet before CAPR changes its replicas, because KCP acts on

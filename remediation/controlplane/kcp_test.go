@@ -198,19 +198,19 @@ func TestKCPRemediationDataIsReadByKCP(t *testing.T) {
 }
 
 // TestKCPSurge: KCP's admission refuses even replicas with stacked etcd (probed against KCP's own
-// webhook in test/kubeadm); external etcd takes any count.
+// webhook in test/kubeadm): two Machines; external etcd takes any count.
 func TestKCPSurge(t *testing.T) {
 	g := NewWithT(t)
-	n, why := KCP{}.Surge(kcpObject())
-	g.Expect(n).To(Equal(int32(2)))
-	g.Expect(why).To(ContainSubstring("odd"))
+	plan := KCP{}.Surge(kcpObject())
+	g.Expect(plan).To(Equal(SurgePlan{Replicas: 2, Machines: 2, Reason: plan.Reason}))
+	g.Expect(plan.Reason).To(ContainSubstring("odd"))
 	external := kcpObject()
 	g.Expect(unstructured.SetNestedMap(external.Object, map[string]interface{}{"endpoints": []interface{}{"https://etcd:2379"}},
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "external")).To(Succeed())
-	n, _ = KCP{}.Surge(external)
-	g.Expect(n).To(Equal(int32(1)))
-	n, _ = Generic{}.Surge(kcpObject())
-	g.Expect(n).To(Equal(int32(1)))
+	plan = KCP{}.Surge(external)
+	g.Expect(plan).To(Equal(SurgePlan{Replicas: 1, Machines: 1, Reason: plan.Reason}))
+	plan = Generic{}.Surge(kcpObject())
+	g.Expect(plan).To(Equal(SurgePlan{Replicas: 1, Machines: 1, Reason: plan.Reason}))
 }
 
 // TestKCPScaleDownRefusal: KCP refuses to scale down while another Machine fails its strict health

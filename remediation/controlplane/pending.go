@@ -207,6 +207,7 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 		in.ProviderRefusesScaleUpNow = s.adapter.ScaleUpRefusal(view, false)
 		in.ProviderRefusesScaleUpAfterRemoval = s.adapter.ScaleUpRefusal(view, true)
 		in.ProviderRefusesScaleDown = s.adapter.ScaleDownRefusal(view)
+		in.SurgeMachines = s.adapter.Surge(s.cp).Machines
 	}
 	decision := ChooseOrder(in)
 	if decision.WaitReason != "" {
@@ -304,7 +305,8 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 	case caprv1.ControlPlaneOrderDeleteFirst:
 		cp.Surge, cp.SurgeReason = 0, "no surge: the victim is deleted first and the provider replaces it"
 	default:
-		cp.Surge, cp.SurgeReason = s.adapter.Surge(s.cp)
+		plan := s.adapter.Surge(s.cp)
+		cp.Surge, cp.SurgeReason = plan.Replicas, plan.Reason
 	}
 	for _, other := range s.machines {
 		cp.MachinesBefore = append(cp.MachinesBefore, other.Name)

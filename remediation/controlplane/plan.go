@@ -101,9 +101,15 @@ type OrderInput struct {
 	// ProviderRefusesScaleUpAfterRemoval is why it would not once the victim's member is removed.
 	ProviderRefusesScaleUpAfterRemoval string
 	// ProviderRefusesScaleDown is why the provider would not remove a Machine now other than the
-	// victim (e.g. KCP's scale-down preflight while another control-plane Machine is unhealthy): the
-	// surge orders end with a scale-down, so DeleteFirst is taken instead.
+	// victim (e.g. KCP's scale-down preflight while another control-plane Machine is unhealthy). It
+	// matters where a surge creates a surplus Machine that the provider must scale down again
+	// (SurgeMachines > 1): no surge order is taken then. (With one replacement CAPR deletes the victim
+	// itself and the provider has nothing to remove.)
 	ProviderRefusesScaleDown string
+	// SurgeMachines is how many Machines the orders that surge (ScaleUpFirst, RemoveMemberFirst) have
+	// the provider create (Adapter.Surge, SurgePlan.Machines; 0 is taken as 1). It is their cost:
+	// with more than one, DeleteFirst creates fewer.
+	SurgeMachines int32
 	// ExternalEtcd is true when etcd runs outside the control-plane Machines: Counts, Unreachable,
 	// Victim and AddsLearners are then unused, and ServingOthers and VictimServes decide.
 	ExternalEtcd bool
@@ -123,45 +129,196 @@ type OrderDecision struct {
 	WaitMessage string
 }
 
-// ChooseOrder picks the order of a control-plane remediation from real etcd state. Scale up first
-// when that is quorum-safe (the replacement votes before anything is removed); otherwise remove the
-// victim's member first when that is quorum-safe and the replacement can still be added afterwards;
-// otherwise wait. Before the control plane is initialized there is nothing to keep: replace. With
-// external etcd there is no member to keep either (chooseExternalEtcdOrder).
+// ChooseOrder picks the order of a control-plane remediation from real etcd state. First the failure
+// margin is kept: a healthy victim's member is removed only after its replacement votes (scale up
+// first), unless removing it first keeps a margin (marginWait); a victim whose member is down,
+// unreachable, missing or a learner is removed first, which never lowers the margin, while adding a
+// voter first would (V+1 needs a larger quorum until the new member runs). Among the orders that keep
+// it, the one that creates the fewest Machines and restores full strength soonest, by what the
+// provider's surge costs (OrderInput.SurgeMachines): with one Machine, RemoveMemberFirst provisions the
+// replacement while the victim is fenced and deleted afterwards; with two (a surplus to scale down
+// again), DeleteFirst, which has the provider create one. Otherwise wait. Before the control plane is
+// initialized there is nothing to keep: replace. With external etcd there is no member to keep either
+// (chooseExternalEtcdOrder).
 func ChooseOrder(in OrderInput) OrderDecision {
 	if in.ExternalEtcd && in.Initialized {
 		return chooseExternalEtcdOrder(in)
 	}
-	d := chooseSurgeOrder(in)
-	if in.ProviderRefusesScaleDown == "" || d.WaitReason != "" || d.Order == caprv1.ControlPlaneOrderReplace {
+	if !in.Initialized {
+		return OrderDecision{Order: caprv1.ControlPlaneOrderReplace,
+			Reason: "the control plane is not initialized yet: the Machine is replaced without scaling up (as KCP does for the first Machine)"}
+	}
+	c := in.Counts
+	if wait, msg := quorumWait(in); wait != "" {
+		return OrderDecision{WaitReason: wait, WaitMessage: msg}
+	}
+	learnerVictim := in.Victim == VictimLearner
+	if c.Learners > 0 && (!learnerVictim || c.Learners != 1) {
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason,
+			WaitMessage: "an etcd learner is pending promotion; membership changes wait until it is promoted"}
+	}
+	if d, ok := chooseSingleMemberOrder(in); ok {
 		return d
 	}
-	// Both surge orders end with the provider scaling back down, which it would refuse: remove the
-	// member, delete the victim and let the provider replace it, without a surge. That needs what
-	// RemoveMemberFirst needs: a quorum-safe removal, and an add after it the provider accepts.
-	c := in.Counts
+
 	after := countsAfterRemoval(c, in.Victim)
-	canRemove := in.Victim == VictimMissing ||
-		quorum.CanRemoveMember(c, quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: in.Victim == VictimLearner})
-	switch {
-	case !canRemove:
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
-			"cannot proceed safely: the control-plane provider would not scale down (%s), and removing the %s member of the victim first would leave %d of %d voting members healthy",
-			in.ProviderRefusesScaleDown, in.Victim, after.Healthy, after.Voting)}
-	case !quorum.CanAddMember(after, in.AddsLearners):
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
-			"cannot proceed safely: the control-plane provider would not scale down (%s), and after removing the victim's member the replacement could not be added safely", in.ProviderRefusesScaleDown)}
-	case in.ProviderRefusesScaleUpAfterRemoval != "":
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
-			"cannot proceed: the control-plane provider would not scale down (%s), and after removing the victim's member it would not create a replacement: %s",
-			in.ProviderRefusesScaleDown, in.ProviderRefusesScaleUpAfterRemoval)}
+	how := "as a voting member"
+	if in.AddsLearners {
+		how = "as a learner"
 	}
-	if wait := marginWait(in, "the control-plane provider would not scale down ("+in.ProviderRefusesScaleDown+")"); wait != nil {
+	machines := in.surgeMachines()
+	// Why no order that adds the replacement first can be taken ("" when one can).
+	var upFirstWhy string
+	switch {
+	case in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst:
+		upFirstWhy = "the ordering policy is RemoveMemberFirst"
+	case !quorum.CanAddMember(c, in.AddsLearners):
+		upFirstWhy = fmt.Sprintf("adding a member %s first is not quorum-safe (%d/%d healthy, %d needed after the add)",
+			how, c.Healthy, c.Voting, quorum.Of(c.Voting+1))
+	case in.ProviderRefusesScaleUpNow != "":
+		upFirstWhy = "the control-plane provider would not scale up now: " + in.ProviderRefusesScaleUpNow
+	case machines > 1 && in.ProviderRefusesScaleDown != "":
+		// A surge of two ends with the provider scaling the surplus Machine down again.
+		upFirstWhy = fmt.Sprintf("a surge creates %d Machines and the control-plane provider would not scale the surplus one down (%s)", machines, in.ProviderRefusesScaleDown)
+	}
+	// Why the victim's member cannot be removed first ("" when it can).
+	var removeFirstWhy string
+	switch {
+	case in.Victim != VictimMissing && !quorum.CanRemoveMember(c, quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: learnerVictim}):
+		removeFirstWhy = fmt.Sprintf("removing the %s member of the victim would leave %d of %d voting members healthy", in.Victim, after.Healthy, after.Voting)
+	case !quorum.CanAddMember(after, in.AddsLearners):
+		removeFirstWhy = "after removing the victim's member the replacement could not be added safely"
+	case in.ProviderRefusesScaleUpAfterRemoval != "":
+		removeFirstWhy = "after removing the victim's member the control-plane provider would not create a replacement: " + in.ProviderRefusesScaleUpAfterRemoval
+	}
+
+	removeOrder := removeFirst("", machines).Order
+	switch {
+	case in.Victim == VictimHealthy && upFirstWhy == "" && removeFirstWhy == "" && in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst &&
+		valueOf(in, removeOrder).better(valueOf(in, caprv1.ControlPlaneOrderScaleUpFirst)):
+		// An even number of voters loses no margin with one healthy voter fewer, and learners joining
+		// add none while they catch up: where the surge would create two Machines, removing first is
+		// as safe and cheaper.
+		return removeFirst(fmt.Sprintf("the victim's etcd member is healthy, but removing it first keeps the failure margin (%d/%d healthy after, adding %s) and the surge would create %d Machines",
+			after.Healthy, after.Voting, how, machines), machines)
+	case in.Victim == VictimHealthy && upFirstWhy == "":
+		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
+			"the victim's etcd member is healthy: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)%s",
+			c.Healthy, c.Voting, how, machinesNote(machines))}
+	case in.Victim != VictimHealthy && in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst && removeFirstWhy == "":
+		why := fmt.Sprintf("the victim's etcd member is %s, so removing it first costs no failure margin (%d/%d healthy after)", in.Victim, after.Healthy, after.Voting)
+		if upFirstWhy != "" {
+			why += ", and " + upFirstWhy
+		}
+		return removeFirst(why, machines)
+	case upFirstWhy == "":
+		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
+			"the victim's etcd member is %s and %s, but adding the replacement %s first is quorum-safe (%d/%d healthy)%s",
+			in.Victim, removeFirstWhy, how, c.Healthy, c.Voting, machinesNote(machines))}
+	case removeFirstWhy != "":
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed safely: %s, and %s", upFirstWhy, removeFirstWhy)}
+	}
+	if wait := marginWait(in, upFirstWhy); wait != nil {
 		return *wait
 	}
-	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
-		"the control-plane provider would not scale down (%s): the victim's %s member is removed (%d/%d healthy after), the victim deleted, and the provider creates the replacement without a surge",
-		in.ProviderRefusesScaleDown, in.Victim, after.Healthy, after.Voting)}
+	return removeFirst(fmt.Sprintf("the victim's etcd member is %s and %s: it is removed first (%d/%d healthy after)", in.Victim, upFirstWhy, after.Healthy, after.Voting), machines)
+}
+
+// orderValue is what an order keeps and costs, from the counts (a member not counted healthy taken
+// as down): its lowest failure margin while it waits (at the start, while a replacement is
+// provisioned, after each change), its lowest at all (also while a voter has been added and has not
+// started: etcd counts it in the quorum at once), and the Machines it has the provider create.
+type orderValue struct {
+	settled, transient, machines int
+}
+
+// better reports whether v beats w: a higher settled margin, then a higher transient one, then fewer
+// Machines.
+func (v orderValue) better(w orderValue) bool {
+	if v.settled != w.settled {
+		return v.settled > w.settled
+	}
+	if v.transient != w.transient {
+		return v.transient > w.transient
+	}
+	return v.machines < w.machines
+}
+
+// valueOf is an order's orderValue for in: ScaleUpFirst adds the surge's Machines then removes the
+// victim's member, RemoveMemberFirst the other way round, DeleteFirst removes it and adds one; a surge
+// of two ends with the surplus Machine's member leaving again.
+func valueOf(in OrderInput, order caprv1.ControlPlaneOrder) orderValue {
+	voting, healthy := in.Counts.Voting, in.Counts.Healthy
+	margin := func() int { return healthy - quorum.Of(voting) }
+	v := orderValue{settled: margin(), transient: margin()}
+	settle := func() {
+		v.settled, v.transient = min(v.settled, margin()), min(v.transient, margin())
+	}
+	add := func() {
+		v.machines++
+		voting++
+		if !in.AddsLearners {
+			v.transient = min(v.transient, margin()) // a learner votes only once promoted
+		}
+		healthy++
+		settle()
+	}
+	removeVictim := func() {
+		switch in.Victim {
+		case VictimHealthy:
+			voting, healthy = voting-1, healthy-1
+		case VictimUnhealthy:
+			voting--
+		}
+		settle()
+	}
+	surge := func() {
+		n := int(in.surgeMachines())
+		for range n {
+			add()
+		}
+		if n > 1 {
+			voting, healthy = voting-1, healthy-1
+			settle()
+		}
+	}
+	switch order {
+	case caprv1.ControlPlaneOrderScaleUpFirst:
+		surge()
+		removeVictim()
+	case caprv1.ControlPlaneOrderRemoveMemberFirst:
+		removeVictim()
+		surge()
+	case caprv1.ControlPlaneOrderDeleteFirst:
+		removeVictim()
+		add()
+	}
+	return v
+}
+
+// surgeMachines is OrderInput.SurgeMachines, 1 when unset.
+func (in OrderInput) surgeMachines() int32 { return max(in.SurgeMachines, 1) }
+
+// removeFirst is the order that removes the victim's member first: RemoveMemberFirst, whose surge
+// provisions the replacement before the victim is fenced and deleted, when the surge creates one
+// Machine; DeleteFirst when it would create more (the provider then creates one, no surplus to scale
+// down again; fault → full strength costs the victim's deletion before the provisioning instead of a
+// second Machine and its removal).
+func removeFirst(why string, machines int32) OrderDecision {
+	if machines > 1 {
+		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
+			"%s; a surge would create %d Machines, so the victim is deleted after its member and the control-plane provider creates the one replacement", why, machines)}
+	}
+	return OrderDecision{Order: caprv1.ControlPlaneOrderRemoveMemberFirst, Reason: why + "; then the replacement is added"}
+}
+
+// machinesNote says how many Machines a surge order creates when that is not obvious.
+func machinesNote(machines int32) string {
+	if machines > 1 {
+		return fmt.Sprintf("; the surge creates %d Machines", machines)
+	}
+	return ""
 }
 
 // chooseExternalEtcdOrder chooses the order when etcd runs outside the control-plane Machines. No
@@ -197,81 +354,6 @@ func chooseExternalEtcdOrder(in OrderInput) OrderDecision {
 	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
 		"etcd is external and the control-plane provider would not scale down (%s): the victim is fenced and deleted (%d other control-plane Machines serve the API) and the provider creates the replacement without a surge%s",
 		in.ProviderRefusesScaleDown, in.ServingOthers, policy)}
-}
-
-// chooseSurgeOrder chooses between the orders that add the replacement while the victim exists.
-func chooseSurgeOrder(in OrderInput) OrderDecision {
-	if !in.Initialized {
-		return OrderDecision{Order: caprv1.ControlPlaneOrderReplace,
-			Reason: "the control plane is not initialized yet: the Machine is replaced without scaling up (as KCP does for the first Machine)"}
-	}
-	c := in.Counts
-	if wait, msg := quorumWait(in); wait != "" {
-		return OrderDecision{WaitReason: wait, WaitMessage: msg}
-	}
-	learnerVictim := in.Victim == VictimLearner
-	if c.Learners > 0 && (!learnerVictim || c.Learners != 1) {
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason,
-			WaitMessage: "an etcd learner is pending promotion; membership changes wait until it is promoted"}
-	}
-	if d, ok := chooseSingleMemberOrder(in); ok {
-		return d
-	}
-
-	canRemove := in.Victim == VictimMissing ||
-		quorum.CanRemoveMember(c, quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: learnerVictim})
-	after := countsAfterRemoval(c, in.Victim)
-	addFirst := quorum.CanAddMember(c, in.AddsLearners)
-	addAfter := quorum.CanAddMember(after, in.AddsLearners)
-	how := "as a voting member"
-	if in.AddsLearners {
-		how = "as a learner"
-	}
-
-	scaleUpFirst := func(reason string) OrderDecision {
-		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: reason}
-	}
-	removeFirst := func(reason string) OrderDecision {
-		return OrderDecision{Order: caprv1.ControlPlaneOrderRemoveMemberFirst, Reason: reason}
-	}
-
-	if in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst && addFirst && in.ProviderRefusesScaleUpNow == "" {
-		if in.Victim == VictimHealthy {
-			return scaleUpFirst(fmt.Sprintf("the victim's etcd member is healthy: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)",
-				c.Healthy, c.Voting, how))
-		}
-		return scaleUpFirst(fmt.Sprintf("the victim's etcd member is %s, but adding the replacement %s first is still quorum-safe (%d/%d healthy)",
-			in.Victim, how, c.Healthy, c.Voting))
-	}
-
-	var notFirst string
-	switch {
-	case in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst:
-		notFirst = "the ordering policy is RemoveMemberFirst"
-	case !addFirst:
-		notFirst = fmt.Sprintf("adding a member %s first is not quorum-safe (%d/%d healthy, %d needed after the add)",
-			how, c.Healthy, c.Voting, quorum.Of(c.Voting+1))
-	default:
-		notFirst = "the control-plane provider would not scale up now: " + in.ProviderRefusesScaleUpNow
-	}
-	switch {
-	case !canRemove:
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
-			"cannot proceed safely: %s, and removing the %s member of the victim would leave %d of %d voting members healthy",
-			notFirst, in.Victim, after.Healthy, after.Voting)}
-	case !addAfter:
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
-			"cannot proceed safely: %s, and after removing the victim's member the replacement could not be added safely", notFirst)}
-	case in.ProviderRefusesScaleUpAfterRemoval != "":
-		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
-			"cannot proceed: %s, and after removing the victim's member the control-plane provider would not scale up: %s",
-			notFirst, in.ProviderRefusesScaleUpAfterRemoval)}
-	}
-	if wait := marginWait(in, notFirst); wait != nil {
-		return *wait
-	}
-	return removeFirst(fmt.Sprintf("the victim's etcd member is %s and %s: it is removed first (%d/%d healthy after), then the replacement is added",
-		in.Victim, notFirst, after.Healthy, after.Voting))
 }
 
 // marginWait refuses to remove a healthy member first when that takes the failure margin from one to

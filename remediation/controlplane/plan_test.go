@@ -29,8 +29,8 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"3 members, victim dead, provider adds learners: etcd refuses even a learner (2 of 4), remove first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
-		{"5 members, victim dead, provider adds learners: scale up first (4 of 6)", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"5 members, victim dead, provider adds learners: adding first would be safe (4 of 6), but removing first costs no margin", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy, AddsLearners: true}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"3 members, two unreachable, linearizable read answered: quorum proven, not lost: wait for etcd", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}, Victim: VictimUnhealthy, Unreachable: []string{"n2", "n3"}},
 			"", caprv1.MachineRemediationEtcdUnreachableReason},
@@ -44,8 +44,14 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 0, Serializable: true}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
 		{"node-local list claiming full health is still not acted on", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3, Serializable: true}, Victim: VictimHealthy}, "", caprv1.MachineRemediationQuorumLostReason},
-		{"5 members, victim dead: scale up first is still safe", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"5 members, victim dead: adding a voter first is safe but drops the margin to 0 until it starts (4 of 6); removing first keeps 1", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"5 members, victim dead, surge of two Machines: delete first, one Machine", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy, SurgeMachines: 2}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"3 members, victim dead, surge of two Machines: delete first, one Machine (KCP without returning replicas at the first)", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimUnhealthy, SurgeMachines: 2}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"5 members, victim dead, adding first safe, removal refused by the provider after: scale up first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 4}, Victim: VictimUnhealthy, ProviderRefusesScaleUpAfterRemoval: "x"}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"5 members, two dead, victim dead: remove first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"5 members, two dead, victim healthy: neither is safe", OrderInput{Policy: auto, Initialized: true,
@@ -54,12 +60,14 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 3, Healthy: 2}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"3 members, two dead: quorum lost", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 1}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},
-		{"victim member missing: remove is a no-op, then scale up", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"victim member missing: nothing to remove, then the replacement is added", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"victim member missing, surge of two Machines: delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 2, Healthy: 2}, Victim: VictimMissing, SurgeMachines: 2}, caprv1.ControlPlaneOrderDeleteFirst, ""},
 		{"learner pending: wait", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimHealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
-		{"victim is the only learner: removable", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"victim is the only learner: removed first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"victim is the only learner, provider adds learners: etcd takes one learner at a time, remove first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 3, Learners: 1}, Victim: VictimLearner, AddsLearners: true}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
 		{"policy RemoveMemberFirst with healthy victim", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
@@ -85,19 +93,32 @@ func TestChooseOrder(t *testing.T) {
 			Counts: quorum.Counts{Voting: 1, Healthy: 1, QuorumProven: true}, Victim: VictimHealthy, AddsLearners: true}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"single member healthy, provider refuses scale-up now: wait, never remove first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy, AddsLearners: true, ProviderRefusesScaleUpNow: "KCP preflight"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
-		{"single member healthy, provider would not scale down: wait, never delete first", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy, AddsLearners: true, ProviderRefusesScaleDown: "x"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"single member healthy, surge of two Machines, provider would not scale down: wait, never delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy, AddsLearners: true, ProviderRefusesScaleDown: "x", SurgeMachines: 2}, "", caprv1.MachineRemediationNotQuorumSafeReason},
+		{"single member healthy, one Machine, provider would not scale down: nothing to scale down, scale up first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 1, Healthy: 1}, Victim: VictimHealthy, AddsLearners: true, ProviderRefusesScaleDown: "x"}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
 		{"single member dead: quorum lost", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 1, Healthy: 0}, Victim: VictimUnhealthy, AddsLearners: true}, "", caprv1.MachineRemediationQuorumLostReason},
 		{"single member unreachable: quorum lost", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 1, Healthy: 0, Unreachable: 1}, Victim: VictimUnhealthy, AddsLearners: true}, "", caprv1.MachineRemediationQuorumLostReason},
-		// The provider would not scale down (KCP with another unhealthy Machine): no surge.
-		{"5 members, two dead, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "KCP: d unhealthy"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
-		{"3 healthy, victim healthy, provider would not scale down: deleting first would lose the margin, wait", OrderInput{Policy: auto, Initialized: true,
-			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, "", caprv1.MachineRemediationWouldLoseFailureMarginReason},
-		{"3 healthy, victim healthy, provider would not scale down, policy RemoveMemberFirst: delete first", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
-			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x"}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		// The provider would not scale down (KCP with another unhealthy Machine): no surge that leaves
+		// a surplus Machine; one replacement leaves none (CAPR deletes the victim itself).
+		{"5 members, two dead, surge of two Machines, provider would not scale down: delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "KCP: d unhealthy", SurgeMachines: 2}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"5 members, two dead, one Machine, provider would not scale down: remove first, the replacement provisioned before the delete", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "KCP: d unhealthy", SurgeMachines: 1}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
+		{"3 healthy, victim healthy, surge of two Machines, provider would not scale down: deleting first would lose the margin, wait", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x", SurgeMachines: 2}, "", caprv1.MachineRemediationWouldLoseFailureMarginReason},
+		{"3 healthy, victim healthy, one Machine, provider would not scale down: scale up first, nothing to scale down", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x", SurgeMachines: 1}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"3 healthy, victim healthy, surge of two Machines: scale up first, the margin before the Machines", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, SurgeMachines: 2}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"4 healthy, victim healthy, learner joins, surge of two Machines: removing first keeps the margin (3 of 3), delete first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 4, Healthy: 4}, Victim: VictimHealthy, AddsLearners: true, SurgeMachines: 2}, caprv1.ControlPlaneOrderDeleteFirst, ""},
+		{"4 healthy, victim healthy, voting joins, surge of two Machines: a voter added after the removal would leave no margin until it starts, scale up first", OrderInput{Policy: auto, Initialized: true,
+			Counts: quorum.Counts{Voting: 4, Healthy: 4}, Victim: VictimHealthy, SurgeMachines: 2}, caprv1.ControlPlaneOrderScaleUpFirst, ""},
+		{"3 healthy, victim healthy, surge of two Machines, provider would not scale down, policy RemoveMemberFirst: delete first", OrderInput{Policy: caprv1.ControlPlaneOrderRemoveMemberFirst, Initialized: true,
+			Counts: quorum.Counts{Voting: 3, Healthy: 3}, Victim: VictimHealthy, ProviderRefusesScaleDown: "x", SurgeMachines: 2}, caprv1.ControlPlaneOrderDeleteFirst, ""},
 		{"provider would not scale down nor scale up after removal: wait", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 5, Healthy: 3}, Victim: VictimUnhealthy, ProviderRefusesScaleDown: "x", ProviderRefusesScaleUpAfterRemoval: "y"}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"provider would not scale down, removal unsafe: wait", OrderInput{Policy: auto, Initialized: true,
@@ -169,7 +190,7 @@ func singleMemberExpectations(g Gomega, in OrderInput, d OrderDecision) {
 		g.Expect(d.WaitMessage).To(ContainSubstring(caprv1.EtcdLearnerJoinsAnnotation))
 		return
 	}
-	if in.ProviderRefusesScaleUpNow == "" && in.ProviderRefusesScaleDown == "" {
+	if in.ProviderRefusesScaleUpNow == "" && (in.ProviderRefusesScaleDown == "" || in.SurgeMachines < 2) {
 		g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), d.WaitMessage)
 	}
 }
@@ -310,19 +331,22 @@ func (oc orderCase) input() OrderInput {
 		ProviderRefusesScaleUpNow:          refuse(oc.refuseUpNow, "preflight"),
 		ProviderRefusesScaleDown:           refuse(oc.refuseDown, "another Machine is unhealthy"),
 		ProviderRefusesScaleUpAfterRemoval: refuse(oc.refuseUpAfter, "no capacity"),
+		SurgeMachines:                      int32(oc.surge),
 	}
 }
 
 // TestChosenOrdersNeverLoseQuorum runs every order ChooseOrder allows through the simulated cluster,
 // for every cluster up to 7 voters: victim healthy, unhealthy, missing or a learner; learners
-// pending; the provider adding learners or voters, surging by one or two, refusing to scale up now,
-// to scale down (DeleteFirst), or to scale up after the removal; both policies; quorum proven by a
+// pending; the provider adding learners or voters, its surge creating one Machine or two, refusing to
+// scale up now, to scale down, or to scale up after the removal; both policies; quorum proven by a
 // linearizable read, counts without proof, or a node-local (serializable) view; members unreachable.
 // A voting member that is not healthy may be dead or running: the order runs in every such world
 // (those where fewer than a majority run are ruled out by a proof of quorum), and every membership
 // change must be accepted by etcd's own checks, every provider action must be one the provider
 // accepts, and quorum must hold after each change. ChooseOrder must never say quorum is lost when
-// it is proven, and never act on a node-local view.
+// it is proven, and never act on a node-local view. Under the Auto policy the chosen order must also
+// be the best of the orders that run in every world (bestOrderProblem): the highest failure margin,
+// then the fewest Machines created.
 func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 	const shown = 20
 	cases, failures := 0, 0
@@ -390,6 +414,20 @@ func checkChosenOrder(oc orderCase) string {
 	case VictimLearner:
 		victimName = "l0"
 	}
+	if msg := runInEveryWorld(oc, d.Order, victimName); msg != "" {
+		return msg
+	}
+	if oc.policy == caprv1.ControlPlaneOrderAuto {
+		return bestOrderProblem(oc, d.Order, victimName)
+	}
+	return ""
+}
+
+// worlds returns every cluster oc's counts allow: m0..m(h-1) healthy voters, the other voters up or
+// down (the first world has them all down: what the counts say), the learners l0...; worlds where
+// fewer than a majority run are left out when a linearizable read proved quorum.
+func worlds(oc orderCase) []simCluster {
+	var out []simCluster
 	unknown := oc.v - oc.h
 	for world := range 1 << unknown {
 		var s simCluster
@@ -402,8 +440,58 @@ func checkChosenOrder(oc orderCase) string {
 		if oc.proven && !s.hasQuorum() {
 			continue // etcd could not have answered the linearizable read
 		}
-		if msg := runOrder(oc, d.Order, s, victimName); msg != "" {
-			return fmt.Sprintf("order %s, world %s: %s", d.Order, s.String(), msg)
+		out = append(out, s)
+	}
+	return out
+}
+
+// runInEveryWorld runs order in every world of oc ("" when it runs in all of them).
+func runInEveryWorld(oc orderCase, order caprv1.ControlPlaneOrder, victimName string) string {
+	for _, s := range worlds(oc) {
+		if msg, _ := runOrder(oc, order, s, victimName); msg != "" {
+			return fmt.Sprintf("order %s, world %s: %s", order, s.String(), msg)
+		}
+	}
+	return ""
+}
+
+// simValue is what an order costs in the world the counts describe (every member not counted
+// healthy down): its lowest failure margin (up voters minus a majority of the voters) while it waits
+// for something (the start, each Machine's provisioning, each change done), its lowest margin at all
+// (also while a voter was added and has not started), and the Machines it has the provider create.
+type simValue struct {
+	settled, transient, machines int
+}
+
+// better reports whether v is better than w: a higher settled margin, then a higher transient one,
+// then fewer Machines.
+func (v simValue) better(w simValue) bool {
+	if v.settled != w.settled {
+		return v.settled > w.settled
+	}
+	if v.transient != w.transient {
+		return v.transient > w.transient
+	}
+	return v.machines < w.machines
+}
+
+// bestOrderProblem says what is wrong when ChooseOrder's order under the Auto policy is not the best
+// of the orders that run in every world of oc (item 1 of issue 32: keep the margin first, then create
+// the fewest Machines). Orders of equal value are equally good: which of them restores full strength
+// soonest (RemoveMemberFirst provisions before the victim is deleted, DeleteFirst after) is
+// TestChooseOrder's.
+func bestOrderProblem(oc orderCase, chosen caprv1.ControlPlaneOrder, victimName string) string {
+	value := func(order caprv1.ControlPlaneOrder) (simValue, bool) {
+		if runInEveryWorld(oc, order, victimName) != "" {
+			return simValue{}, false
+		}
+		_, v := runOrder(oc, order, worlds(oc)[0], victimName)
+		return v, true
+	}
+	got, _ := value(chosen)
+	for _, other := range []caprv1.ControlPlaneOrder{caprv1.ControlPlaneOrderScaleUpFirst, caprv1.ControlPlaneOrderRemoveMemberFirst, caprv1.ControlPlaneOrderDeleteFirst} {
+		if v, ok := value(other); ok && v.better(got) {
+			return fmt.Sprintf("order %s %+v chosen, but %s %+v is better", chosen, got, other, v)
 		}
 	}
 	return ""
@@ -441,14 +529,25 @@ func (s simCluster) String() string {
 
 // runOrder applies an order's membership changes and provider actions to s: ScaleUpFirst adds the
 // surge then removes the victim, RemoveMemberFirst removes then adds the surge, DeleteFirst removes
-// the victim and the provider adds one replacement (no surge); the surge orders end with the
-// provider scaling back down, the surplus replacement of a surge of two leaving etcd then.
-func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victimName string) string {
+// the victim and the provider adds one replacement (no surge); after a surge of two Machines the
+// provider scales the surplus one down again, which it may refuse, and its member leaves etcd (with
+// one, CAPR deletes the victim itself and the provider has nothing to remove). It returns what went
+// wrong ("" when nothing did) and the order's value in s.
+func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victimName string) (string, simValue) {
 	if !s.hasQuorum() {
-		return "an order was chosen without quorum"
+		return "an order was chosen without quorum", simValue{}
 	}
 	_, upBefore := s.voters()
 	var err string
+	margin := func() int {
+		all, up := s.voters()
+		return up - (all/2 + 1)
+	}
+	value := simValue{settled: margin(), transient: margin()}
+	settled := func() {
+		value.settled = min(value.settled, margin())
+		value.transient = min(value.transient, margin())
+	}
 	// With one voter, the up voters never drop below what they were before the fault (issue 33).
 	keepVoters := func(what string) {
 		if _, up := s.voters(); err == "" && oc.v == 1 && up < upBefore {
@@ -469,7 +568,9 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 			err = "etcd refuses adding " + name
 			return
 		}
+		value.machines++
 		s = append(s, simMember{name: name, voter: !oc.addsLearners})
+		value.transient = min(value.transient, margin())
 		if !s.hasQuorum() {
 			err = "quorum lost while " + name + " joins"
 			return
@@ -485,6 +586,7 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		if !s.hasQuorum() {
 			err = "quorum lost after " + name + " joined"
 		}
+		settled()
 		keepVoters("adding " + name)
 	}
 	remove := func(name string) {
@@ -499,19 +601,18 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		if !s.hasQuorum() {
 			err = "quorum lost by removing " + name
 		}
+		settled()
 		keepVoters("removing " + name)
 	}
 	scaleDown := func() {
-		if err != "" {
+		if err != "" || oc.surge < 2 {
 			return
 		}
 		if oc.refuseDown {
-			err = "the provider refuses to scale down"
+			err = "the provider refuses to scale the surplus Machine down"
 			return
 		}
-		if oc.surge == 2 {
-			remove("new2")
-		}
+		remove("new2")
 	}
 	surge := func(afterRemoval bool) {
 		add("new1", afterRemoval)
@@ -532,9 +633,9 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		remove(victimName)
 		add("new1", true)
 	default:
-		return fmt.Sprintf("unexpected order %q", order)
+		return fmt.Sprintf("unexpected order %q", order), value
 	}
-	return err
+	return err, value
 }
 
 func TestCheckRetryLimits(t *testing.T) {

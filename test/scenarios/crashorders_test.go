@@ -20,8 +20,8 @@ import (
 // The orders TestCrashSafety crashes (issue 34, gap 8). A remediation of a Machine whose Node stops
 // reporting (its member healthy) takes ScaleUpFirst under the Auto policy; RemoveMemberFirst under
 // that policy (which accepts no failure margin until the replacement votes); DeleteFirst under that
-// policy where the provider would not scale down (refusingScaleDown: on the real stack, KCP's
-// scale-down preflight while another Machine is unhealthy).
+// policy where a surge would create two Machines (twoMachineSurge: KCP with stacked etcd where the
+// replicas do not return at the first replacement).
 var crashOrders = []caprv1.ControlPlaneOrder{
 	caprv1.ControlPlaneOrderScaleUpFirst, caprv1.ControlPlaneOrderRemoveMemberFirst, caprv1.ControlPlaneOrderDeleteFirst,
 }
@@ -83,12 +83,18 @@ func crashPointsFor(t *testing.T, rng *rand.Rand) []crashPoint {
 	return points
 }
 
-// refusingScaleDown is the sandbox's provider (the Generic adapter) with a scale-down preflight that
-// refuses, as KCP's does while another control-plane Machine is unhealthy (remediation/controlplane
-// kcp.go ScaleDownRefusal): the order is then DeleteFirst.
-type refusingScaleDown struct{ controlplane.Generic }
+// twoMachineSurge is the sandbox's provider (the Generic adapter) where a surge creates two Machines
+// (replicas raised by two, as KCP's admission needs with stacked etcd): removing the victim's member
+// first, the order is then DeleteFirst, which has the provider create one (remediation/controlplane
+// ChooseOrder). Its scale-down preflight refuses too, as KCP's does while another control-plane
+// Machine is unhealthy, which rules the surge orders out altogether.
+type twoMachineSurge struct{ controlplane.Generic }
 
-func (refusingScaleDown) ScaleDownRefusal(controlplane.ProviderView) string {
+func (twoMachineSurge) Surge(*unstructured.Unstructured) controlplane.SurgePlan {
+	return controlplane.SurgePlan{Replicas: 2, Machines: 2, Reason: "the test's provider: two replacements"}
+}
+
+func (twoMachineSurge) ScaleDownRefusal(controlplane.ProviderView) string {
 	return "the test's provider refuses to scale down"
 }
 
@@ -97,7 +103,7 @@ func crashAdapter(o caprv1.ControlPlaneOrder) func(*unstructured.Unstructured) c
 	if o != caprv1.ControlPlaneOrderDeleteFirst {
 		return nil
 	}
-	return func(*unstructured.Unstructured) controlplane.Adapter { return refusingScaleDown{} }
+	return func(*unstructured.Unstructured) controlplane.Adapter { return twoMachineSurge{} }
 }
 
 // setOrderPolicy sets the cluster's health check's ordering policy for the next remediation: Auto

@@ -25,8 +25,10 @@ import (
 	"github.com/capr-io/capr/test/sandbox"
 )
 
-// TestKCPDeadMemberRemovesFirst: the victim's etcd process dies (its Node is fine). Adding a voter
-// first would need 3 healthy of 4, so CAPR removes the dead member first, then surges by two.
+// TestKCPDeadMemberRemovesFirst: the victim's etcd process dies (its Node is fine). Removing a dead
+// member first costs no failure margin (adding a voter first would need 3 healthy of 4), and a surge
+// by two would create two Machines, so CAPR removes the member, deletes the victim and KCP creates
+// the one replacement (DeleteFirst).
 func TestKCPDeadMemberRemovesFirst(t *testing.T) {
 	var victim string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-dead", kubeadm.Scenario{ControlPlane: 3,
@@ -37,8 +39,8 @@ func TestKCPDeadMemberRemovesFirst(t *testing.T) {
 		}})
 	g := NewWithT(t)
 	mr := res.Remediations[victim]
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), mr.Status.ControlPlane.OrderReason)
-	g.Expect(mr.Status.ControlPlane.Surge).To(Equal(int32(2)))
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), mr.Status.ControlPlane.OrderReason)
+	g.Expect(res.Created).To(HaveLen(1), "Machines created")
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 }
 
