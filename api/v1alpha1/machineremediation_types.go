@@ -160,13 +160,25 @@ type ControlPlaneRemediationStatus struct {
 	// of two).
 	// +optional
 	Replacement string `json:"replacement,omitempty"`
-	// surge is how many Machines the remediation adds before the victim goes: 1, or 2 where the
+	// surge is how far the remediation raises spec.replicas above desiredReplicas: 1, or 2 where the
 	// control-plane provider only accepts an odd number of replicas (KubeadmControlPlane with stacked
-	// etcd), or 0 for DeleteFirst. The control plane is returned to desiredReplicas at the Delete step.
+	// etcd), or 0 for DeleteFirst. The control plane is returned to desiredReplicas at the Delete step,
+	// or as soon as the first replacement exists when replacements is 1 and surge 2.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=2
 	Surge int32 `json:"surge,omitempty"`
+	// replacements is how many replacement Machines the remediation has the provider create before
+	// the victim goes: surge (also when unset), or 1 with a surge of 2 where the provider creates one
+	// Machine at a time and the next only once the previous is healthy (KubeadmControlPlane). The
+	// victim is then marked cluster.x-k8s.io/delete-machine before the replicas are raised, and the
+	// replicas return to desiredReplicas as soon as the first replacement exists, so that the
+	// provider never creates the second. It is 2 when the provider had created a second one before
+	// the replicas could return.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2
+	Replacements int32 `json:"replacements,omitempty"`
 	// surgeReason says why that surge.
 	// +optional
 	SurgeReason string `json:"surgeReason,omitempty"`

@@ -91,14 +91,14 @@ func TestControlPlaneLimitFollowsTheEtcdPlacement(t *testing.T) {
 		}
 		return cp
 	}
-	stacked := controlPlaneLimit(kcp(false), nil, -1, 2, 0)
+	stacked := controlPlaneLimit(kcp(false), nil, -1, 3, 2, 0)
 	g.Expect(stacked.allowed).To(BeFalse())
 	g.Expect(stacked.message).To(ContainSubstring("quorum-safe limit is 1"))
-	external := controlPlaneLimit(kcp(true), nil, -1, 2, 0)
+	external := controlPlaneLimit(kcp(true), nil, -1, 3, 2, 0)
 	g.Expect(external.allowed).To(BeTrue())
 	g.Expect(external.limit).To(Equal(2))
-	g.Expect(controlPlaneLimit(kcp(true), nil, -1, 3, 0).allowed).To(BeFalse(), "one Machine must keep serving")
-	unreadable := controlPlaneLimit(nil, errors.New("cannot read the control plane's desired replicas: boom"), -1, 0, 0)
+	g.Expect(controlPlaneLimit(kcp(true), nil, -1, 3, 3, 0).allowed).To(BeFalse(), "one Machine must keep serving")
+	unreadable := controlPlaneLimit(nil, errors.New("cannot read the control plane's desired replicas: boom"), -1, 3, 0, 0)
 	g.Expect(unreadable.allowed).To(BeFalse())
 	g.Expect(unreadable.message).To(ContainSubstring("boom"))
 }

@@ -204,11 +204,13 @@ func (r *Reconciler) controlPlaneObject(ctx context.Context, cluster *clusterv1.
 }
 
 // controlPlaneLimit applies the control-plane limit for the control plane's desired replicas (cp,
-// or cpErr why it could not be read). While a CAPR remediation holds the control plane, its replicas
-// are temporarily N+surge: the N recorded in the lock is used instead, and the surge Machines still
-// starting are not counted (see surgeStarting). When N cannot be read, control-plane remediation is
-// not allowed.
-func controlPlaneLimit(cp *unstructured.Unstructured, cpErr error, userLimit, notHealthy, starting int) limitDecision {
+// or cpErr why it could not be read), with machines control-plane targets, notHealthy of them not
+// healthy and starting of those only because they have no Node yet. While a CAPR remediation holds
+// the control plane, its replicas are temporarily N+surge, or back at N with the victim and its one
+// replacement N+1 Machines (remediation/controlplane firstreplacement.go): the N recorded in the lock
+// is used instead, and the surge Machines still starting are not counted (see surgeStarting). When N
+// cannot be read, control-plane remediation is not allowed.
+func controlPlaneLimit(cp *unstructured.Unstructured, cpErr error, userLimit, machines, notHealthy, starting int) limitDecision {
 	if cpErr != nil {
 		return limitDecision{limit: 0, reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, message: "Remediation of control-plane Machines is not allowed: " + cpErr.Error()}
 	}
@@ -218,7 +220,7 @@ func controlPlaneLimit(cp *unstructured.Unstructured, cpErr error, userLimit, no
 	}
 	if v, ok := cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation]; ok {
 		if rec, err := caprv1.ControlPlaneLockFromAnnotation(v); err == nil && rec.DesiredReplicas > 0 {
-			notHealthy -= surgeStarting(int(replicas), int(rec.DesiredReplicas), starting)
+			notHealthy -= surgeStarting(max(int(replicas), machines), int(rec.DesiredReplicas), starting)
 			replicas = int64(rec.DesiredReplicas)
 		}
 	}
@@ -226,13 +228,14 @@ func controlPlaneLimit(cp *unstructured.Unstructured, cpErr error, userLimit, no
 }
 
 // surgeStarting is how many of the starting control-plane Machines (no Node yet) are the surge of
-// the remediation holding the control plane: at most replicas - desired. They are not counted
+// the remediation holding the control plane: at most size - desired, size being the larger of the
+// replicas and the control-plane Machines. They are not counted
 // against the quorum-safe limit, which is about the N desired Machines: a surge Machine is not an
 // etcd member yet and is extra to N. Counting it would refuse a Machine whose member dies while a
 // replacement is being provisioned, and the remediation in progress (which cannot safely remove a
 // healthy member while another is down) could then only wait for its timeout.
-func surgeStarting(replicas, desired, starting int) int {
-	return max(0, min(starting, replicas-desired))
+func surgeStarting(size, desired, starting int) int {
+	return max(0, min(starting, size-desired))
 }
 
 var unhealthyRangeRE = regexp.MustCompile(`^\[([0-9]+)-([0-9]+)\]$`)
@@ -344,7 +347,7 @@ func (r *Reconciler) decideLimits(mhc *caprv1.MachineHealthCheck, rd *round, q e
 	}
 	cpLimit := limitDecision{allowed: true, limit: -1}
 	if rd.cpTargets > 0 {
-		cpLimit = etcdLimit(controlPlaneLimit(cp, cpErr, trigger.limit, rd.cpNotHealthy, rd.cpStarting), q)
+		cpLimit = etcdLimit(controlPlaneLimit(cp, cpErr, trigger.limit, rd.cpTargets, rd.cpNotHealthy, rd.cpStarting), q)
 	}
 	lim.trigger, lim.controlPlane = trigger, cpLimit
 	return lim, nil

@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -72,22 +73,40 @@ func TestLimitsRemaining(t *testing.T) {
 
 func TestSurgeStarting(t *testing.T) {
 	tests := []struct {
-		name                        string
-		replicas, desired, starting int
-		want                        int
+		name                    string
+		size, desired, starting int
+		want                    int
 	}{
-		{name: "no surge: a starting Machine counts", replicas: 3, desired: 3, starting: 1, want: 0},
-		{name: "surge of one, starting", replicas: 4, desired: 3, starting: 1, want: 1},
-		{name: "surge of one, two starting: one still counts", replicas: 4, desired: 3, starting: 2, want: 1},
-		{name: "surge of two (KCP, stacked etcd), both starting", replicas: 5, desired: 3, starting: 2, want: 2},
-		{name: "surge already started: nothing excused", replicas: 4, desired: 3, starting: 0, want: 0},
-		{name: "replicas below desired (scaled back first)", replicas: 2, desired: 3, starting: 1, want: 0},
+		{name: "no surge: a starting Machine counts", size: 3, desired: 3, starting: 1, want: 0},
+		{name: "surge of one, starting", size: 4, desired: 3, starting: 1, want: 1},
+		{name: "surge of one, two starting: one still counts", size: 4, desired: 3, starting: 2, want: 1},
+		{name: "surge of two (KCP, stacked etcd), both starting", size: 5, desired: 3, starting: 2, want: 2},
+		{name: "surge already started: nothing excused", size: 4, desired: 3, starting: 0, want: 0},
+		{name: "replicas below desired (scaled back first)", size: 2, desired: 3, starting: 1, want: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			NewWithT(t).Expect(surgeStarting(tt.replicas, tt.desired, tt.starting)).To(Equal(tt.want))
+			NewWithT(t).Expect(surgeStarting(tt.size, tt.desired, tt.starting)).To(Equal(tt.want))
 		})
 	}
+}
+
+// TestControlPlaneLimitExcusesTheStartingReplacement: a remediation holding the control plane with
+// KCP and stacked etcd returns the replicas from 5 to 3 as soon as its one replacement exists
+// (remediation/controlplane firstreplacement.go): 4 Machines, the victim and the replacement
+// without a Node not healthy. The replacement is extra to N and not counted, as during the surge.
+func TestControlPlaneLimitExcusesTheStartingReplacement(t *testing.T) {
+	g := NewWithT(t)
+	lock, err := (&caprv1.ControlPlaneLock{MachineRemediation: "m-b", DesiredReplicas: 3}).Marshal()
+	g.Expect(err).NotTo(HaveOccurred())
+	cp := &unstructured.Unstructured{Object: map[string]interface{}{
+		"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlane",
+		"metadata": map[string]interface{}{"name": "kcp", "annotations": map[string]interface{}{caprv1.ControlPlaneLockAnnotation: lock}},
+		"spec":     map[string]interface{}{"replicas": int64(3)},
+	}}
+	d := controlPlaneLimit(cp, nil, -1, 4, 2, 1)
+	g.Expect(d.allowed).To(BeTrue(), d.message)
+	g.Expect(controlPlaneLimit(cp, nil, -1, 4, 3, 1).allowed).To(BeFalse(), "a second Machine that is not healthy for another reason still counts")
 }
 
 func TestStormCooldown(t *testing.T) {

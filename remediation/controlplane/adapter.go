@@ -58,8 +58,10 @@ type SurgePlan struct {
 	// Replicas is how far spec.replicas is raised above the desired count: 1, or 2 where the provider
 	// admits only odd counts.
 	Replicas int32
-	// Machines is how many Machines the provider creates for that. It is the cost of a surge order
-	// that ChooseOrder weighs (OrderInput.SurgeMachines).
+	// Machines is how many Machines the provider creates for that: Replicas, or 1 where the replicas
+	// can return to the desired count as soon as the first replacement exists because the provider
+	// creates one Machine at a time and the next only once the previous one is healthy (KCP). It is
+	// the cost of a surge order that ChooseOrder weighs (OrderInput.SurgeMachines).
 	Machines int32
 	Reason   string
 }

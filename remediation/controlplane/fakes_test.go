@@ -283,6 +283,7 @@ type worldOptions struct {
 	memberID     string
 	replacement  string
 	surge        int32
+	replacements int32
 }
 
 // worldOption configures newWorld. Options apply in order: withReplacement after withMachines,
@@ -342,8 +343,15 @@ func withRecordedMemberID(id uint64) worldOption {
 	return func(o *worldOptions) { o.memberID = fmt.Sprintf("%x", id) }
 }
 
-// withSurgeOfTwo sets status.controlPlane.surge to 2 (KCP with stacked etcd).
+// withSurgeOfTwo sets status.controlPlane.surge to 2 (KCP with stacked etcd, as recorded before one
+// replacement was asked for: two replacements).
 func withSurgeOfTwo() worldOption { return func(o *worldOptions) { o.surge = 2 } }
+
+// withOneReplacement sets status.controlPlane.surge to 2 and replacements to 1 (KCP with stacked
+// etcd: the replicas return to N at the first replacement, firstreplacement.go).
+func withOneReplacement() worldOption {
+	return func(o *worldOptions) { o.surge, o.replacements = 2, 1 }
+}
 
 // withRecordedReplacement sets status.controlPlane.replacement.
 func withRecordedReplacement(name string) worldOption {
@@ -402,7 +410,7 @@ func newWorld(t *testing.T, opts ...worldOption) *world {
 			ControlPlane: &caprv1.ControlPlaneRemediationStatus{
 				ClusterName: "wc", Order: o.order, DesiredReplicas: ptr.To(o.desired),
 				MachinesBefore: o.before, MemberName: victim.Status.NodeRef.Name, MemberID: o.memberID,
-				Replacement: o.replacement, Surge: o.surge,
+				Replacement: o.replacement, Surge: o.surge, Replacements: o.replacements,
 			},
 		},
 	}

@@ -63,11 +63,21 @@ func (d *kcpRemediationData) marshal() (string, error) {
 
 // Surge implements Adapter. KCP's admission refuses an even spec.replicas when etcd is stacked
 // (controlplane/kubeadm/webhooks/admission kubeadmcontrolplane.go and kubeadmcontrolplane_scale.go,
-// on create, update and /scale), so N → N+1 is impossible there: the remediation surges by two
-// (3 → 5 → 3), two Machines. External etcd accepts any count.
+// on create, update and /scale), so N → N+1 is impossible there: the replicas are raised by two. But
+// KCP creates one Machine per reconcile (kubeadmcontrolplane_controller.go reconcile → scale.go
+// scaleUpControlPlane) and the next only when its scale-up preflight passes (preflight.go): the
+// strict check needs every Machine, the new one included, to have a Node and every health condition
+// True, and the relaxed one needs remediation-in-progress, which KCP deletes when it creates the
+// Machine (helpers.go createMachine) and also when it is older than a Machine (remediation.go,
+// reconcileUnhealthyMachines' stale cleanup). So while the first replacement has no Node yet, KCP
+// creates no second one, and the replicas go back to N then (3 → 5 → 3 with one Machine created):
+// KCP's scale-down, should it come before CAPR's Delete step, takes the victim, which is marked
+// cluster.x-k8s.io/delete-machine before the replicas were raised (scale.go
+// selectMachineForInPlaceUpdateOrScaleDown). External etcd accepts any count.
 func (KCP) Surge(cp *unstructured.Unstructured) SurgePlan {
 	if kcpEtcdManaged(cp) {
-		return SurgePlan{Replicas: 2, Machines: 2, Reason: "two replacements: KubeadmControlPlane with stacked etcd accepts only an odd number of replicas"}
+		return SurgePlan{Replicas: 2, Machines: 1, Reason: "replicas raised by two (KubeadmControlPlane with stacked etcd accepts only an odd number) " +
+			"and back as soon as the first replacement exists: KCP creates one Machine at a time, so only one is created"}
 	}
 	return SurgePlan{Replicas: 1, Machines: 1, Reason: "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"}
 }

@@ -306,7 +306,7 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 		cp.Surge, cp.SurgeReason = 0, "no surge: the victim is deleted first and the provider replaces it"
 	default:
 		plan := s.adapter.Surge(s.cp)
-		cp.Surge, cp.SurgeReason = plan.Replicas, plan.Reason
+		cp.Surge, cp.Replacements, cp.SurgeReason = plan.Replicas, plan.Machines, plan.Reason
 	}
 	for _, other := range s.machines {
 		cp.MachinesBefore = append(cp.MachinesBefore, other.Name)

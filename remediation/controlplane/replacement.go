@@ -110,13 +110,20 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 	if refusal := s.adapter.ScaleUpRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}, afterRemoval); refusal != "" {
 		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Message: refusal, Requeue: waitShort}}, nil
 	}
-	started := s.mr.Status.StartTime.Time
+	if returnsAtFirstReplacement(s) && current == desired {
+		// Before the replicas are raised (firstreplacement.go): the provider's scale-down, once the
+		// replicas are back at N, must find the victim marked.
+		if err := r.markVictim(ctx, s); err != nil {
+			return stepResult{}, err
+		}
+	}
+	stamp := scaleUpStamp(s)
 	// Raised only from the replicas the remediation started at; a conflicting write (the provider's
 	// status, a hand edit) is decided again at once from a live read.
 	current, _, err = r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
 		return target, current == desired
 	}, func(cp *unstructured.Unstructured) error {
-		return s.adapter.BeforeScaleUp(cp, s.mr.Name, started, cps.RetryCount)
+		return s.adapter.BeforeScaleUp(cp, s.mr.Name, stamp, cps.RetryCount)
 	})
 	switch {
 	case err != nil:
@@ -150,6 +157,14 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 		return stepResult{StepResult: remediation.StepResult{Message: "waiting for the control-plane provider to create the replacement Machine" + s.adapter.Explain(s.cp), Requeue: waitShort}}, nil
 	}
 	s.mr.Status.ControlPlane.Replacement = reps[0].Name
+	returned := ""
+	if returnsAtFirstReplacement(s) {
+		var err error
+		if returned, err = r.returnReplicasAtFirstReplacement(ctx, s, reps); err != nil {
+			return stepResult{}, err
+		}
+	}
+	wanted := replacementsWanted(s)
 	for _, rep := range reps {
 		if err := r.annotateReplacement(ctx, s, rep); err != nil {
 			return stepResult{}, err
@@ -160,7 +175,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	}
 	for i, rep := range reps {
 		if !rep.Status.NodeRef.IsDefined() { // etcd is not read before there is a member to look for
-			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: waiting for Machine %s to get a Node", i+1, surge(s), rep.Name), Requeue: waitShort}}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: waiting for Machine %s to get a Node%s", i+1, wanted, rep.Name, returned), Requeue: waitShort}}, nil
 		}
 	}
 	if s.externalEtcd() {
@@ -172,10 +187,10 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	}
 	for i, rep := range reps {
 		if res := replacementUp(state, rep); res != "" {
-			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), res), Requeue: waitShort}}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s%s", i+1, wanted, res, returned), Requeue: waitShort}}, nil
 		}
 	}
-	if n := int32(len(reps)); n < surge(s) {
+	if n := int32(len(reps)); n < wanted {
 		return r.armNextReplacement(ctx, s, state, reps)
 	}
 	names := make([]string, 0, len(reps))
@@ -225,10 +240,10 @@ func membersJoined(s *scope, state *etcdutil.State) bool {
 func (r *Reconciler) waitForServingReplacements(ctx context.Context, s *scope, reps []*clusterv1.Machine) (stepResult, error) {
 	for i, rep := range reps {
 		if missing := s.adapter.ServesAPI(rep); missing != "" {
-			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s", i+1, surge(s), missing), Requeue: waitShort}}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s", i+1, replacementsWanted(s), missing), Requeue: waitShort}}, nil
 		}
 	}
-	if n := int32(len(reps)); n < surge(s) {
+	if n := int32(len(reps)); n < replacementsWanted(s) {
 		return r.armNextReplacement(ctx, s, nil, reps)
 	}
 	return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("replacement %s up and serving the API (etcd is external)", strings.Join(machineNames(reps), " and "))}}, nil
@@ -259,7 +274,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 	next := len(reps) + 1
 	if !s.externalEtcd() && !etcdutil.CanAddMember(state.Counts(), s.adapter.AddsLearners()) {
 		c := state.Counts()
-		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("replacement %d of %d: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", next, surge(s), c.Healthy, c.Voting, c.Learners)}}, nil
+		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("replacement %d of %d: adding a member is not quorum-safe now (%d/%d healthy, %d learners)", next, replacementsWanted(s), c.Healthy, c.Voting, c.Learners)}}, nil
 	}
 	at := now()
 	for _, rep := range reps {
@@ -280,7 +295,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 	if live >= int(current) {
 		// The provider has created every Machine its replicas ask for; the newest is not visible
 		// to this reconcile yet. Arming again would leave an annotation nobody consumes.
-		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("waiting for replacement %d of %d to appear", next, surge(s)), Requeue: waitShort}}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("waiting for replacement %d of %d to appear", next, replacementsWanted(s)), Requeue: waitShort}}, nil
 	}
 	probe := s.cp.DeepCopy()
 	if err := s.adapter.BeforeScaleUp(probe, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount); err != nil {
@@ -293,7 +308,7 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 			return stepResult{}, err
 		}
 	}
-	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("waiting for the %s to create replacement %d of %d%s", s.adapter.Name(), next, surge(s), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
+	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("waiting for the %s to create replacement %d of %d%s", s.adapter.Name(), next, replacementsWanted(s), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
 }
 
 // annotateReplacement records on the replacement which Machine it replaced, for retry limits.

@@ -53,14 +53,17 @@ func whyIrreversible(s *scope) string {
 	if findStep(s.mr, caprv1.StepDelete) != nil {
 		return "the victim's deletion has started"
 	}
+	if scaledDownByProvider(s) {
+		return "the victim is being deleted by the provider's scale-down, which the remediation let it do"
+	}
 	return "the victim's etcd member was already removed"
 }
 
-// pastPointOfNoReturn is true once the victim's etcd member may have been removed or the Delete step
-// started. When etcd cannot be read after RemoveMember started, the answer is yes (the safe side:
+// pastPointOfNoReturn is true once the victim's etcd member may have been removed, the Delete step
+// started, or the provider is deleting the victim as the remediation let it (scaledDownByProvider). When etcd cannot be read after RemoveMember started, the answer is yes (the safe side:
 // nothing is undone that cannot be).
 func (r *Reconciler) pastPointOfNoReturn(ctx context.Context, s *scope) bool {
-	if findStep(s.mr, caprv1.StepDelete) != nil {
+	if findStep(s.mr, caprv1.StepDelete) != nil || scaledDownByProvider(s) {
 		return true
 	}
 	if findStep(s.mr, caprv1.StepRemoveMember) == nil {
@@ -85,6 +88,13 @@ func (r *Reconciler) pastPointOfNoReturn(ctx context.Context, s *scope) bool {
 func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 	var did []string
 	if cp := s.mr.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil && s.cp != nil {
+		// A victim marked for the provider's scale-down (one replacement, firstreplacement.go) loses
+		// the mark, its replacements deleted first.
+		withdrawn, err := r.withdrawVictimMark(ctx, s)
+		if err != nil {
+			return "", err
+		}
+		did = append(did, withdrawn...)
 		// Before the point of no return every control-plane Machine created since the start is this
 		// remediation's surge: the provider is to remove those when it scales back, not an old one.
 		reps := replacements(s)

@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega" //nolint:staticcheck // gomega's DSL, as in the tests that call this
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -40,6 +41,14 @@ type Scenario struct {
 	HealthCheck func(*caprv1.MachineHealthCheck)
 	// EscalationTimeout, if set, is CAPR's controllers.Options.EscalationTimeout.
 	EscalationTimeout func(timeoutSeconds int32) time.Duration
+	// Outage, if set, stops CAPR after Inject once Outage.Stop says so, and starts it again once
+	// Outage.Resume does (both polled every 200 ms): what the providers do while no CAPR runs.
+	Outage *Outage
+}
+
+// Outage says when CAPR is stopped and started again during a scenario.
+type Outage struct {
+	Stop, Resume func(ctx context.Context, wc *sandbox.WorkloadCluster) (bool, error)
 }
 
 // Result is what a scenario left behind.
@@ -81,9 +90,10 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	g.Expect(err).NotTo(HaveOccurred())
 	machines, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: sc.Fencer, EscalationTimeout: sc.EscalationTimeout}})
+	opts := sandbox.CAPROptions{Options: controllers.Options{Fencer: sc.Fencer, EscalationTimeout: sc.EscalationTimeout}}
+	capr, err := sb.StartCAPR(ctx, opts)
 	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(capr.Stop)
+	t.Cleanup(func() { capr.Stop() })
 	quorum := sb.WatchQuorum(ctx, wc)
 	running := sb.WatchRunning(ctx, wc)
 	creations, err := sb.WatchMachineCreations(ctx, wc)
@@ -91,6 +101,18 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 
 	victims, err := sc.Inject(ctx, wc, machines)
 	g.Expect(err).NotTo(HaveOccurred())
+	if sc.Outage != nil {
+		until := func(what string, cond func(context.Context, *sandbox.WorkloadCluster) (bool, error)) {
+			g.Expect(wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, remediationTimeout, true, func(ctx context.Context) (bool, error) {
+				return cond(ctx, wc)
+			})).To(Succeed(), what)
+		}
+		until("waiting for the outage to start", sc.Outage.Stop)
+		capr.Stop()
+		until("waiting for the outage to end", sc.Outage.Resume)
+		capr, err = sb.StartCAPR(ctx, opts)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
 	res := Result{Remediations: map[string]*caprv1.MachineRemediation{}}
 	g.Eventually(func(g Gomega) {
 		for _, v := range victims {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
+	capikcpv1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -50,6 +51,9 @@ type controlPlaneReconciler struct {
 	// Machine it just created yet, creates a second one, and then scales down the oldest Machine: the
 	// fault suite's seed 600621 lost an unhealthy Machine that way, unfenced.
 	expected sync.Map
+	// refused is, per SandboxControlPlane, why it last did not scale up (KCPPreflightAnnotation),
+	// logged when it changes.
+	refused sync.Map
 }
 
 // expectation is a Machine the provider created (or deleted) and waits to see in its cache.
@@ -122,9 +126,19 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	desired := int(ptr.Deref(cp.Spec.Replicas, 1))
 	switch {
 	case len(machines) < desired:
+		if why, err := r.kcpScaleUpRefusal(ctx, cp, machines); err != nil || why != "" {
+			if last, _ := r.refused.Swap(req.NamespacedName, why); why != "" && last != why {
+				r.s.Log.Add(LogKey(cp.Namespace, clusterName), "control-plane provider does not scale up: %s", why)
+			}
+			return ctrl.Result{RequeueAfter: time.Second}, err
+		}
+		r.refused.Delete(req.NamespacedName)
 		name, err := r.createMachine(ctx, cp, clusterName, fmt.Sprintf("replicas %d, saw %s", desired, machineNames(machines)))
 		if name != "" {
 			r.expected.Store(req.NamespacedName, expectation{machine: name, at: time.Now()})
+		}
+		if err == nil {
+			err = r.consumeRemediationInProgress(ctx, cp)
 		}
 		return ctrl.Result{}, err
 	case len(machines) > desired:
@@ -136,6 +150,51 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, victim))
 	}
 	return ctrl.Result{}, nil
+}
+
+// KCPPreflightAnnotation on a SandboxControlPlane ("true") makes the sandbox's provider scale up as
+// KubeadmControlPlane does (controlplane/kubeadm reconcilers/kubeadmcontrolplane preflight.go,
+// helpers.go createMachine): a Machine is created only when every control-plane Machine's Node is
+// Ready, or when the control plane carries KCP's remediation-in-progress annotation, which the
+// provider removes once it created the Machine. So with one unhealthy Machine it creates one
+// replacement per annotation, not as many as the replicas ask for: what lets CAPR ask KCP for one
+// replacement with a surge of two (remediation/controlplane firstreplacement.go).
+const KCPPreflightAnnotation = "sandbox.capr.io/kcp-preflight"
+
+// kcpScaleUpRefusal says why a control plane with KCPPreflightAnnotation would not get a Machine now
+// ("" when it would, or without the annotation).
+func (r *controlPlaneReconciler) kcpScaleUpRefusal(ctx context.Context, cp *controlplanev1.SandboxControlPlane, machines []clusterv1.Machine) (string, error) {
+	if cp.Annotations[KCPPreflightAnnotation] != "true" {
+		return "", nil
+	}
+	if _, ok := cp.Annotations[capikcpv1.RemediationInProgressAnnotation]; ok {
+		return "", nil
+	}
+	for _, m := range machines {
+		node := &corev1.Node{}
+		if err := r.c.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, node); err != nil {
+			return "", client.IgnoreNotFound(err)
+		}
+		ready := false
+		for _, c := range node.Status.Conditions {
+			ready = ready || c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+		}
+		if !ready {
+			return fmt.Sprintf("the Node of Machine %s is not Ready and %s is not set (KCP's preflight)", m.Name, capikcpv1.RemediationInProgressAnnotation), nil
+		}
+	}
+	return "", nil
+}
+
+// consumeRemediationInProgress removes KCP's remediation-in-progress once a Machine was created for
+// it, as KCP does.
+func (r *controlPlaneReconciler) consumeRemediationInProgress(ctx context.Context, cp *controlplanev1.SandboxControlPlane) error {
+	if _, ok := cp.Annotations[capikcpv1.RemediationInProgressAnnotation]; !ok || cp.Annotations[KCPPreflightAnnotation] != "true" {
+		return nil
+	}
+	base := cp.DeepCopy()
+	delete(cp.Annotations, capikcpv1.RemediationInProgressAnnotation)
+	return r.c.Patch(ctx, cp, client.MergeFrom(base))
 }
 
 func pickScaleDownVictim(machines []clusterv1.Machine) *clusterv1.Machine {

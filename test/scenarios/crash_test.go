@@ -12,8 +12,8 @@ import (
 
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/ptr"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
-	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/test/sandbox"
@@ -26,13 +26,14 @@ type crashPoint struct {
 	afterStepEvent int64
 	// afterWrites > 0: after that many API writes (any point between two API calls).
 	afterWrites int64
-	// order is the order the remediation takes (crashorders_test.go).
-	order caprv1.ControlPlaneOrder
+	// variant is the order the remediation takes and how (crashorders_test.go).
+	variant crashVariant
 }
 
 // TestCrashSafety kills the controller at every step boundary of a remediation in turn, and at
 // random points between API calls, then starts a new one; the seed picks each crash point's order
-// (ScaleUpFirst, RemoveMemberFirst or DeleteFirst; CRASH_ORDERS=all runs each point in each order).
+// (ScaleUpFirst, RemoveMemberFirst, DeleteFirst, or ScaleUpFirst with one replacement for a surge of
+// two; CRASH_ORDERS=all runs each point in each).
 // Every run must complete in that order with exactly one new Machine and exactly the victim's member
 // removed, without losing quorum.
 func TestCrashSafety(t *testing.T) {
@@ -74,8 +75,9 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 
 	var first atomic.Pointer[sandbox.CAPR]
 	var events atomic.Int64
-	setOrderPolicy(g, wc, p.order)
-	opts := sandbox.CAPROptions{CrashAfterWrites: p.afterWrites, Options: controllers.Options{ControlPlaneAdapter: crashAdapter(p.order)}}
+	setOrderPolicy(g, wc, p.variant.order)
+	setKCPPreflight(g, wc, p.variant.kcpPreflight)
+	opts := sandbox.CAPROptions{CrashAfterWrites: p.afterWrites, Options: controllers.Options{ControlPlaneAdapter: p.variant.adapter}}
 	if p.afterStepEvent > 0 {
 		opts.StepObserver = func(e controlplane.StepEvent) {
 			if e.Remediation.Name == victim.Name && events.Add(1) == p.afterStepEvent {
@@ -93,7 +95,7 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 
 	g.Eventually(func() bool { return c1.Stopped() }, remediationTimeout, 100*time.Millisecond).Should(BeTrue(), "the first controller never reached its crash point")
 	c1.Stop()
-	c2, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{ControlPlaneAdapter: crashAdapter(p.order)}})
+	c2, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{ControlPlaneAdapter: p.variant.adapter}})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c2.Stop()
 	mr := waitRemediated(t, wc, victim.Name, 3)
@@ -129,6 +131,11 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 	g.Expect(members).NotTo(ContainElement(victimNode))
 	g.Expect(members).To(ContainElement(added[0]))
 	g.Expect(mr.Status.ControlPlane.Replacement).To(Equal(added[0]))
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(p.order), "the crash point's order (%s)", mr.Status.ControlPlane.OrderReason)
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(p.variant.order), "the crash point's order (%s)", mr.Status.ControlPlane.OrderReason)
+	if p.variant.surge > 0 {
+		g.Expect(mr.Status.ControlPlane.Surge).To(Equal(p.variant.surge), mr.Status.ControlPlane.SurgeReason)
+		g.Expect(mr.Status.ControlPlane.Replacements).To(Equal(p.variant.replacements))
+	}
+	g.Expect(controlPlaneObject(g, wc).Annotations).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
 	g.Expect(ptr.Deref(mr.Status.ControlPlane.DesiredReplicas, 0)).To(BeEquivalentTo(3))
 }

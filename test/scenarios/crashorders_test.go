@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -17,67 +18,91 @@ import (
 	"github.com/capr-io/capr/test/sandbox"
 )
 
-// The orders TestCrashSafety crashes (issue 34, gap 8). A remediation of a Machine whose Node stops
-// reporting (its member healthy) takes ScaleUpFirst under the Auto policy; RemoveMemberFirst under
-// that policy (which accepts no failure margin until the replacement votes); DeleteFirst under that
-// policy where a surge would create two Machines (twoMachineSurge: KCP with stacked etcd where the
-// replicas do not return at the first replacement).
-var crashOrders = []caprv1.ControlPlaneOrder{
-	caprv1.ControlPlaneOrderScaleUpFirst, caprv1.ControlPlaneOrderRemoveMemberFirst, caprv1.ControlPlaneOrderDeleteFirst,
+// crashVariant is an order TestCrashSafety crashes (issue 34, gap 8), and how the remediation is made
+// to take it. A remediation of a Machine whose Node stops reporting (its member healthy) takes
+// ScaleUpFirst under the Auto policy; RemoveMemberFirst under that policy (which accepts no failure
+// margin until the replacement votes); DeleteFirst under that policy where a surge would create two
+// Machines (twoMachineSurge: KCP with stacked etcd where the replicas do not return at the first
+// replacement); OneReplacement is ScaleUpFirst with a surge of two whose replicas return at the first
+// replacement (oneReplacement, with the sandbox's provider scaling up as KCP does:
+// remediation/controlplane firstreplacement.go).
+type crashVariant struct {
+	// name is the variant's name in CRASH_ORDERS and in the crash points' names.
+	name  string
+	order caprv1.ControlPlaneOrder
+	// adapter is the controllers' ControlPlaneAdapter (nil: the default).
+	adapter func(*unstructured.Unstructured) controlplane.Adapter
+	// kcpPreflight makes the sandbox's provider scale up as KCP does (sandbox.KCPPreflightAnnotation).
+	kcpPreflight bool
+	// surge and replacements are what the remediation must record (0: not checked).
+	surge, replacements int32
 }
 
-// crashOrdersFromEnv reads CRASH_ORDERS: unset, the seed picks one order per crash point (the CI
-// budget: as many runs as one order); "all" runs every crash point in every order; a comma-separated
-// list of orders lets the seed pick among those only.
-func crashOrdersFromEnv(t *testing.T) (orders []caprv1.ControlPlaneOrder, all bool) {
+var crashVariants = []crashVariant{
+	{name: "ScaleUpFirst", order: caprv1.ControlPlaneOrderScaleUpFirst},
+	{name: "RemoveMemberFirst", order: caprv1.ControlPlaneOrderRemoveMemberFirst},
+	{name: "DeleteFirst", order: caprv1.ControlPlaneOrderDeleteFirst,
+		adapter: func(*unstructured.Unstructured) controlplane.Adapter { return twoMachineSurge{} }},
+	{name: "OneReplacement", order: caprv1.ControlPlaneOrderScaleUpFirst, kcpPreflight: true, surge: 2, replacements: 1,
+		adapter: func(*unstructured.Unstructured) controlplane.Adapter { return oneReplacement{} }},
+}
+
+// crashVariantsFromEnv reads CRASH_ORDERS: unset, the seed picks one variant per crash point (the CI
+// budget: as many runs as one order); "all" runs every crash point in every variant; a
+// comma-separated list of variant names lets the seed pick among those only.
+func crashVariantsFromEnv(t *testing.T) (variants []crashVariant, all bool) {
 	v := strings.TrimSpace(os.Getenv("CRASH_ORDERS"))
 	switch v {
 	case "":
-		return crashOrders, false
+		return crashVariants, false
 	case "all":
-		return crashOrders, true
+		return crashVariants, true
 	}
 	for _, name := range strings.Split(v, ",") {
-		o := caprv1.ControlPlaneOrder(strings.TrimSpace(name))
-		if !slices.Contains(crashOrders, o) {
-			t.Fatalf("CRASH_ORDERS=%q: %q is not one of %v or all", v, o, crashOrders)
+		i := slices.IndexFunc(crashVariants, func(c crashVariant) bool { return c.name == strings.TrimSpace(name) })
+		if i < 0 {
+			names := make([]string, 0, len(crashVariants))
+			for _, c := range crashVariants {
+				names = append(names, c.name)
+			}
+			t.Fatalf("CRASH_ORDERS=%q: %q is not one of %v or all", v, name, names)
 		}
-		orders = append(orders, o)
+		variants = append(variants, crashVariants[i])
 	}
-	return orders, false
+	return variants, false
 }
 
 // crashPointsFor returns the crash points: each step boundary (a step issued, or its effect seen)
-// of the longest order, and three random points between API writes, each in an order the seed picks
+// of the longest order, and three random points between API writes, each in a variant the seed picks
 // among those with that many boundaries (or, CRASH_ORDERS=all, in each of them).
 func crashPointsFor(t *testing.T, rng *rand.Rand) []crashPoint {
-	orders, all := crashOrdersFromEnv(t)
-	boundaries := func(o caprv1.ControlPlaneOrder) int64 { return int64(2 * len(controlplane.StepsFor(o))) }
+	variants, all := crashVariantsFromEnv(t)
+	boundaries := func(v crashVariant) int64 { return int64(2 * len(controlplane.StepsFor(v.order))) }
 	most := int64(0)
-	for _, o := range orders {
-		most = max(most, boundaries(o))
+	for _, v := range variants {
+		most = max(most, boundaries(v))
 	}
-	pick := func(fits []caprv1.ControlPlaneOrder) []caprv1.ControlPlaneOrder {
+	pick := func(fits []crashVariant) []crashVariant {
 		if all {
 			return fits
 		}
-		return []caprv1.ControlPlaneOrder{fits[rng.IntN(len(fits))]}
+		return []crashVariant{fits[rng.IntN(len(fits))]}
 	}
 	var points []crashPoint
 	for n := int64(1); n <= most; n++ {
-		var fits []caprv1.ControlPlaneOrder
-		for _, o := range orders {
-			if boundaries(o) >= n {
-				fits = append(fits, o)
+		var fits []crashVariant
+		for _, v := range variants {
+			if boundaries(v) >= n {
+				fits = append(fits, v)
 			}
 		}
-		for _, o := range pick(fits) {
-			points = append(points, crashPoint{name: fmt.Sprintf("%s step boundary %02d", o, n), order: o, afterStepEvent: n})
+		for _, v := range pick(fits) {
+			points = append(points, crashPoint{name: fmt.Sprintf("%s step boundary %02d", v.name, n), variant: v, afterStepEvent: n})
 		}
 	}
 	for range 3 {
-		for _, o := range pick(orders) {
-			points = append(points, crashPoint{name: fmt.Sprintf("%s random write", o), order: o, afterWrites: 1 + rng.Int64N(30)})
+		for _, v := range pick(variants) {
+			points = append(points, crashPoint{name: fmt.Sprintf("%s random write", v.name), variant: v, afterWrites: 1 + rng.Int64N(30)})
 		}
 	}
 	return points
@@ -98,12 +123,22 @@ func (twoMachineSurge) ScaleDownRefusal(controlplane.ProviderView) string {
 	return "the test's provider refuses to scale down"
 }
 
-// crashAdapter is the controllers' ControlPlaneAdapter for a crash point's order (nil: the default).
-func crashAdapter(o caprv1.ControlPlaneOrder) func(*unstructured.Unstructured) controlplane.Adapter {
-	if o != caprv1.ControlPlaneOrderDeleteFirst {
-		return nil
-	}
-	return func(*unstructured.Unstructured) controlplane.Adapter { return twoMachineSurge{} }
+// oneReplacement is the sandbox's provider (the Generic adapter) asked for one replacement with a
+// surge of two, as KCP with stacked etcd is: CAPR sets KCP's remediation-in-progress before the
+// scale-up (KCP's adapter), which the provider, scaling up as KCP does (sandbox.KCPPreflightAnnotation),
+// needs while the victim's Node is not Ready and removes when it creates the Machine.
+type oneReplacement struct{ controlplane.Generic }
+
+func (oneReplacement) Surge(*unstructured.Unstructured) controlplane.SurgePlan {
+	return controlplane.SurgePlan{Replicas: 2, Machines: 1, Reason: "the test's provider: replicas raised by two, one replacement"}
+}
+
+func (oneReplacement) BeforeScaleUp(cp *unstructured.Unstructured, victim string, at time.Time, retryCount int32) error {
+	return controlplane.KCP{}.BeforeScaleUp(cp, victim, at, retryCount)
+}
+
+func (oneReplacement) ClearScaleUp(cp *unstructured.Unstructured, victim string) bool {
+	return controlplane.KCP{}.ClearScaleUp(cp, victim)
 }
 
 // setOrderPolicy sets the cluster's health check's ordering policy for the next remediation: Auto
@@ -121,4 +156,19 @@ func setOrderPolicy(g Gomega, wc *sandbox.WorkloadCluster, o caprv1.ControlPlane
 	}
 	mhc.Spec.Remediation.ControlPlane.Order = policy
 	g.Expect(sb.Client.Patch(ctx, mhc, client.MergeFrom(base))).To(Succeed())
+}
+
+// setKCPPreflight makes the sandbox's provider scale up as KCP does, or not (sandbox.KCPPreflightAnnotation).
+func setKCPPreflight(g Gomega, wc *sandbox.WorkloadCluster, on bool) {
+	cp := controlPlaneObject(g, wc)
+	base := cp.DeepCopy()
+	if on {
+		if cp.Annotations == nil {
+			cp.Annotations = map[string]string{}
+		}
+		cp.Annotations[sandbox.KCPPreflightAnnotation] = "true"
+	} else {
+		delete(cp.Annotations, sandbox.KCPPreflightAnnotation)
+	}
+	g.Expect(sb.Client.Patch(ctx, cp, client.MergeFrom(base))).To(Succeed())
 }

@@ -26,9 +26,9 @@ import (
 )
 
 // TestKCPDeadMemberRemovesFirst: the victim's etcd process dies (its Node is fine). Removing a dead
-// member first costs no failure margin (adding a voter first would need 3 healthy of 4), and a surge
-// by two would create two Machines, so CAPR removes the member, deletes the victim and KCP creates
-// the one replacement (DeleteFirst).
+// member first costs no failure margin (adding a voter first would need 3 healthy of 4), so CAPR
+// removes it, then asks KCP for 5 replicas and returns to 3 as soon as the one replacement exists:
+// the replacement is provisioned while the victim is still there, and exactly one Machine is created.
 func TestKCPDeadMemberRemovesFirst(t *testing.T) {
 	var victim string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-dead", kubeadm.Scenario{ControlPlane: 3,
@@ -39,8 +39,9 @@ func TestKCPDeadMemberRemovesFirst(t *testing.T) {
 		}})
 	g := NewWithT(t)
 	mr := res.Remediations[victim]
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), mr.Status.ControlPlane.OrderReason)
-	g.Expect(res.Created).To(HaveLen(1), "Machines created")
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), mr.Status.ControlPlane.OrderReason)
+	g.Expect(mr.Status.ControlPlane.Replacements).To(Equal(int32(1)), mr.Status.ControlPlane.SurgeReason)
+	g.Expect(res.Created).To(ConsistOf(mr.Status.ControlPlane.Replacement), "control-plane Machines created")
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 }
 
@@ -78,12 +79,87 @@ func TestKCPLeaderKubeletDead(t *testing.T) {
 		HaveField("Name", caprv1.StepMoveLeader), HaveField("Outcome", caprv1.StepOutcomeSkipped))))
 }
 
-// TestKCPMemberDiesDuringSurge: a requested remediation of a healthy Machine has begun its surge of
-// two when another Machine's etcd member dies. Removing the healthy member would no longer be
-// quorum-safe and KCP would not scale down while a Machine is unhealthy, so the running remediation
-// gives way before its point of no return: its replacements deleted (KCP never removes them itself
-// now), KCP back at 3, Pending again. The Machine with the dead member is remediated first, then
-// the requested one; never two at once, quorum never lost.
+// TestKCPRequestedHealthyMachineCreatesOneMachine: a person requests the remediation of a Machine
+// that is healthy in KCP's eyes. KCP's strict scale-up preflight then passes as soon as the first
+// replacement is healthy, so with the replicas still at 5 it would create a second Machine without
+// being asked again. CAPR is stopped right after KCP created the first replacement, and started again
+// only once that replacement has been healthy in KCP's eyes for 30 s (KCP reconciles at least every
+// 15-30 s): CAPR had returned the replicas to 3 as soon as the first existed, and the API server's
+// watch sees exactly one control-plane Machine created (with the replicas left at 5, KCP creates the
+// second during the outage). Meanwhile KCP scales the victim down itself (it is marked
+// cluster.x-k8s.io/delete-machine), and the restarted CAPR goes on to the end instead of failing:
+// the failure margin never below 1.
+func TestKCPRequestedHealthyMachineCreatesOneMachine(t *testing.T) {
+	var requested string
+	initial := map[string]bool{}
+	var created, healthy time.Time
+	res := kubeadm.RunScenario(ctx, t, sb, "kcp-requested", kubeadm.Scenario{ControlPlane: 3,
+		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
+			for _, m := range machines {
+				initial[m.Name] = true
+			}
+			requested = machines[1].Name
+			mr := &caprv1.MachineRemediation{
+				ObjectMeta: metav1.ObjectMeta{Namespace: wc.Namespace, Name: requested, Labels: map[string]string{clusterv1.ClusterNameLabel: wc.Name}},
+				Spec:       caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceManual, Reason: "Test"},
+			}
+			return []string{requested}, sb.Client.Create(ctx, mr)
+		},
+		Outage: &kubeadm.Outage{
+			// A replacement exists, and CAPR had 5 s to see it.
+			Stop: func(ctx context.Context, wc *sandbox.WorkloadCluster) (bool, error) {
+				now, err := sb.ControlPlaneMachines(ctx, wc)
+				if err != nil || len(now) <= 3 {
+					return false, err
+				}
+				if created.IsZero() {
+					created = time.Now()
+				}
+				return time.Since(created) > 5*time.Second, nil
+			},
+			// The replacement has been healthy in KCP's eyes for 30 s.
+			Resume: func(ctx context.Context, wc *sandbox.WorkloadCluster) (bool, error) {
+				now, err := sb.ControlPlaneMachines(ctx, wc)
+				if err != nil {
+					return false, err
+				}
+				for _, m := range now {
+					if !initial[m.Name] && kcpHealthy(&m) && healthy.IsZero() {
+						healthy = time.Now()
+					}
+				}
+				return !healthy.IsZero() && time.Since(healthy) > 30*time.Second, nil
+			},
+		}})
+	g := NewWithT(t)
+	cps := res.Remediations[requested].Status.ControlPlane
+	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), cps.OrderReason)
+	g.Expect(cps.Surge).To(Equal(int32(2)))
+	g.Expect(cps.Replacements).To(Equal(int32(1)), cps.SurgeReason)
+	g.Expect(res.Created).To(ConsistOf(cps.Replacement), "control-plane Machines created")
+	g.Expect(res.MinMargin).To(BeNumerically(">=", 1), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
+}
+
+// kcpHealthy reports whether KCP's health conditions on m are all True (what its strict preflight
+// requires of every Machine).
+func kcpHealthy(m *clusterv1.Machine) bool {
+	for _, c := range []string{controlplanev1.KubeadmControlPlaneMachineAPIServerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineControllerManagerPodHealthyCondition,
+		controlplanev1.KubeadmControlPlaneMachineSchedulerPodHealthyCondition, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition,
+		controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition} {
+		if !conditions.IsTrue(m, c) {
+			return false
+		}
+	}
+	return m.Status.NodeRef.IsDefined()
+}
+
+// TestKCPMemberDiesDuringSurge: a requested remediation of a healthy Machine has had KCP create its
+// replacement (replicas 3 → 5, and back to 3 at once, the victim marked for KCP's scale-down) when
+// another Machine's etcd member dies. Removing the healthy member would no longer be quorum-safe and
+// KCP would not scale down while a Machine is unhealthy, so the running remediation gives way before
+// its point of no return: its replacement deleted, then the victim's mark removed, KCP at 3,
+// Pending again. The Machine with the dead member is remediated first, then the requested one;
+// never two at once, quorum never lost.
 func TestKCPMemberDiesDuringSurge(t *testing.T) {
 	var requested, dead string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-surge-dies", kubeadm.Scenario{ControlPlane: 3,
@@ -96,14 +172,10 @@ func TestKCPMemberDiesDuringSurge(t *testing.T) {
 			if err := sb.Client.Create(ctx, mr); err != nil {
 				return nil, err
 			}
-			// The surge has begun: KCP was asked for 5 and created at least one replacement.
+			// The surge has begun: KCP created the replacement.
 			err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-				kcp := &controlplanev1.KubeadmControlPlane{}
-				if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "wc-cp"}, kcp); err != nil {
-					return false, err
-				}
 				now, err := sb.ControlPlaneMachines(ctx, wc)
-				return ptr.Deref(kcp.Spec.Replicas, 0) == 5 && len(now) > 3, err
+				return len(now) > 3, err
 			})
 			if err != nil {
 				return nil, fmt.Errorf("waiting for the surge: %w", err)
@@ -171,12 +243,13 @@ func TestKCPQuorumLostDoesNothing(t *testing.T) {
 	}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
 }
 
-// TestKCPSecondFailureAfterPointOfNoReturn: a remediation (kubelet stopped, member healthy: surge of
-// two) has removed its victim's etcd member, and waits for its fence, when a second Machine's member
-// dies; then the fence is confirmed. KCP (which checks etcd afresh at every reconcile) will not scale
-// down from 4 to 3 while a Machine is unhealthy, so CAPR deletes the surplus replacement itself (the failure
-// margin is the same with one healthy member fewer), KCP is at 3 again, and the second Machine's
-// remediation runs next: no deadlock, never two at once, quorum never lost.
+// TestKCPSecondFailureAfterPointOfNoReturn: a remediation (kubelet stopped, member healthy) has
+// removed its victim's etcd member, and waits for its fence, when a second Machine's member dies;
+// then the fence is confirmed. KCP will not scale down while a Machine is unhealthy, and it need not:
+// the remediation created one replacement and returned the replicas to 3 at once, so it deletes the
+// victim itself and leaves KCP nothing to scale down (before one replacement per remediation, a
+// surge of two left a surplus that CAPR had to delete itself). The second Machine's remediation runs
+// next: no deadlock, one Machine per remediation, never two at once, quorum never lost.
 func TestKCPSecondFailureAfterPointOfNoReturn(t *testing.T) {
 	var first, second string
 	gate := &sandbox.GateBackend{}
@@ -209,8 +282,8 @@ func TestKCPSecondFailureAfterPointOfNoReturn(t *testing.T) {
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 	g.Expect(res.Remediations[second].Status.StartTime.Time).To(BeTemporally(">=", res.Remediations[first].Status.CompletionTime.Time),
 		"the first remediation finishes before the second starts (status times are whole seconds)")
-	events := &eventsv1.EventList{}
-	g.Expect(sb.Client.List(ctx, events, client.InNamespace(res.Remediations[first].Namespace))).To(Succeed())
-	g.Expect(events.Items).To(ContainElement(And(
-		HaveField("Regarding.Name", first), HaveField("Reason", controlplane.EventSurplusReplacementDeleted))), "KCP was left above its replicas")
+	g.Expect(res.Created).To(HaveLen(2), "control-plane Machines created: one per remediation")
+	for _, v := range []string{first, second} {
+		g.Expect(res.Remediations[v].Status.ControlPlane.Replacements).To(Equal(int32(1)), res.Remediations[v].Status.ControlPlane.SurgeReason)
+	}
 }
