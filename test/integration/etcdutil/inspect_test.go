@@ -142,3 +142,47 @@ func TestClientCacheSharesClients(t *testing.T) {
 	}, 20*time.Second, 200*time.Millisecond).Should(Succeed())
 	g.Expect(cache.Len()).To(Equal(2), "the dead member's client is not kept")
 }
+
+// hangingNode is a node whose dial answers only when its context ends, as the node of a member that
+// is gone or dead does through its port-forward until the dial timeout; dialEnded is closed then.
+type hangingNode struct {
+	etcdutil.Connector
+	node      string
+	dialEnded chan struct{}
+}
+
+func (h hangingNode) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
+	if node != h.node {
+		return h.Connector.Connect(ctx, node)
+	}
+	<-ctx.Done()
+	close(h.dialEnded)
+	return nil, ctx.Err()
+}
+
+// TestInspectDoesNotWaitForANodeItDoesNotNeed: the victim's member was removed (or is dead) while its
+// Machine, and so its node, is still there: the member list is asked through every node at once,
+// and that node's dial answers only at its timeout. The state comes from the others, and Inspect
+// returns with it without waiting for that dial, which it ends (issue 32: every Inspect of a
+// remediation with a dead member took the whole dial timeout, 3 s on the sandbox, several times per
+// remediation). Before, Inspect returned only when its own InspectTimeout ended the dial.
+func TestInspectDoesNotWaitForANodeItDoesNotNeed(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2")
+	hanging := hangingNode{Connector: c.Direct(), node: "gone", dialEnded: make(chan struct{})}
+	ec := &etcdutil.Cluster{Connector: hanging, CallTimeout: 2 * time.Second, InspectTimeout: 10 * time.Minute}
+	type result struct {
+		state *etcdutil.State
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		state, err := ec.Inspect(context.Background(), []string{"n1", "n2", "gone"})
+		done <- result{state, err}
+	}()
+	var res result
+	g.Eventually(done, time.Minute).Should(Receive(&res), "Inspect waited for the dial of a node it did not need")
+	g.Expect(res.err).NotTo(HaveOccurred())
+	g.Expect(res.state.Counts()).To(Equal(etcdutil.Counts{Voting: 2, Healthy: 2, QuorumProven: true}))
+	g.Eventually(hanging.dialEnded, time.Minute).Should(BeClosed(), "the pending dial is ended once Inspect returned")
+}
