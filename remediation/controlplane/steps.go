@@ -140,6 +140,13 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	r.observe(s, step, true)
 	r.event(s.mr, corev1.EventTypeNormal, EventStepFinished, fmt.Sprintf("Step %s %s: %s", step, rec.Outcome, res.Message))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation step finished", "step", step, "outcome", rec.Outcome, "message", res.Message)
+	if res.Skipped {
+		// Nothing was issued: the next step starts in this reconcile (its start recorded, and this
+		// step's outcome with it, before it issues anything), on the etcd state this one read. A new
+		// reconcile would read etcd again, which with a dead member costs its dial timeout each time
+		// (MoveLeader is skipped for a dead victim, right before RemoveMember).
+		return r.runSteps(ctx, s)
+	}
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 

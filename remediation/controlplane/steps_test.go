@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -101,4 +102,25 @@ func TestStepsDeleteFirst(t *testing.T) {
 		g.Expect(w.controlPlaneAnnotations(g)).To(HaveKeyWithValue(controlplanev1.RemediationInProgressAnnotation, ContainSubstring(`"machine":"m-b"`)))
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 	})
+}
+
+// TestSkippedStepIsFollowedInTheSameReconcile: a step that issues nothing (MoveLeader for a dead
+// victim that does not lead) is followed at once by the next, on the etcd state just read: one
+// inspection for both, where a new reconcile would read etcd again, which with a dead member costs
+// its dial timeout each time. The skipped step's outcome is recorded with the next step's start,
+// before that step issues anything (persisted: crash-safe).
+func TestSkippedStepIsFollowedInTheSameReconcile(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst),
+		withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC))))
+	setLock(g, w)
+	_, err := w.r.runSteps(t.Context(), w.s)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(w.etcd.inspected).To(HaveLen(1), "one inspection for both steps")
+	g.Expect(w.etcd.removeMembers).To(HaveLen(1), "RemoveMember issued in the same reconcile")
+	stored := &caprv1.MachineRemediation{}
+	g.Expect(w.client.Get(t.Context(), client.ObjectKeyFromObject(w.s.mr), stored)).To(Succeed())
+	g.Expect(stored.Status.Steps).To(HaveLen(2))
+	g.Expect(stored.Status.Steps[0]).To(And(HaveField("Name", caprv1.StepMoveLeader), HaveField("Outcome", caprv1.StepOutcomeSkipped)))
+	g.Expect(stored.Status.Steps[1]).To(And(HaveField("Name", caprv1.StepRemoveMember), HaveField("Outcome", caprv1.StepOutcomeInProgress)))
 }
