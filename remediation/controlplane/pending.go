@@ -288,7 +288,10 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 	r.fencingRaisedEvent(s, raised)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", plan.decision.Order, "reason", plan.decision.Reason,
 		"Cluster", klog.KObj(s.cluster))
-	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	// Running is recorded: the first step follows in this reconcile, as in any reconcile of a running
+	// remediation, on the etcd state the order was chosen on (a new reconcile would read etcd again,
+	// which with a dead member costs its dial timeout).
+	return r.reconcileRunning(ctx, s)
 }
 
 // controlPlaneRecord is what a remediation records when it starts with plan (and again when it

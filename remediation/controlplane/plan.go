@@ -21,7 +21,10 @@ func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 	case caprv1.ControlPlaneOrderScaleUpFirst:
 		return []caprv1.StepName{caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete}
 	case caprv1.ControlPlaneOrderRemoveMemberFirst:
-		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepScaleUp, caprv1.StepWaitForReplacement, caprv1.StepFence, caprv1.StepDelete}
+		// Once the victim's member is removed its Machine serves nothing (a stacked kube-apiserver
+		// reads its local member): it is fenced and deleted while the replacement is provisioned, not
+		// after (issue 32: the deletion after the vote was the last 5-10 s to full strength).
+		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepScaleUp, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}
 	case caprv1.ControlPlaneOrderDeleteFirst:
 		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}
 	case caprv1.ControlPlaneOrderReplace:
@@ -135,9 +138,9 @@ type OrderDecision struct {
 // unreachable, missing or a learner is removed first, which never lowers the margin, while adding a
 // voter first would (V+1 needs a larger quorum until the new member runs). Among the orders that keep
 // it, the one that creates the fewest Machines and restores full strength soonest, by what the
-// provider's surge costs (OrderInput.SurgeMachines): with one Machine, RemoveMemberFirst provisions the
-// replacement while the victim is fenced and deleted afterwards; with two (a surplus to scale down
-// again), DeleteFirst, which has the provider create one. Otherwise wait. Before the control plane is
+// provider's surge costs (OrderInput.SurgeMachines): with one Machine, RemoveMemberFirst, whose
+// replacement is created before the victim is fenced and deleted and provisioned meanwhile; with two
+// (a surplus to scale down again), DeleteFirst, which has the provider create one after the delete. Otherwise wait. Before the control plane is
 // initialized there is nothing to keep: replace. With external etcd there is no member to keep either
 // (chooseExternalEtcdOrder).
 func ChooseOrder(in OrderInput) OrderDecision {
@@ -300,9 +303,9 @@ func valueOf(in OrderInput, order caprv1.ControlPlaneOrder) orderValue {
 // surgeMachines is OrderInput.SurgeMachines, 1 when unset.
 func (in OrderInput) surgeMachines() int32 { return max(in.SurgeMachines, 1) }
 
-// removeFirst is the order that removes the victim's member first: RemoveMemberFirst, whose surge
-// provisions the replacement before the victim is fenced and deleted, when the surge creates one
-// Machine; DeleteFirst when it would create more (the provider then creates one, no surplus to scale
+// removeFirst is the order that removes the victim's member first: RemoveMemberFirst, whose
+// replacement is created before the victim is fenced and deleted and provisioned meanwhile, when the
+// surge creates one Machine; DeleteFirst when it would create more (the provider then creates one, no surplus to scale
 // down again; fault → full strength costs the victim's deletion before the provisioning instead of a
 // second Machine and its removal).
 func removeFirst(why string, machines int32) OrderDecision {

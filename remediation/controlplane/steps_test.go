@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -123,4 +124,44 @@ func TestSkippedStepIsFollowedInTheSameReconcile(t *testing.T) {
 	g.Expect(stored.Status.Steps).To(HaveLen(2))
 	g.Expect(stored.Status.Steps[0]).To(And(HaveField("Name", caprv1.StepMoveLeader), HaveField("Outcome", caprv1.StepOutcomeSkipped)))
 	g.Expect(stored.Status.Steps[1]).To(And(HaveField("Name", caprv1.StepRemoveMember), HaveField("Outcome", caprv1.StepOutcomeInProgress)))
+}
+
+// TestRemoveMemberFirstDeletesBeforeTheReplacementVotes: once the victim's member is removed its
+// Machine serves nothing, so it is fenced and deleted while the replacement is provisioned (the
+// replacement has no Node yet here), and only then does the remediation wait for the replacement.
+func TestRemoveMemberFirstDeletesBeforeTheReplacementVotes(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst), withReplicas(4),
+		withReplacement(cpMachine("m-d", withoutNode())),
+		withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""),
+		withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeSucceeded, ""),
+		withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""),
+		withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC))))
+	setLock(g, w)
+	for range 3 {
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	g.Expect(w.machine(g, "m-b")).To(BeNil(), "the victim is deleted before its replacement has a Node")
+	g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+	g.Expect(findStep(w.s.mr, caprv1.StepFence)).To(HaveField("Outcome", caprv1.StepOutcomeSucceeded))
+	g.Expect(currentStep(w.s.mr)).To(BeElementOf(caprv1.StepDelete, caprv1.StepWaitForReplacement))
+}
+
+// TestStartIsFollowedByTheFirstStep: a remediation that starts goes on to its first step in the same
+// reconcile, on the etcd state its order was chosen on: with the victim's member dead, one inspection
+// for the start, MoveLeader (skipped) and RemoveMember (issued).
+func TestStartIsFollowedByTheFirstStep(t *testing.T) {
+	g := NewWithT(t)
+	w := newWorld(t, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC))))
+	w.s.cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+	w.s.mr.Status = caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhasePending}
+	g.Expect(w.client.Status().Update(t.Context(), w.s.mr)).To(Succeed())
+	w.s.base = w.s.mr.DeepCopy()
+	_, err := w.r.reconcilePending(t.Context(), w.s)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning), "%v", w.s.mr.Status.Conditions)
+	g.Expect(w.s.mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst))
+	g.Expect(w.etcd.inspected).To(HaveLen(1), "one inspection for the start and the first steps")
+	g.Expect(w.etcd.removeMembers).To(HaveLen(1), "RemoveMember issued in the reconcile that started the remediation")
 }
