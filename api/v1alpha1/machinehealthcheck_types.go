@@ -128,6 +128,10 @@ const (
 	// EventInvalidSelector is emitted (Warning) on a MachineHealthCheck when its spec.selector does
 	// not parse.
 	EventInvalidSelector = "InvalidSelector"
+	// EventRemediationRequestsNotWithdrawn is emitted (Warning) on a MachineHealthCheck being deleted
+	// whose remediation requests cannot be listed (their kind does not exist, or CAPR may not list
+	// it): the deletion goes on, and any such request left is not withdrawn.
+	EventRemediationRequestsNotWithdrawn = "RemediationRequestsNotWithdrawn"
 )
 
 // Default values applied by the controller when a field is unset.
