@@ -68,6 +68,9 @@ func Observe(mr *caprv1.MachineRemediation, res Result, now time.Time) {
 // fencing above the request's own (Raised).
 func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation, req Request, now time.Time, persist func(context.Context) error) (Result, error) {
 	req.Remediation = mr.UID
+	if rec := mr.Status.Fencing; rec != nil && rec.NodeName == req.Node && rec.Pods != nil && rec.Pods.DeletedTime != nil {
+		req.PodsDeletedAt = rec.Pods.DeletedTime.Time
+	}
 	if Begin(mr, req.Node, now) {
 		if err := persist(ctx); err != nil {
 			return Result{}, err
