@@ -71,6 +71,9 @@ type Result struct {
 	Message string
 	// Backends are the configured backends' answers, in spec order (empty when fencing is skipped).
 	Backends []BackendResult
+	// AskAgainAt, when set, is when a waiting fence will have something new to do (the out-of-service
+	// taint after the pods' deletion, FenceRecorded): Judge asks again then at the latest.
+	AskAgainAt time.Time
 }
 
 // BackendResult is one backend's answer.
@@ -386,9 +389,13 @@ func Judge(res Result, spec *caprv1.FencingSpec, started, now time.Time) Verdict
 	}
 	timeout := Timeout(spec)
 	elapsed := now.Sub(started)
+	v := Verdict{Message: res.Message, Requeue: min(askAgain(elapsed), timeout-elapsed+100*time.Millisecond)}
 	if elapsed > timeout {
-		return Verdict{TimedOut: true, Requeue: 15 * time.Second,
+		v = Verdict{TimedOut: true, Requeue: 15 * time.Second,
 			Message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}
 	}
-	return Verdict{Message: res.Message, Requeue: min(askAgain(elapsed), timeout-elapsed+100*time.Millisecond)}
+	if at := res.AskAgainAt.Sub(now); !res.AskAgainAt.IsZero() && at < v.Requeue {
+		v.Requeue = max(at, 10*time.Millisecond)
+	}
+	return v
 }

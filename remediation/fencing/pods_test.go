@@ -162,6 +162,9 @@ func TestTheTaintFollowsThePodsDeletion(t *testing.T) {
 	g.Expect(res.Backends[1].Message).To(Equal("waits until the Node's pods are force-deleted"))
 	g.Expect(mr.Status.Fencing.Pods.DeletedTime).NotTo(BeNil(), "the pods went in the same call")
 	g.Expect(tainted(c)).To(BeFalse())
+	// The Fence step asks again when the taint may follow, not at its usual pace.
+	g.Expect(res.AskAgainAt).To(Equal(taintAllowedAt(start)))
+	g.Expect(Judge(res, spec, start.Add(-10*time.Second), start).Requeue).To(Equal(taintAllowedAt(start).Sub(start)))
 
 	now = taintAllowedAt(start).Add(-time.Millisecond)
 	res, err = FenceRecorded(ctx, p, mr, req, now, func(context.Context) error { return nil })

@@ -82,6 +82,12 @@ func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation,
 	}
 	Observe(mr, res, now)
 	deleteFencedPods(ctx, f, mr, req, res, now)
+	if rec := mr.Status.Fencing; res.Outcome == Waiting && rec != nil && rec.Pods != nil && rec.Pods.DeletedTime != nil {
+		// The out-of-service taint follows the pods' deletion (pods.go): ask again when it may.
+		if at := taintAllowedAt(rec.Pods.DeletedTime.Time); at.After(now) {
+			res.AskAgainAt = at
+		}
+	}
 	if note := Raised(mr); note != "" && res.Outcome == Waiting {
 		// An operator must see why a request that says less waits for a fence.
 		res.Message += "; " + note
