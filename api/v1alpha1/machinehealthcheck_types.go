@@ -89,6 +89,9 @@ const (
 	MachineCAPRHealthCheckSucceededReason = "HealthCheckSucceeded"
 	// MachineCAPRHealthCheckNodeDeletedReason is used when the Machine's Node no longer exists.
 	MachineCAPRHealthCheckNodeDeletedReason = "NodeDeleted"
+	// MachineCAPRHealthCheckNodeDeletingReason is used when the Machine's Node has been deleting
+	// (held by a finalizer) for longer than checks.nodeDeletingTimeoutSeconds.
+	MachineCAPRHealthCheckNodeDeletingReason = "NodeDeleting"
 	// MachineCAPRHealthCheckNodeStartupTimeoutReason is used when no Node appeared within nodeStartupTimeoutSeconds.
 	MachineCAPRHealthCheckNodeStartupTimeoutReason = "NodeStartupTimeout"
 	// MachineCAPRHealthCheckUnhealthyNodeReason is used when a Node condition matched for longer than its timeout.
@@ -225,6 +228,15 @@ type MachineHealthCheckChecks struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 30",message="nodeStartupTimeoutSeconds must be 0 (disabled) or at least 30"
 	NodeStartupTimeoutSeconds *int32 `json:"nodeStartupTimeoutSeconds,omitempty"`
+
+	// nodeDeletingTimeoutSeconds: a Machine is unhealthy when its Node has been deleting
+	// (metadata.deletionTimestamp set, the Node held by a finalizer) for longer than this, unless the
+	// Machine is being deleted itself (its deletion deletes the Node). A Node held like that usually
+	// still reports Ready from its last heartbeat. CAPI's MachineHealthCheck has no such check
+	// (kubernetes-sigs/cluster-api#13591 asks for one). Unset or 0 disables it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	NodeDeletingTimeoutSeconds *int32 `json:"nodeDeletingTimeoutSeconds,omitempty"`
 
 	// unhealthyNodeConditions: a Machine is unhealthy when its Node has one of these conditions with
 	// the given status for longer than timeoutSeconds.

@@ -322,6 +322,11 @@ func (in *MachineHealthCheckChecks) DeepCopyInto(out *MachineHealthCheckChecks) 
 		*out = new(int32)
 		**out = **in
 	}
+	if in.NodeDeletingTimeoutSeconds != nil {
+		in, out := &in.NodeDeletingTimeoutSeconds, &out.NodeDeletingTimeoutSeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.UnhealthyNodeConditions != nil {
 		in, out := &in.UnhealthyNodeConditions, &out.UnhealthyNodeConditions
 		*out = make([]UnhealthyNodeCondition, len(*in))
