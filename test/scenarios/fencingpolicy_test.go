@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/test/builder"
 	"github.com/capr-io/capr/test/sandbox"
 )
@@ -34,13 +33,7 @@ func TestHandWrittenControlPlaneRequestGetsTheHealthCheckFencing(t *testing.T) {
 		mhc.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt32(0))}
 	}))
 	check := writeData(t, wc)
-	gate := &sandbox.GateBackend{}
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: gate.Fencer()}})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(capr.Stop)
-	deletions, err := sb.WatchMachineDeletions(ctx, wc)
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(deletions.Stop)
+	gate, deletions := startCAPRBehindGate(t, wc)
 	victim := controlPlane(g, wc)[1]
 	// The manager has the health check in its cache once its health checker reported on it.
 	g.Eventually(func(g Gomega) *int32 {
