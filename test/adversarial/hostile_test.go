@@ -120,7 +120,8 @@ func newHostileTenant(t *testing.T, g *WithT) *hostile {
 }
 
 // controlPlaneCluster writes a Cluster whose etcd-endpoints annotation names etcdElsewhere, with its
-// KubeadmControlPlane (a lock annotation of garbage on it), three control-plane Machines, an etcd CA
+// KubeadmControlPlane (a lock annotation of garbage on it), three control-plane Machines (garbage in
+// their remediation-for annotation), an etcd CA
 // Secret (so that CAPR gets as far as deciding where to dial), a health check reading etcd that
 // requires a NetworkFence, a hand-written request with fencing Disabled, and one whose status says
 // Running without the control-plane record CAPR writes when it starts (defect 8 panicked on it).
@@ -139,7 +140,9 @@ func (h *hostile) controlPlaneCluster(g *WithT) {
 		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
 	}))).To(Succeed())
 	for i := range 3 {
-		h.machine(g, fmt.Sprintf("%s-%d", cpCluster, i), machineSpec{cluster: cpCluster, pool: "cp", ready: corev1.ConditionTrue, controlPlane: true})
+		// Garbage where CAPR records which Machine a replacement replaced (its retry limits).
+		annotations := map[string]string{caprv1.RemediationRecordAnnotation: fmt.Sprintf(`{"machine": %d`, i)}
+		h.machine(g, fmt.Sprintf("%s-%d", cpCluster, i), machineSpec{cluster: cpCluster, pool: "cp", ready: corev1.ConditionTrue, controlPlane: true, annotations: annotations})
 	}
 	mhc := builder.HealthCheck(h.ns, "etcd-watch", cpCluster).NodeNotReadyFor(1).Build()
 	mhc.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{poolLabel: "cp"}}
