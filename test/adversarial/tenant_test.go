@@ -87,7 +87,7 @@ type machineSpec struct {
 
 // machine creates a Machine of the tenant and its Node (Ready as spec says since an hour ago, with an
 // InternalIP of the tenant's subnet); a worker is owned by the MachineSet "ms".
-func (tn *tenant) machine(g *WithT, name string, spec machineSpec) *clusterv1.Machine {
+func (tn *tenant) machine(g *WithT, name string, spec machineSpec) {
 	if spec.cluster == "" {
 		spec.cluster = tn.cluster.Name
 	}
@@ -104,19 +104,17 @@ func (tn *tenant) machine(g *WithT, name string, spec machineSpec) *clusterv1.Ma
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.%d.0.%d", tn.subnet, tn.nodes)}}
 	g.Expect(capienv.CreateNode(ctx, k8sClient, node)).To(Succeed())
 	g.Expect(capienv.SetMachineNode(ctx, k8sClient, m, node.Name)).To(Succeed())
-	return m
 }
 
 // healthCheck creates a health check over the tenant's Machines of pool, unhealthy once their Node
 // is not Ready for 1 s, changed by mutate.
-func (tn *tenant) healthCheck(g *WithT, name, pool string, mutate func(*caprv1.MachineHealthCheck)) *caprv1.MachineHealthCheck {
+func (tn *tenant) healthCheck(g *WithT, name, pool string, mutate func(*caprv1.MachineHealthCheck)) {
 	mhc := builder.HealthCheck(tn.ns, name, tn.cluster.Name).NodeNotReadyFor(1).Build()
 	mhc.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{poolLabel: caprv1.LabelValue(pool)}}
 	if mutate != nil {
 		mutate(mhc)
 	}
 	g.Expect(k8sClient.Create(ctx, mhc)).To(Succeed())
-	return mhc
 }
 
 // requiredNetworkFence is Required fencing through the tenant's NetworkFenceClass.
