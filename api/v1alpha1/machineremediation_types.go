@@ -183,6 +183,34 @@ type ControlPlaneRemediationStatus struct {
 	// unset) or External, in which case the order has no MoveLeader and RemoveMember steps.
 	// +optional
 	Etcd EtcdPlacement `json:"etcd,omitempty"`
+	// undo is set while the remediation is being undone before its point of no return (aborted,
+	// failed, or giving way): the replicas are back at desiredReplicas, and the remediation keeps the
+	// control plane until the control-plane provider has observed them (its
+	// status.observedGeneration), then marks for deletion any Machine the provider created from the
+	// replicas it had read before, and ends as undo says.
+	// +optional
+	Undo *ControlPlaneUndo `json:"undo,omitempty"`
+}
+
+// ControlPlaneUndo is an undo in progress (ControlPlaneRemediationStatus.undo): when it began and
+// what the remediation becomes once it is done.
+type ControlPlaneUndo struct {
+	// startTime is when the undo began: it waits for the provider for a bounded time from it.
+	// +required
+	StartTime metav1.Time `json:"startTime"`
+	// phase is what the remediation becomes once undone: Pending (it gave way, or its request is
+	// being deleted) or Failed.
+	// +required
+	// +kubebuilder:validation:Enum=Pending;Failed
+	Phase RemediationPhase `json:"phase"`
+	// reason is the reason of the Progressing condition meanwhile and afterwards.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Reason string `json:"reason"`
+	// message says why the remediation is undone and what was undone.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // WorkerRemediationStatus is what a worker remediation must remember across restarts. It is written

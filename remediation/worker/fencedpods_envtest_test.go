@@ -15,6 +15,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/fencing"
+	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // Once every backend confirmed the fence, the manager's fencer force-deletes the fenced Node's pods
@@ -70,7 +71,7 @@ func TestRealFenceConfirmedForceDeletesTheNodesPods(t *testing.T) {
 	nf := networkFenceOf(g, f, node)
 	g.Consistently(allExist(pods), quiet, poll).Should(BeTrue(), "a pod deleted before the fence was confirmed")
 
-	csiAddonsReports(g, nf, csiAddonsFenced)
+	g.Expect(capienv.ReportNetworkFence(ctx, k8sClient, nf, capienv.CSIAddonsFenced)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(podExists(g, pods[0])).To(BeFalse())
 		g.Expect(podExists(g, pods[1])).To(BeFalse())
