@@ -39,10 +39,10 @@ import (
 // finds nothing (k8s.io/kubernetes pkg/controller/tainteviction, taint_eviction.go: deletePodHandler,
 // addConditionAndDeletePod; kubernetes/kubernetes#141568 proposes the precondition). Deleted right
 // after the taint, as CAPR first did, a pod's StatefulSet replacement, created at once under the same
-// name on a healthy node, was deleted in its place about one failover in four (make demo
+// name on a healthy node, was deleted in its place (make demo
 // SCENARIO=worker-stateful; test/storage TestTheReplacementOfAFencedNodesPodIsNeverEvicted). Gone
 // before the taint, and long enough for kube-controller-manager to have seen them go, they are not
-// the controller's to evict. Pods deleting them before the taint changes nothing for safety: they go
+// the controller's to evict. Deleting them before the taint changes nothing for safety: they go
 // once every backend that fences (all but the taint, which only tells Kubernetes) confirmed, and the
 // attach/detach controller still moves a volume only once the taint is on. With the taint already on
 // the Node (someone else's), only terminating pods go, as the pod GC's gcTerminating deletes them,

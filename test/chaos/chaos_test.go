@@ -774,7 +774,6 @@ func touchAll(wc *sandbox.WorkloadCluster) {
 	}
 }
 
-
 func waitGone(obj client.Object, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {

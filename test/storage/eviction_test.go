@@ -22,7 +22,7 @@ import (
 )
 
 // evictionRacePods is how many pods the fenced node runs: each is one chance for the race, which
-// about one failover in four lost with a single pod (make demo SCENARIO=worker-stateful).
+// the demo, with a single pod, lost in CI and in 1 of 8 runs (make demo SCENARIO=worker-stateful).
 const evictionRacePods = 12
 
 // TestTheReplacementOfAFencedNodesPodIsNeverEvicted: the out-of-service taint makes the real
