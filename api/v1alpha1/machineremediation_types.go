@@ -183,6 +183,11 @@ type ControlPlaneRemediationStatus struct {
 	// unset) or External, in which case the order has no MoveLeader and RemoveMember steps.
 	// +optional
 	Etcd EtcdPlacement `json:"etcd,omitempty"`
+	// replicasField is where the remediation changes the control plane's replicas for a surge:
+	// ControlPlane (also when unset: spec.replicas of the control-plane object) or ClusterTopology
+	// (Cluster spec.topology.controlPlane.replicas, when the Cluster topology owns the replicas).
+	// +optional
+	ReplicasField ReplicasField `json:"replicasField,omitempty"`
 }
 
 // WorkerRemediationStatus is what a worker remediation must remember across restarts. It is written

@@ -95,9 +95,18 @@ func (r *Reconciler) undo(ctx context.Context, s *scope) (string, error) {
 			did = append(did, fmt.Sprintf("replacement %v marked %s", machineNames(reps), clusterv1.DeleteMachineAnnotation))
 		}
 		cleared := false
-		current, target, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
-			if current != *cp.DesiredReplicas && current != *cp.DesiredReplicas+surge(s) {
-				return current, true // changed by someone else since the surge: theirs, not undone
+		topology := s.replicasField() == caprv1.ReplicasFieldClusterTopology
+		current, target, err := r.setReplicasDecided(ctx, s, func(src replicasSource) (int32, bool) {
+			switch {
+			case src.current != *cp.DesiredReplicas && src.current != *cp.DesiredReplicas+surge(s):
+				// Changed by someone else since the surge: theirs, not undone. (The control-plane
+				// object is still written, for the annotations; the Cluster is not: an apply of an
+				// unchanged value would take the field from its owner.)
+				return src.current, !topology
+			case topology && (src.theirs || src.current == *cp.DesiredReplicas):
+				// The Cluster's field: taken back only while CAPR's field manager still owns it
+				// with the value it set; the provider annotations go with the lock (releaseLock).
+				return src.current, false
 			}
 			return *cp.DesiredReplicas, true
 		}, func(u *unstructured.Unstructured) error {
