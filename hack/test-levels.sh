@@ -35,6 +35,11 @@ heavy=(./test/kubeadm ./test/scenarios)
 heavy_elsewhere=(
 	TestKCPTwoOfFiveDeadNeverDeadlocks # make test-kcp
 	TestCAPIMachineHealthCheckDrivesCAPR # make test-kcp
+	TestTopologyMemberDeadDeletesFirst # make test-kcp
+	TestTopologyLeaveWaitsForConsent # make test-kcp
+	TestTopologyCAPIHealthChecksDriveCAPR # make test-kcp
+	TestTopologyCAPIHealthCheckRecoveryWithdrawsCAPR # make test-kcp
+	TestTopologyGitOpsRevertIsLeftAlone # make test-kcp
 	TestLostLockNeverAllowsTwoRunning # make test-scenarios
 )
 single_sandbox=(./test/storage ./test/e2e ./test/binary ./test/sandbox)

@@ -190,6 +190,11 @@ type ControlPlaneRemediationStatus struct {
 	// replicas it had read before, and ends as undo says.
 	// +optional
 	Undo *ControlPlaneUndo `json:"undo,omitempty"`
+	// replicasField is where the remediation changes the control plane's replicas for a surge:
+	// ControlPlane (also when unset: spec.replicas of the control-plane object) or ClusterTopology
+	// (Cluster spec.topology.controlPlane.replicas, when the Cluster topology owns the replicas).
+	// +optional
+	ReplicasField ReplicasField `json:"replicasField,omitempty"`
 }
 
 // ControlPlaneUndo is an undo in progress (ControlPlaneRemediationStatus.undo): when it began and

@@ -77,7 +77,9 @@ type StepEvent struct {
 // OwnerReferencesPermissionEnforcement admission plugin allows only with update on its finalizers.
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations/finalizers,verbs=update
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// Clusters are patched only for Cluster spec.topology.controlPlane.replicas (a surge of a control
+// plane the Cluster topology owns, server-side applied with TopologyFieldManager; topology.go).
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch;patch
 // Only KubeadmControlPlane is granted here (read through the contract, patched for replicas and
 // annotations); other control-plane providers are granted by a ClusterRole labelled
 // remediation.cluster.x-k8s.io/aggregate-to-manager (config/rbac), not by a wildcard.

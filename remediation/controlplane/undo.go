@@ -121,9 +121,18 @@ func (r *Reconciler) undoReplicas(ctx context.Context, s *scope) ([]string, erro
 		did = append(did, fmt.Sprintf("replacement %v marked %s", machineNames(reps), clusterv1.DeleteMachineAnnotation))
 	}
 	cleared := false
-	current, target, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
-		if current != *cp.DesiredReplicas && current != *cp.DesiredReplicas+surge(s) {
-			return current, true // changed by someone else since the surge: theirs, not undone
+	topology := s.replicasField() == caprv1.ReplicasFieldClusterTopology
+	current, target, err := r.setReplicasDecided(ctx, s, func(src replicasSource) (int32, bool) {
+		switch {
+		case src.current != *cp.DesiredReplicas && src.current != *cp.DesiredReplicas+surge(s):
+			// Changed by someone else since the surge: theirs, not undone. (The control-plane
+			// object is still written, for the annotations; the Cluster is not: an apply of an
+			// unchanged value would take the field from its owner.)
+			return src.current, !topology
+		case topology && (src.theirs || src.current == *cp.DesiredReplicas):
+			// The Cluster's field: taken back only while CAPR's field manager still owns it
+			// with the value it set; the provider annotations go with the lock (releaseLock).
+			return src.current, false
 		}
 		return *cp.DesiredReplicas, true
 	}, func(u *unstructured.Unstructured) error {
@@ -284,11 +293,18 @@ func (r *Reconciler) continueUndo(ctx context.Context, s *scope) (bool, ctrl.Res
 // replicas set back (providerObserved), for at most undoObserveTimeout. note, when the wait ran out,
 // says so for the final message.
 func (r *Reconciler) waitForProvider(s *scope, u *caprv1.ControlPlaneUndo) (wait, note string) {
+	desired := ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)
 	pending := providerObserved(s.cp)
+	if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+		// The undo set the Cluster's field back; the topology controller writes it to the control
+		// plane later, and until it has, the provider has nothing new to observe.
+		if replicas, found, err := unstructured.NestedInt64(s.cp.Object, "spec", "replicas"); err == nil && found && replicas == int64(desired+surge(s)) {
+			pending = fmt.Sprintf("the Cluster topology has not set %s %s's replicas back from %d yet", s.cp.GetKind(), s.cp.GetName(), replicas)
+		}
+	}
 	if pending == "" {
 		return "", ""
 	}
-	desired := ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)
 	if now().Sub(u.StartTime.Time) > undoObserveTimeout {
 		return "", fmt.Sprintf("the %s did not observe the replicas set back to %d within %s (%s): a Machine it creates from the replicas it read before is not marked %s, look for a control-plane Machine too many",
 			s.adapter.Name(), desired, undoObserveTimeout, pending, clusterv1.DeleteMachineAnnotation)
