@@ -519,6 +519,14 @@ const (
 	MachineRemediationWaitingForUnfencingReason = "WaitingForUnfencing"
 	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
 	MachineRemediationCannotRemediateReason = "CannotRemediate"
+	// MachineRemediationEscalationObjectNotOwnedReason: an object of the escalation step's kind named
+	// after the Machine exists that CAPR did not create for this remediation (its controller is not
+	// this MachineRemediation): it is left alone, never deleted, and the step waits for its timeout.
+	MachineRemediationEscalationObjectNotOwnedReason = "EscalationObjectNotOwned"
+	// MachineRemediationEscalationObjectNotDeletedReason: an escalation step timed out but CAPR may not
+	// delete (or read) the object it created for it; the delete is retried for one more step timeout,
+	// then the remediation goes on with the object left in place.
+	MachineRemediationEscalationObjectNotDeletedReason = "EscalationObjectNotDeleted"
 )
 
 func init() {

@@ -179,10 +179,12 @@ func (r *Reconciler) undoRest(ctx context.Context, s *scope) ([]string, error) {
 		did = append(did, r.deleteLeftBehind(ctx, s, append(reps, late...))...)
 	}
 	if findStep(s.mr, caprv1.EscalationStepName(0)) != nil {
-		if err := r.escalationRunner().DeleteStarted(ctx, s.mr); err != nil {
+		left, err := r.escalationRunner().DeleteStarted(ctx, s.mr)
+		if err != nil {
 			return nil, err
 		}
 		did = append(did, "the escalation's objects deleted")
+		did = append(did, left...)
 	}
 	if !fencing.Owed(s.mr) { // a fenced victim keeps the hook until it is unfenced (unfenceEnded)
 		if err := r.removeFenceHook(ctx, s); err != nil {
