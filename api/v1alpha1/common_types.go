@@ -303,7 +303,11 @@ const (
 	ReplicasFieldClusterTopology ReplicasField = "ClusterTopology"
 )
 
-// TemplateReference points at a template object in the same namespace.
+// TemplateReference points at a template object in the same namespace. The object made from it (a
+// remediation request, an escalation step's object, an External fence) is named after the Machine, so
+// a template of Cluster API's core group is refused: its object would be the Machine itself (a
+// MachineTemplate), or another core object CAPR must never create or delete.
+// +kubebuilder:validation:XValidation:rule="!self.apiVersion.startsWith('cluster.x-k8s.io/')",message="a template of Cluster API's core group cluster.x-k8s.io is never a remediation or fencing template: the object made from it, named after the Machine, would be a Machine or another core object",fieldPath=".apiVersion"
 type TemplateReference struct {
 	// apiVersion of the template, e.g. remediation.cluster.x-k8s.io/v1alpha1.
 	// +required

@@ -384,9 +384,11 @@ type MachineHealthCheckRemediationTriggerIf struct {
 // EscalationStep is one remediation tried before replacement.
 type EscalationStep struct {
 	// templateRef is the remediation template of this step; its kind ends in Template (the request
-	// created from it has the kind without that suffix).
+	// created from it has the kind without that suffix). Not of CAPR's own group: the object of a
+	// MachineRemediationTemplate, named after the Machine, would be the remediation request itself.
 	// +required
 	// +kubebuilder:validation:XValidation:rule="self.kind.endsWith('Template')",message="kind must be a template kind, ending in Template"
+	// +kubebuilder:validation:XValidation:rule="!self.apiVersion.startsWith('remediation.cluster.x-k8s.io/')",message="an escalation step's template is not of CAPR's group remediation.cluster.x-k8s.io: the object made from a MachineRemediationTemplate, named after the Machine, would be the remediation request itself",fieldPath=".apiVersion"
 	TemplateRef TemplateReference `json:"templateRef"`
 
 	// timeoutSeconds is how long this step may take before the next one starts. At least 60, so two

@@ -102,7 +102,7 @@ func TestAHostileTenantBesideAnHonestOne(t *testing.T) {
 		}, eventually, poll).Should(Succeed(), "remediated")
 	})
 
-	t.Run("health checks naming what CAPR may not read or cannot find say so", func(t *testing.T) {
+	t.Run("health checks naming what CAPR may not read or cannot find say so, or are refused", func(t *testing.T) {
 		g := NewWithT(t)
 		type want struct{ reason, message string }
 		wants := map[string]want{
@@ -130,6 +130,8 @@ func TestAHostileTenantBesideAnHonestOne(t *testing.T) {
 		}
 		g.Expect(apierrors.IsInvalid(h.unparsableSelector)).To(BeTrue(), "a selector that does not parse is refused: %v", h.unparsableSelector)
 		g.Expect(h.unparsableSelector.Error()).To(ContainSubstring("spec.selector.matchLabels"))
+		g.Expect(apierrors.IsInvalid(h.machineEscalation)).To(BeTrue(), "an escalation step naming a MachineTemplate is refused: %v", h.machineEscalation)
+		g.Expect(h.machineEscalation.Error()).To(ContainSubstring("spec.remediation.escalation[0].templateRef.apiVersion"))
 	})
 
 	t.Run("overlapping health checks report it and leave each other's mark", func(t *testing.T) {

@@ -57,6 +57,9 @@ type hostile struct {
 	forged map[string]types.UID
 	// unparsableSelector is the error of creating a health check whose selector does not parse.
 	unparsableSelector error
+	// machineEscalation is the error of creating a health check whose escalation step's object would
+	// be the Machine itself (a MachineTemplate of CAPI's core group).
+	machineEscalation error
 }
 
 // newHostileTenant writes the hostile tenant's objects. The forged fences come before the health
@@ -93,6 +96,12 @@ func newHostileTenant(t *testing.T, g *WithT) *hostile {
 	unparsable := builder.HealthCheck(h.ns, "unparsable", h.cluster.Name).Build()
 	unparsable.Spec.Selector = caprv1.MachineSelector{MatchLabels: map[string]caprv1.LabelValue{"bad key!": "v"}}
 	h.unparsableSelector = k8sClient.Create(ctx, unparsable)
+	// An escalation step whose object, named after the Machine, would be the Machine: at the step's
+	// end CAPR would delete the victim by name.
+	machineStep := builder.HealthCheck(h.ns, "machine-step", h.cluster.Name).Build()
+	machineStep.Spec.Remediation.Escalation = []caprv1.EscalationStep{{TimeoutSeconds: 60,
+		TemplateRef: caprv1.TemplateReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "MachineTemplate", Name: "t"}}}
+	h.machineEscalation = k8sClient.Create(ctx, machineStep)
 
 	// "guard" requires a NetworkFence of what it covers; "disk" overlaps it (DiskPressure only).
 	h.healthCheck(g, "guard", "guarded", func(mhc *caprv1.MachineHealthCheck) { mhc.Spec.Remediation.Fencing = h.requiredNetworkFence() })
