@@ -519,6 +519,10 @@ const (
 	MachineRemediationWaitingForUnfencingReason = "WaitingForUnfencing"
 	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
 	MachineRemediationCannotRemediateReason = "CannotRemediate"
+	// MachineRemediationMachineNotFoundReason: the Machine the request is named after does not exist
+	// and the remediation never started: there is nothing to remediate, and nothing is done. The
+	// request waits for the Machine (it may not be in CAPR's cache yet) and goes on if it appears.
+	MachineRemediationMachineNotFoundReason = "MachineNotFound"
 	// MachineRemediationEscalationObjectNotOwnedReason: an object of the escalation step's kind named
 	// after the Machine exists that CAPR did not create for this remediation (its controller is not
 	// this MachineRemediation): it is left alone, never deleted, and the step waits for its timeout.

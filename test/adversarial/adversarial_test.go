@@ -218,6 +218,19 @@ func TestAHostileTenantBesideAnHonestOne(t *testing.T) {
 		}, eventually, poll).Should(Succeed())
 	})
 
+	t.Run("a request for a Machine that does not exist says so", func(t *testing.T) {
+		g := NewWithT(t)
+		g.Eventually(func(g Gomega) {
+			c := conditions.Get(getRemediation(g, h.ns, ghostRequest), caprv1.MachineRemediationProgressingCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(caprv1.MachineRemediationMachineNotFoundReason), c.Message)
+			g.Expect(c.Message).To(ContainSubstring("Machine " + ghostRequest + " does not exist in namespace " + h.ns))
+			g.Expect(events(g, h.ns, "MachineRemediation", ghostRequest, caprv1.MachineRemediationMachineNotFoundReason)).
+				To(ContainElement(HaveField("Type", corev1.EventTypeWarning)))
+		}, eventually, poll).Should(Succeed())
+	})
+
 	t.Run("nothing of the hostile tenant's was deleted, nothing dialled, no reconcile panicked", func(t *testing.T) {
 		g := NewWithT(t)
 		for _, name := range []string{forbiddenTarget, manualTarget, forgedNFTarget, poweredTarget, cpCluster + "-0", cpCluster + "-1", cpCluster + "-2"} {
