@@ -261,9 +261,53 @@ type ControlPlaneRemediationSpec struct {
 	// +kubebuilder:default=Auto
 	// +kubebuilder:validation:Enum=Auto;RemoveMemberFirst
 	Order ControlPlaneOrder `json:"order,omitempty"`
+
+	// topologyReplicas says whether CAPR may surge a control plane whose replicas the Cluster topology
+	// owns (a ClusterClass-based Cluster with spec.topology.controlPlane.replicas set) through
+	// Cluster spec.topology.controlPlane.replicas: Surge (default) raises them with CAPR's own field
+	// manager (server-side apply) and restores them when the victim is gone; Leave never writes the
+	// Cluster (e.g. a GitOps tool reverts that field), so a victim whose etcd member is healthy waits
+	// (WouldLoseFailureMargin) until order RemoveMemberFirst accepts deleting it first. A victim whose
+	// member is down is deleted first either way: that loses no failure margin and changes no replicas.
+	// +optional
+	// +kubebuilder:default=Surge
+	// +kubebuilder:validation:Enum=Surge;Leave
+	TopologyReplicas TopologyReplicasPolicy `json:"topologyReplicas,omitempty"`
 }
 
-// TemplateReference points at a template object in the same namespace.
+// TopologyReplicasPolicy is whether a control-plane remediation may change Cluster
+// spec.topology.controlPlane.replicas (ControlPlaneRemediationSpec.topologyReplicas).
+// +kubebuilder:validation:Enum=Surge;Leave
+type TopologyReplicasPolicy string
+
+const (
+	// TopologyReplicasSurge lets a remediation surge through Cluster spec.topology.controlPlane.replicas.
+	TopologyReplicasSurge TopologyReplicasPolicy = "Surge"
+	// TopologyReplicasLeave never changes Cluster spec.topology.controlPlane.replicas.
+	TopologyReplicasLeave TopologyReplicasPolicy = "Leave"
+)
+
+// ReplicasField is where a control-plane remediation changes the control plane's replicas
+// (ControlPlaneRemediationStatus.replicasField).
+// +kubebuilder:validation:Enum=ControlPlane;ClusterTopology
+type ReplicasField string
+
+const (
+	// ReplicasFieldControlPlane is spec.replicas of the control-plane object (CAPI's control-plane
+	// contract), patched conditionally on the replicas read.
+	ReplicasFieldControlPlane ReplicasField = "ControlPlane"
+	// ReplicasFieldClusterTopology is Cluster spec.topology.controlPlane.replicas, which the Cluster
+	// topology controller applies to the control-plane object: written with server-side apply and
+	// CAPR's field manager (remediation/controlplane TopologyFieldManager), restored only while CAPR
+	// still owns the field with the value it set.
+	ReplicasFieldClusterTopology ReplicasField = "ClusterTopology"
+)
+
+// TemplateReference points at a template object in the same namespace. The object made from it (a
+// remediation request, an escalation step's object, an External fence) is named after the Machine, so
+// a template of Cluster API's core group is refused: its object would be the Machine itself (a
+// MachineTemplate), or another core object CAPR must never create or delete.
+// +kubebuilder:validation:XValidation:rule="!self.apiVersion.startsWith('cluster.x-k8s.io/')",message="a template of Cluster API's core group cluster.x-k8s.io is never a remediation or fencing template: the object made from it, named after the Machine, would be a Machine or another core object",fieldPath=".apiVersion"
 type TemplateReference struct {
 	// apiVersion of the template, e.g. remediation.cluster.x-k8s.io/v1alpha1.
 	// +required

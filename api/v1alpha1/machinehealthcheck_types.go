@@ -89,6 +89,9 @@ const (
 	MachineCAPRHealthCheckSucceededReason = "HealthCheckSucceeded"
 	// MachineCAPRHealthCheckNodeDeletedReason is used when the Machine's Node no longer exists.
 	MachineCAPRHealthCheckNodeDeletedReason = "NodeDeleted"
+	// MachineCAPRHealthCheckNodeDeletingReason is used when the Machine's Node has been deleting
+	// (held by a finalizer) for longer than checks.nodeDeletingTimeoutSeconds.
+	MachineCAPRHealthCheckNodeDeletingReason = "NodeDeleting"
 	// MachineCAPRHealthCheckNodeStartupTimeoutReason is used when no Node appeared within nodeStartupTimeoutSeconds.
 	MachineCAPRHealthCheckNodeStartupTimeoutReason = "NodeStartupTimeout"
 	// MachineCAPRHealthCheckUnhealthyNodeReason is used when a Node condition matched for longer than its timeout.
@@ -128,6 +131,10 @@ const (
 	// EventInvalidSelector is emitted (Warning) on a MachineHealthCheck when its spec.selector does
 	// not parse.
 	EventInvalidSelector = "InvalidSelector"
+	// EventRemediationRequestsNotWithdrawn is emitted (Warning) on a MachineHealthCheck being deleted
+	// whose remediation requests cannot be listed (their kind does not exist, or CAPR may not list
+	// it): the deletion goes on, and any such request left is not withdrawn.
+	EventRemediationRequestsNotWithdrawn = "RemediationRequestsNotWithdrawn"
 )
 
 // Default values applied by the controller when a field is unset.
@@ -221,6 +228,15 @@ type MachineHealthCheckChecks struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 30",message="nodeStartupTimeoutSeconds must be 0 (disabled) or at least 30"
 	NodeStartupTimeoutSeconds *int32 `json:"nodeStartupTimeoutSeconds,omitempty"`
+
+	// nodeDeletingTimeoutSeconds: a Machine is unhealthy when its Node has been deleting
+	// (metadata.deletionTimestamp set, the Node held by a finalizer) for longer than this, unless the
+	// Machine is being deleted itself (its deletion deletes the Node). A Node held like that usually
+	// still reports Ready from its last heartbeat. CAPI's MachineHealthCheck has no such check
+	// (kubernetes-sigs/cluster-api#13591 asks for one). Unset or 0 disables it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	NodeDeletingTimeoutSeconds *int32 `json:"nodeDeletingTimeoutSeconds,omitempty"`
 
 	// unhealthyNodeConditions: a Machine is unhealthy when its Node has one of these conditions with
 	// the given status for longer than timeoutSeconds.
@@ -368,9 +384,11 @@ type MachineHealthCheckRemediationTriggerIf struct {
 // EscalationStep is one remediation tried before replacement.
 type EscalationStep struct {
 	// templateRef is the remediation template of this step; its kind ends in Template (the request
-	// created from it has the kind without that suffix).
+	// created from it has the kind without that suffix). Not of CAPR's own group: the object of a
+	// MachineRemediationTemplate, named after the Machine, would be the remediation request itself.
 	// +required
 	// +kubebuilder:validation:XValidation:rule="self.kind.endsWith('Template')",message="kind must be a template kind, ending in Template"
+	// +kubebuilder:validation:XValidation:rule="!self.apiVersion.startsWith('remediation.cluster.x-k8s.io/')",message="an escalation step's template is not of CAPR's group remediation.cluster.x-k8s.io: the object made from a MachineRemediationTemplate, named after the Machine, would be the remediation request itself",fieldPath=".apiVersion"
 	TemplateRef TemplateReference `json:"templateRef"`
 
 	// timeoutSeconds is how long this step may take before the next one starts. At least 60, so two

@@ -195,6 +195,39 @@ type ControlPlaneRemediationStatus struct {
 	// unset) or External, in which case the order has no MoveLeader and RemoveMember steps.
 	// +optional
 	Etcd EtcdPlacement `json:"etcd,omitempty"`
+	// undo is set while the remediation is being undone before its point of no return (aborted,
+	// failed, or giving way): the replicas are back at desiredReplicas, and the remediation keeps the
+	// control plane until the control-plane provider has observed them (its
+	// status.observedGeneration), then marks for deletion any Machine the provider created from the
+	// replicas it had read before, and ends as undo says.
+	// +optional
+	Undo *ControlPlaneUndo `json:"undo,omitempty"`
+	// replicasField is where the remediation changes the control plane's replicas for a surge:
+	// ControlPlane (also when unset: spec.replicas of the control-plane object) or ClusterTopology
+	// (Cluster spec.topology.controlPlane.replicas, when the Cluster topology owns the replicas).
+	// +optional
+	ReplicasField ReplicasField `json:"replicasField,omitempty"`
+}
+
+// ControlPlaneUndo is an undo in progress (ControlPlaneRemediationStatus.undo): when it began and
+// what the remediation becomes once it is done.
+type ControlPlaneUndo struct {
+	// startTime is when the undo began: it waits for the provider for a bounded time from it.
+	// +required
+	StartTime metav1.Time `json:"startTime"`
+	// phase is what the remediation becomes once undone: Pending (it gave way, or its request is
+	// being deleted) or Failed.
+	// +required
+	// +kubebuilder:validation:Enum=Pending;Failed
+	Phase RemediationPhase `json:"phase"`
+	// reason is the reason of the Progressing condition meanwhile and afterwards.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Reason string `json:"reason"`
+	// message says why the remediation is undone and what was undone.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // WorkerRemediationStatus is what a worker remediation must remember across restarts. It is written
@@ -498,6 +531,18 @@ const (
 	MachineRemediationWaitingForUnfencingReason = "WaitingForUnfencing"
 	// MachineRemediationCannotRemediateReason: the Machine cannot be remediated (message says why).
 	MachineRemediationCannotRemediateReason = "CannotRemediate"
+	// MachineRemediationMachineNotFoundReason: the Machine the request is named after does not exist
+	// and the remediation never started: there is nothing to remediate, and nothing is done. The
+	// request waits for the Machine (it may not be in CAPR's cache yet) and goes on if it appears.
+	MachineRemediationMachineNotFoundReason = "MachineNotFound"
+	// MachineRemediationEscalationObjectNotOwnedReason: an object of the escalation step's kind named
+	// after the Machine exists that CAPR did not create for this remediation (its controller is not
+	// this MachineRemediation): it is left alone, never deleted, and the step waits for its timeout.
+	MachineRemediationEscalationObjectNotOwnedReason = "EscalationObjectNotOwned"
+	// MachineRemediationEscalationObjectNotDeletedReason: an escalation step timed out but CAPR may not
+	// delete (or read) the object it created for it; the delete is retried for one more step timeout,
+	// then the remediation goes on with the object left in place.
+	MachineRemediationEscalationObjectNotDeletedReason = "EscalationObjectNotDeleted"
 )
 
 func init() {

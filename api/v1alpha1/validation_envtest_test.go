@@ -52,6 +52,12 @@ func TestValidHealthCheckIsAccepted(t *testing.T) {
 	// Defaults are applied by the CRD.
 	g.Expect(mhc.Spec.Remediation.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderAuto))
 
+	// Templates of a provider's groups (under cluster.x-k8s.io, but not CAPI's core group) are fine.
+	metal3 := validHealthCheck("metal3")
+	metal3.Spec.Remediation.Escalation = []caprv1.EscalationStep{{TimeoutSeconds: 300, TemplateRef: caprv1.TemplateReference{
+		APIVersion: "infrastructure.cluster.x-k8s.io/v1beta1", Kind: "Metal3RemediationTemplate", Name: "reboot"}}}
+	g.Expect(testEnv.Client.Create(ctx, metal3)).To(Succeed())
+
 	range15 := validHealthCheck("range")
 	range15.Spec.Remediation.TriggerIf = &caprv1.MachineHealthCheckRemediationTriggerIf{UnhealthyInRange: "[1-5]"}
 	range15.Spec.Remediation.TriggerIf.UnhealthyLessThanOrEqualTo = ptr.To(intstr.FromInt32(2))
@@ -137,6 +143,21 @@ func TestBadHealthCheckIsRefusedNamingTheField(t *testing.T) {
 			m.Spec.Remediation.Escalation = []caprv1.EscalationStep{{TimeoutSeconds: 60,
 				TemplateRef: caprv1.TemplateReference{APIVersion: "example.com/v1", Kind: "Reboot", Name: "r"}}}
 		}, "spec.remediation.escalation[0].templateRef", "kind must be a template kind, ending in Template"},
+		{"templateRef of CAPI's core group", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "MachineTemplate", Name: "t"}
+		}, "spec.remediation.templateRef.apiVersion", "never a remediation or fencing template"},
+		{"escalation templateRef of CAPI's core group", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.Escalation = []caprv1.EscalationStep{{TimeoutSeconds: 60,
+				TemplateRef: caprv1.TemplateReference{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "MachineTemplate", Name: "t"}}}
+		}, "spec.remediation.escalation[0].templateRef.apiVersion", "would be a Machine or another core object"},
+		{"escalation templateRef of CAPR's group", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.Escalation = []caprv1.EscalationStep{{TimeoutSeconds: 60,
+				TemplateRef: caprv1.TemplateReference{APIVersion: "remediation.cluster.x-k8s.io/v1alpha1", Kind: "MachineRemediationTemplate", Name: "t"}}}
+		}, "spec.remediation.escalation[0].templateRef.apiVersion", "would be the remediation request itself"},
+		{"External fencing templateRef of CAPI's core group", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.Fencing.Backends[0] = caprv1.FencingBackend{Type: caprv1.FencingBackendExternal,
+				TemplateRef: &caprv1.TemplateReference{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "MachineTemplate", Name: "t"}}
+		}, "spec.remediation.fencing.backends[0].templateRef.apiVersion", "never a remediation or fencing template"},
 		{"stormCooldownSeconds without triggerIf", func(m *caprv1.MachineHealthCheck) {
 			m.Spec.Remediation.TriggerIf = nil
 			m.Spec.Remediation.StormCooldownSeconds = ptr.To[int32](60)
@@ -195,6 +216,9 @@ func TestBadMachineRemediationIsRefused(t *testing.T) {
 		"unknown source": {caprv1.MachineRemediationSpec{Source: "Robot"}, "spec.source", "Unsupported value"},
 		"fencing without backends": {caprv1.MachineRemediationSpec{Fencing: &caprv1.FencingSpec{Policy: caprv1.FencingBestEffort}},
 			"spec.fencing", "backends must not be empty"},
+		"escalation to the Machine itself": {caprv1.MachineRemediationSpec{Escalation: []caprv1.EscalationStep{{TimeoutSeconds: 60,
+			TemplateRef: caprv1.TemplateReference{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "MachineTemplate", Name: "t"}}}},
+			"spec.escalation[0].templateRef.apiVersion", "would be a Machine"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)

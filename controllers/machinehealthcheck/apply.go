@@ -59,7 +59,11 @@ type applyResult struct {
 func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *clusterv1.Cluster, mhc *caprv1.MachineHealthCheck, cfg checkConfig,
 	rd *round, lim limits, excluded []*clusterv1.Machine) (applyResult, error) {
 	requests, standIn, err := r.listRequests(ctx, mhc)
-	if err != nil {
+	var unlistableErr *requestsUnlistableError
+	// Requests that cannot be listed hold back the requests, never the marks: the health check says
+	// why in RemediationTemplatesValid (checkRequestsListable).
+	requestsKnown := !errors.As(err, &unlistableErr)
+	if err != nil && requestsKnown {
 		return applyResult{}, err
 	}
 	var (
@@ -107,7 +111,7 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 	// the background, and they would otherwise compete with the remaining writes for the API server.
 	defer r.recordMarkEvents(ctx, mhc, cfg.checker, rd, work, changes, requested, unreported)
 	forEachParallel(len(work), r.writes.get(), func(k int) {
-		if !marked[k] {
+		if !marked[k] || !requestsKnown {
 			return
 		}
 		t, ev := rd.targets[work[k]], rd.evals[work[k]]
@@ -147,6 +151,9 @@ func (r *Reconciler) applyMarksAndRequests(ctx context.Context, cluster *cluster
 			}
 		}
 	})
+	if !requestsKnown {
+		excluded = nil
+	}
 	forEachParallel(len(excluded), r.writes.get(), func(i int) {
 		if err := r.withdrawRequest(ctx, mhc, excluded[i], requests, "remediation of the Machine is skipped or paused"); err != nil {
 			fail(err)

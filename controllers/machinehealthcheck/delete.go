@@ -2,8 +2,10 @@ package machinehealthcheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -34,7 +36,14 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, helper *patch.Helper, 
 		selector = labels.Nothing()
 	}
 	requests, _, err := r.listRequests(ctx, mhc)
-	if err != nil {
+	var unlistableErr *requestsUnlistableError
+	switch {
+	case errors.As(err, &unlistableErr):
+		// No such request can be read, nor withdrawn: holding the finalizer would keep the health
+		// check forever for nothing. What is left, if any, is said once, and the marks are cleared.
+		r.recorder.Eventf(mhc, nil, corev1.EventTypeWarning, caprv1.EventRemediationRequestsNotWithdrawn, "Delete",
+			"%v; any Pending one of this health check is left, not withdrawn", unlistableErr)
+	case err != nil:
 		return err
 	}
 	var errs []error

@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -142,4 +143,37 @@ func TestAControlPlaneKindCAPRMayNotReadIsReported(t *testing.T) {
 		g.Expect(remediationExists(f.ns, "w")).To(BeTrue(), "the worker Machine's remediation is requested")
 	}, eventually, poll).Should(Succeed())
 	g.Consistently(func() bool { return remediationExists(f.ns, "cp-0") }, time.Second, poll).Should(BeFalse())
+}
+
+// TestAHealthCheckWhoseRequestsCannotBeListedStillMarksAndCanBeDeleted: a templateRef naming a kind
+// CAPR may not list makes the requests of the health check unlistable. The round listed them before it
+// wrote any mark and gave up, so the health check never marked its unhealthy Machine, and its deletion
+// listed them before releasing the finalizer, so it could never be deleted. The marks are the health
+// check's answer whatever becomes of the requests: the Machine is marked, the health check says its
+// requests cannot be listed (naming the kind), and it can be deleted, its mark cleared.
+func TestAHealthCheckWhoseRequestsCannotBeListedStillMarksAndCanBeDeleted(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now().Add(-time.Hour)))
+	mhc := f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) { mhc.Spec.Remediation.TemplateRef = ptr.To(forbiddenTemplate) })
+
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "m")
+		g.Expect(rec).NotTo(BeNil(), "the unhealthy Machine is marked")
+		c := conditions.Get(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(c.Message).To(ContainSubstring("spec.remediation.templateRef: KubeadmConfig requests in %s cannot be listed", f.ns))
+	}, eventually, poll).Should(Succeed())
+
+	g.Expect(k8sClient.Delete(ctx, mhc)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(mhc), &caprv1.MachineHealthCheck{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the health check is deleted")
+		rec, cond := markOf(g, f.ns, "m")
+		g.Expect(rec).To(BeNil())
+		g.Expect(cond).To(BeNil())
+	}, eventually, poll).Should(Succeed())
+	g.Expect(notesOf(g, f.ns, caprv1.EventRemediationRequestsNotWithdrawn)).To(ContainElement(ContainSubstring("KubeadmConfig")))
 }

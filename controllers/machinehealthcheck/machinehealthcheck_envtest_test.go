@@ -1204,3 +1204,41 @@ func TestStatusCountsAreWrittenAtMostOncePerSecond(t *testing.T) {
 		"%d rounds in %s", flipped, elapsed)
 	g.Consistently(statusWrites, 2*time.Second, poll).Should(BeNumerically("<=", before+2+int(elapsed/time.Second)))
 }
+
+// TestANodeHeldDeletingMakesItsMachineUnhealthy: issue 33's node-deletion signal. A Node deleted but
+// held by a finalizer still reports Ready from its last heartbeat; with checks.nodeDeletingTimeoutSeconds
+// its Machine is unhealthy once the Node has been deleting that long (NodeDeleting), and its
+// remediation is requested.
+func TestANodeHeldDeletingMakesItsMachineUnhealthy(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	f.machine(g, "m")
+	nodeName := f.ns + "-m"
+	n := &corev1.Node{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: nodeName}, n)).To(Succeed())
+	base := n.DeepCopy()
+	n.Finalizers = append(n.Finalizers, "example.com/hold")
+	g.Expect(k8sClient.Patch(ctx, n, client.MergeFrom(base))).To(Succeed())
+	t.Cleanup(func() {
+		n := &corev1.Node{}
+		if err := k8sClient.Get(ctx, client.ObjectKey{Name: nodeName}, n); err == nil {
+			base := n.DeepCopy()
+			n.Finalizers = nil
+			_ = k8sClient.Patch(ctx, n, client.MergeFrom(base))
+		}
+	})
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) { mhc.Spec.Checks.NodeDeletingTimeoutSeconds = ptr.To[int32](2) })
+	g.Eventually(func(g Gomega) {
+		g.Expect(conditions.IsTrue(getMachine(g, f.ns, "m"), caprv1.MachineCAPRHealthCheckSucceededCondition)).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+
+	g.Expect(k8sClient.Delete(ctx, n)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		rec, _ := markOf(g, f.ns, "m")
+		g.Expect(rec).NotTo(BeNil())
+		g.Expect(rec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckNodeDeletingReason))
+		g.Expect(rec.Message).To(ContainSubstring("Node %s has been deleting for more than 2s", nodeName))
+		g.Expect(remediationExists(f.ns, "m")).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+}

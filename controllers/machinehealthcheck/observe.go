@@ -214,6 +214,7 @@ func configOf(mhc *caprv1.MachineHealthCheck) checkConfig {
 	if s := mhc.Spec.Checks.NodeStartupTimeoutSeconds; s != nil {
 		cfg.nodeStartupTimeout = time.Duration(*s) * time.Second
 	}
+	cfg.nodeDeletingTimeout = time.Duration(ptr.Deref(mhc.Spec.Checks.NodeDeletingTimeoutSeconds, 0)) * time.Second
 	if e := mhc.Spec.Checks.EtcdMember; e != nil {
 		cfg.etcdMemberTimeout = time.Duration(ptr.Deref(e.TimeoutSeconds, caprv1.DefaultEtcdMemberTimeoutSeconds)) * time.Second
 	}

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -81,6 +82,9 @@ func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealth
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 		if err := r.Client.List(ctx, list, client.InNamespace(mhc.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+			if unlistable(err) {
+				return nil, false, &requestsUnlistableError{kind: gvk.Kind, namespace: mhc.Namespace, err: err}
+			}
 			return nil, false, fmt.Errorf("listing %s: %w", gvk.Kind, err)
 		}
 		for i := range list.Items {
@@ -88,6 +92,28 @@ func (r *Reconciler) listRequests(ctx context.Context, mhc *caprv1.MachineHealth
 		}
 	}
 	return out, r.state.created.standIn(scope, out, time.Now()), nil
+}
+
+// requestsUnlistableError says the requests of a health check's kind cannot be listed: the kind
+// its templateRef names does not exist, or CAPR may not list it. Nothing about them can be known, so
+// none is created or withdrawn; the marks, which are the health check's answer, are written all the
+// same (applyMarksAndRequests), the problem is reported in RemediationTemplatesValid
+// (checkRequestsListable), and a health check being deleted is released (reconcileDelete).
+type requestsUnlistableError struct {
+	kind, namespace string
+	err             error
+}
+
+func (e *requestsUnlistableError) Error() string {
+	return fmt.Sprintf("%s requests in %s cannot be listed: %v", e.kind, e.namespace, e.err)
+}
+
+func (e *requestsUnlistableError) Unwrap() error { return e.err }
+
+// unlistable reports whether a List failed because of the kind itself (no such kind, or no role for
+// it), which retrying does not change until someone does, rather than for a passing reason.
+func unlistable(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || meta.IsNoMatchError(err)
 }
 
 // ensureRequest creates the remediation request of an unhealthy Machine if it does not exist yet.

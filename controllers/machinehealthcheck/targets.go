@@ -23,9 +23,11 @@ type checkConfig struct {
 	// checker identifies the health check in marks ("<namespace>/<name>").
 	checker            string
 	nodeStartupTimeout time.Duration // 0 disables the check
-	nodeConditions     []caprv1.UnhealthyNodeCondition
-	machineConditions  []caprv1.UnhealthyMachineCondition
-	etcdMemberTimeout  time.Duration // 0 disables the check
+	// nodeDeletingTimeout is checks.nodeDeletingTimeoutSeconds; 0 disables the check.
+	nodeDeletingTimeout time.Duration
+	nodeConditions      []caprv1.UnhealthyNodeCondition
+	machineConditions   []caprv1.UnhealthyMachineCondition
+	etcdMemberTimeout   time.Duration // 0 disables the check
 }
 
 // clusterFacts are the Cluster conditions the decision depends on.
@@ -176,6 +178,13 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 			}
 		}
 	default:
+		if d := t.node.DeletionTimestamp; cfg.nodeDeletingTimeout > 0 && d != nil && m.DeletionTimestamp.IsZero() {
+			if expired, remaining := timedOut(d.Time, cfg.nodeDeletingTimeout, now); expired {
+				fail(caprv1.MachineCAPRHealthCheckNodeDeletingReason, fmt.Sprintf("Node %s has been deleting for more than %s", t.node.Name, cfg.nodeDeletingTimeout))
+			} else {
+				wait(remaining)
+			}
+		}
 		for _, c := range cfg.nodeConditions {
 			if cond := nodeCondition(t.node, c.Type); cond != nil {
 				conditionTimeout(cond.Status == c.Status, cond.LastTransitionTime.Time, c.TimeoutSeconds, caprv1.MachineCAPRHealthCheckUnhealthyNodeReason,

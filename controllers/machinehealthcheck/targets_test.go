@@ -36,6 +36,14 @@ func node(conds ...corev1.NodeCondition) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Status: corev1.NodeStatus{Conditions: conds}}
 }
 
+// deletingNode is a Node deleting (held by a finalizer) for age.
+func deletingNode(age time.Duration, conds ...corev1.NodeCondition) *corev1.Node {
+	n := node(conds...)
+	n.DeletionTimestamp = ptr.To(metav1.NewTime(now.Add(-age)))
+	n.Finalizers = []string{"example.com/hold"}
+	return n
+}
+
 func nodeCond(t corev1.NodeConditionType, s corev1.ConditionStatus, age time.Duration) corev1.NodeCondition {
 	return corev1.NodeCondition{Type: t, Status: s, LastTransitionTime: metav1.NewTime(now.Add(-age))}
 }
@@ -130,6 +138,14 @@ func TestEvaluate(t *testing.T) {
 		{name: "deleting machine with a healthy node is pending", target: target{machine: machine(func(m *clusterv1.Machine) {
 			m.DeletionTimestamp = ptr.To(metav1.NewTime(now))
 		}), node: node(ready)}, verdict: verdictPending},
+		{name: "node deleting past nodeDeletingTimeout", target: target{machine: machine(), node: deletingNode(6*time.Minute, ready)},
+			config: func(c *checkConfig) { c.nodeDeletingTimeout = 5 * time.Minute }, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckNodeDeletingReason},
+		{name: "node deleting within nodeDeletingTimeout requeues at expiry", target: target{machine: machine(), node: deletingNode(4*time.Minute, ready)},
+			config: func(c *checkConfig) { c.nodeDeletingTimeout = 5 * time.Minute }, verdict: verdictPending, nextCheck: time.Minute + time.Second},
+		{name: "node deleting with the check disabled", target: target{machine: machine(), node: deletingNode(time.Hour, ready)}, verdict: verdictHealthy},
+		{name: "node deleting because its Machine is", target: target{machine: machine(func(m *clusterv1.Machine) {
+			m.DeletionTimestamp = ptr.To(metav1.NewTime(now.Add(-time.Hour)))
+		}), node: deletingNode(time.Hour, ready)}, config: func(c *checkConfig) { c.nodeDeletingTimeout = 5 * time.Minute }, verdict: verdictPending},
 		{name: "etcd member unhealthy past timeout", target: target{machine: machine(asControlPlane), node: node(ready),
 			etcd: &etcdMemberFact{problem: "unreachable", since: now.Add(-3 * time.Minute)}}, verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason},
 		{name: "etcd member unhealthy within timeout", target: target{machine: machine(asControlPlane), node: node(ready),

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/cluster-api/controllers/external"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -101,6 +102,25 @@ func (c *templateChecks) forget(uid types.UID) {
 	delete(c.last, uid)
 }
 
+// checkRequestsListable says why the requests of the kind spec.remediation.templateRef makes cannot be
+// listed ("" when they can, or are CAPR's own): the rounds then write marks but no request
+// (requestsUnlistableError). One List of at most one object, read live like the templates.
+func (r *Reconciler) checkRequestsListable(ctx context.Context, mhc *caprv1.MachineHealthCheck) string {
+	ref := mhc.Spec.Remediation.TemplateRef
+	gvk, err := requestGVK(mhc)
+	if ref == nil || err != nil || gvk == caprv1.GroupVersion.WithKind("MachineRemediation") {
+		return "" // an apiVersion that does not parse is refused at admission
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	err = r.Client.List(ctx, list, client.InNamespace(mhc.Namespace), client.Limit(1))
+	if err == nil || !unlistable(err) {
+		return ""
+	}
+	return fmt.Sprintf("spec.remediation.templateRef: %s requests in %s cannot be listed, so none is created or withdrawn (grant CAPR list, watch, create and delete on them; see docs/user/install.md): %v",
+		gvk.Kind, mhc.Namespace, err)
+}
+
 // checkTemplates sets RemediationTemplatesValid (removed when the spec names no template) and
 // returns how soon to look again (0: no template to look at).
 func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHealthCheck, now time.Time) time.Duration {
@@ -131,6 +151,9 @@ func (r *Reconciler) checkTemplates(ctx context.Context, mhc *caprv1.MachineHeal
 				problems = append(problems, fmt.Sprintf("%s: %s %s/%s %s", fields[i], ref.Kind, mhc.Namespace, ref.Name, p))
 			}
 		}
+	}
+	if p := r.checkRequestsListable(ctx, mhc); p != "" {
+		problems = append(problems, p)
 	}
 	r.state.templates.done(mhc, now)
 	if len(problems) == 0 {

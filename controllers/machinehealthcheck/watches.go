@@ -143,7 +143,7 @@ func (r *Reconciler) requestToHealthChecks(ctx context.Context, o client.Object)
 }
 
 // watchClusterNodes watches the workload cluster's Nodes; only changes of what the health check
-// reads from a Node (nodeConditionsChanged) enqueue.
+// reads from a Node (nodeEvaluationChanged) enqueue.
 func (r *Reconciler) watchClusterNodes(ctx context.Context, cluster *clusterv1.Cluster) error {
 	key := client.ObjectKeyFromObject(cluster)
 	return r.ClusterCache.Watch(ctx, key, clustercache.NewWatcher(clustercache.WatcherOptions{
@@ -157,14 +157,14 @@ func (r *Reconciler) watchClusterNodes(ctx context.Context, cluster *clusterv1.C
 	}))
 }
 
-// nodeChanged lets through only Node updates the health check depends on (nodeConditionsChanged);
+// nodeChanged lets through only Node updates the health check depends on (nodeEvaluationChanged);
 // creations and deletions always.
 func nodeChanged() predicate.Funcs {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, okOld := e.ObjectOld.(*corev1.Node)
 			n, okNew := e.ObjectNew.(*corev1.Node)
-			return okOld && okNew && nodeConditionsChanged(o, n)
+			return okOld && okNew && nodeEvaluationChanged(o, n)
 		},
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
@@ -186,12 +186,13 @@ func (r *Reconciler) nodeToHealthChecks(ctx context.Context, cluster client.Obje
 	return out
 }
 
-// nodeConditionsChanged reports whether a Node update changes what a health check evaluates: a
-// condition's type, status or last transition (evaluate). A kubelet's status report that only
-// refreshes lastHeartbeatTime, a reason or a message changes none of them; letting it through would
-// cost a whole round over every target of the Node's health checks for each such report.
-func nodeConditionsChanged(o, n *corev1.Node) bool {
-	if len(o.Status.Conditions) != len(n.Status.Conditions) {
+// nodeEvaluationChanged reports whether a Node update changes what a health check evaluates: a
+// condition's type, status or last transition, or the Node's deletion starting
+// (checks.nodeDeletingTimeoutSeconds; evaluate). A kubelet's status report that only refreshes
+// lastHeartbeatTime, a reason or a message changes none of them; letting it through would cost a whole
+// round over every target of the Node's health checks for each such report.
+func nodeEvaluationChanged(o, n *corev1.Node) bool {
+	if len(o.Status.Conditions) != len(n.Status.Conditions) || !o.DeletionTimestamp.Equal(n.DeletionTimestamp) {
 		return true
 	}
 	for i := range n.Status.Conditions {

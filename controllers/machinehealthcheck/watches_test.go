@@ -15,7 +15,7 @@ import (
 
 // A kubelet's periodic status report refreshes lastHeartbeatTime (and may reword a message) without
 // changing what a health check evaluates: it must not start a round over every target.
-func TestNodeConditionsChangedIgnoresHeartbeats(t *testing.T) {
+func TestNodeEvaluationChangedIgnoresHeartbeats(t *testing.T) {
 	t0 := metav1.NewTime(time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC))
 	t1 := metav1.NewTime(t0.Add(5 * time.Minute))
 	ready := func(status corev1.ConditionStatus, transition, heartbeat metav1.Time, message string) corev1.NodeCondition {
@@ -42,6 +42,11 @@ func TestNodeConditionsChangedIgnoresHeartbeats(t *testing.T) {
 			corev1.NodeCondition{Type: "NetworkUnavailable", Status: corev1.ConditionFalse}), true},
 		{"condition type replaced", node(corev1.NodeCondition{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, LastTransitionTime: t0},
 			ready(corev1.ConditionTrue, t0, t0, "kubelet is posting ready status")), true},
+		{"deletion started (checks.nodeDeletingTimeoutSeconds)", func() *corev1.Node {
+			n := node(pressure, ready(corev1.ConditionTrue, t0, t0, "kubelet is posting ready status"))
+			n.DeletionTimestamp = ptr.To(t1)
+			return n
+		}(), true},
 	}
 	pred := nodeChanged() // what watchClusterNodes installs
 	for _, tt := range tests {

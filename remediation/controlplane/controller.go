@@ -77,7 +77,9 @@ type StepEvent struct {
 // OwnerReferencesPermissionEnforcement admission plugin allows only with update on its finalizers.
 // +kubebuilder:rbac:groups=remediation.cluster.x-k8s.io,resources=machineremediations/finalizers,verbs=update
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// Clusters are patched only for Cluster spec.topology.controlPlane.replicas (a surge of a control
+// plane the Cluster topology owns, server-side applied with TopologyFieldManager; topology.go).
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch;patch
 // Only KubeadmControlPlane is granted here (read through the contract, patched for replicas and
 // annotations); other control-plane providers are granted by a ClusterRole labelled
 // remediation.cluster.x-k8s.io/aggregate-to-manager (config/rbac), not by a wildcard.
@@ -260,12 +262,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		reconcileRunningWithoutRecord(s)
 		return ctrl.Result{}, nil
 	}
+	// A request whose Machine does not exist and that never started has nothing to remediate, whatever
+	// its Cluster is (or whether it exists): that is what it says (machineNotFound), not what reading
+	// its Cluster finds. It waits, for the Machine may not be in the cache yet (the Machine's events
+	// bring it back); a lock a start that did not complete took is still released below.
+	unstarted := machineGone && mr.DeletionTimestamp.IsZero() && !remediation.Terminal(mr) && mr.Status.Phase != caprv1.MachineRemediationPhaseRunning
 	clusterName := clusterNameOf(s)
 	if clusterName == "" {
 		// A request whose Machine is gone before it was ever started: nothing was done and nothing
 		// is left to remediate. (Before taking the lock a request is always labelled with its
 		// Cluster, so a request without the label holds nothing.)
 		controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
+		if unstarted {
+			r.wait(s, machineNotFound(mr))
+		}
 		return ctrl.Result{}, nil
 	}
 	cluster, err := util.GetClusterByName(ctx, r.Client, mr.Namespace, clusterName)
@@ -273,6 +283,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if apierrors.IsNotFound(err) && !mr.DeletionTimestamp.IsZero() {
 			controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)
 			return ctrl.Result{}, nil
+		}
+		if apierrors.IsNotFound(err) && unstarted {
+			return r.wait(s, machineNotFound(mr)), nil // no Cluster, no lock to release
 		}
 		return ctrl.Result{}, fmt.Errorf("reading Cluster %s: %w", clusterName, err)
 	}
@@ -283,8 +296,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err != nil || isPaused || requeue {
 		return ctrl.Result{}, err
 	}
+	if unstarted {
+		r.wait(s, machineNotFound(mr))
+	}
 	if err := r.gather(ctx, s); err != nil {
-		remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
+		if !unstarted {
+			// (An unstarted request's condition says why nothing is done; a lock it may hold is
+			// released once the control plane can be read.)
+			remediation.SetWaiting(mr, caprv1.MachineRemediationWaitingForPreconditionsReason, err.Error())
+		}
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 	if msg := pausedBy(s); msg != "" {
@@ -297,8 +317,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	case !mr.DeletionTimestamp.IsZero():
 		return r.reconcileDelete(ctx, s)
 	case machineGone && mr.Status.Phase != caprv1.MachineRemediationPhaseRunning:
-		// Nothing was started and there is nothing left to remediate; a lock taken in a start that
-		// did not complete is released.
+		// Nothing was started and there is nothing left to remediate (the condition says so); a lock
+		// taken in a start that did not complete is released.
 		return ctrl.Result{}, r.releaseLock(ctx, s)
 	case machineGone:
 		return r.reconcileMachineGone(ctx, s)
@@ -327,6 +347,13 @@ func reconcileRunningWithoutRecord(s *scope) {
 	}
 	remediation.SetWaiting(s.mr, caprv1.MachineRemediationWaitingForPreconditionsReason,
 		"status.phase is Running but status.controlPlane is missing (the status was not written by CAPR's control-plane remediator): nothing is done; delete the request to start again")
+}
+
+// machineNotFound is the wait of a request whose Machine does not exist and that never started.
+func machineNotFound(mr *caprv1.MachineRemediation) *waiting {
+	return &waiting{reason: caprv1.MachineRemediationMachineNotFoundReason, warning: caprv1.MachineRemediationMachineNotFoundReason,
+		message: fmt.Sprintf("Machine %s does not exist in namespace %s: nothing to remediate, nothing is done (a request is named after its Machine); it goes on if the Machine appears, else delete the request",
+			mr.Name, mr.Namespace)}
 }
 
 // clusterNameOf returns the Cluster of the remediation: the Machine's, or, once the Machine is gone,

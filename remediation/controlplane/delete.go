@@ -150,14 +150,21 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 func (r *Reconciler) replicasBack(ctx context.Context, s *scope) (note string, err error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
-	current, _, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
-		return desired, current == desired+surge(s)
+	theirs := false
+	current, _, err := r.setReplicasDecided(ctx, s, func(src replicasSource) (int32, bool) {
+		// The Cluster topology's field is taken back only while CAPR's field manager owns it.
+		theirs = src.theirs && src.current != desired
+		return desired, src.current == desired+surge(s) && !theirs
 	}, nil)
-	if err != nil || current == desired || current == desired+surge(s) {
+	if err != nil || current == desired || (current == desired+surge(s) && !theirs) {
 		return "", err
 	}
-	note = fmt.Sprintf("; %s %s replicas are %d, %s (it set %d, from %d), so CAPR leaves them",
-		s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired+surge(s), desired)
+	owners := ""
+	if s.replicasField() == caprv1.ReplicasFieldClusterTopology && s.liveCluster != nil {
+		owners = " by " + topologyReplicasOwners(s.liveCluster)
+	}
+	note = fmt.Sprintf("; %s replicas are %d, %s%s (it set %d, from %d), so CAPR leaves them",
+		replicasFieldName(s), current, replicasChangedElsewhere, owners, desired+surge(s), desired)
 	if rec := findStep(s.mr, caprv1.StepDelete); rec == nil || !strings.Contains(rec.Message, replicasChangedElsewhere) {
 		r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, strings.TrimPrefix(note, "; "))
 	}

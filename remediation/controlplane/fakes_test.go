@@ -11,6 +11,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -21,6 +22,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
@@ -284,6 +286,9 @@ type worldOptions struct {
 	replacement  string
 	surge        int32
 	replacements int32
+	// generations: the fake API server bumps the control-plane object's metadata.generation as the
+	// real one does (withProviderGenerations).
+	generations bool
 }
 
 // worldOption configures newWorld. Options apply in order: withReplacement after withMachines,
@@ -353,6 +358,38 @@ func withOneReplacement() worldOption {
 	return func(o *worldOptions) { o.surge, o.replacements = 2, 1 }
 }
 
+// withProviderGenerations gives the control-plane object metadata.generation and
+// status.observedGeneration 5 (its provider has observed its spec), and makes the fake API server
+// bump metadata.generation when a write changes the object's spec, as a real one does for a custom
+// resource with a status subresource (the fake client keeps the generation as written).
+func withProviderGenerations() worldOption {
+	return func(o *worldOptions) {
+		o.controlPlane.SetGeneration(5)
+		_ = unstructured.SetNestedField(o.controlPlane.Object, int64(5), "status", "observedGeneration")
+		o.generations = true
+	}
+}
+
+// bumpGeneration is the interceptor of withProviderGenerations.
+func bumpGeneration(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok || u.GroupVersionKind() != testControlPlaneGVK {
+		return c.Patch(ctx, obj, patch, opts...)
+	}
+	before := u.DeepCopy()
+	if err := c.Get(ctx, client.ObjectKeyFromObject(u), before); err != nil {
+		return err
+	}
+	if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(before.Object["spec"], u.Object["spec"]) {
+		return nil
+	}
+	u.SetGeneration(before.GetGeneration() + 1)
+	return c.Update(ctx, u)
+}
+
 // withRecordedReplacement sets status.controlPlane.replacement.
 func withRecordedReplacement(name string) worldOption {
 	return func(o *worldOptions) { o.replacement = name }
@@ -415,7 +452,11 @@ func newWorld(t *testing.T, opts ...worldOption) *world {
 		},
 	}
 	objs = append(objs, mr)
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&caprv1.MachineRemediation{}).Build()
+	builder := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&caprv1.MachineRemediation{})
+	if o.generations {
+		builder = builder.WithInterceptorFuncs(interceptor.Funcs{Patch: bumpGeneration})
+	}
+	c := builder.Build()
 
 	w := &world{t: t, client: c, etcd: o.etcd, fencer: &fakeFencer{result: o.fence, err: o.fenceErr}}
 	w.provider = &fakeEtcdProvider{cluster: o.etcd, err: o.etcdErr}

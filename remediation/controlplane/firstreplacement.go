@@ -97,8 +97,8 @@ func (r *Reconciler) returnReplicasAtFirstReplacement(ctx context.Context, s *sc
 	if err := r.markVictim(ctx, s); err != nil {
 		return "", err
 	}
-	current, _, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
-		return desired, current == desired+surge(s)
+	current, _, err := r.setReplicasDecided(ctx, s, func(src replicasSource) (int32, bool) {
+		return desired, src.current == desired+surge(s) && !src.theirs
 	}, nil)
 	switch {
 	case err != nil:

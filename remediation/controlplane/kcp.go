@@ -84,12 +84,10 @@ func (KCP) Surge(cp *unstructured.Unstructured) SurgePlan {
 
 // Busy implements Adapter: KCP must be quiet before CAPR changes its replicas, because KCP acts on
 // spec.replicas only between its own operations (kubeadmcontrolplane_controller.go reconcile: rollouts
-// first, then scaling, one Machine at a time) and a topology-managed KCP gets its replicas rewritten.
+// first, then scaling, one Machine at a time). A KCP whose replicas the Cluster topology owns gets the
+// Topology adapter around this one (topology.go): CAPR then changes the Cluster's field, never KCP's.
 func (KCP) Busy(view ProviderView) string {
 	cp := view.ControlPlane
-	if _, ok := cp.GetLabels()[clusterv1.ClusterTopologyOwnedLabel]; ok {
-		return fmt.Sprintf("KubeadmControlPlane %s is managed by the Cluster topology, which owns spec.replicas; CAPR does not change them", cp.GetName())
-	}
 	if value, ok := cp.GetAnnotations()[controlplanev1.RemediationInProgressAnnotation]; ok {
 		if data, err := kcpRemediationDataFromAnnotation(value); err != nil || data.Machine != view.Victim.Name {
 			return fmt.Sprintf("KubeadmControlPlane %s has %s set by another remediation (%s); waiting until KCP clears it", cp.GetName(), controlplanev1.RemediationInProgressAnnotation, value)

@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -80,8 +81,14 @@ func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
 	}
 }
 
-// lockHolderActive reports whether the MachineRemediation named in a lock still runs.
+// lockHolderActive reports whether the MachineRemediation named in a lock still runs. A lock that
+// names no object a request could be (an unreadable value, lockOf; or a hand-written one such as
+// "a/b") is held by nobody: reading it would fail before reaching the API server, on every reconcile
+// of every request of the cluster, and none would ever say why (test/adversarial).
 func (r *Reconciler) lockHolderActive(ctx context.Context, namespace string, l *caprv1.ControlPlaneLock) (bool, error) {
+	if len(validation.IsDNS1123Subdomain(l.MachineRemediation)) > 0 {
+		return false, nil
+	}
 	other := &caprv1.MachineRemediation{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: l.MachineRemediation}, other); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -153,6 +153,15 @@ func (r *Reconciler) startPreconditions(ctx context.Context, s *scope) (RetryDec
 // decide who starts (a more broken one is given way to by yieldToMoreBroken).
 func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (startPlan, *waiting, error) {
 	desired, _ := Replicas(s.cp)
+	if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+		// The Cluster's field is what a surge changes and the undo restores (Topology.Busy has
+		// checked that the control-plane object has it too).
+		src, err := r.readReplicas(ctx, s)
+		if err != nil {
+			return startPlan{}, &waiting{reason: caprv1.MachineRemediationWaitingForPreconditionsReason, requeue: waitLong, message: err.Error()}, nil //nolint:nilerr // said in the condition
+		}
+		desired = src.current
+	}
 	if l := lockOf(s.cp); l != nil && l.MachineRemediation == s.mr.Name && l.DesiredReplicas > 0 {
 		desired = l.DesiredReplicas // a start that crashed after taking the lock: keep what it recorded
 	}
@@ -301,7 +310,7 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 	cp := &caprv1.ControlPlaneRemediationStatus{
 		ClusterName: s.cluster.Name, Order: plan.decision.Order, OrderReason: plan.decision.Reason,
 		DesiredReplicas: ptr.To(plan.desired), MemberName: s.victimNode(), RetryCount: plan.retryCount,
-		Etcd: s.etcdPlacement(),
+		Etcd: s.etcdPlacement(), ReplicasField: s.replicasField(),
 	}
 	switch plan.decision.Order {
 	case caprv1.ControlPlaneOrderReplace:

@@ -81,13 +81,14 @@ func surge(s *scope) int32 {
 func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
-	current, err := Replicas(s.cp)
+	src, err := r.readReplicas(ctx, s)
 	if err != nil {
 		return stepResult{}, err
 	}
+	current := src.current
 	target := desired + surge(s)
 	if rep := replacement(s); rep != nil || current >= target {
-		msg := fmt.Sprintf("%s %s replicas %d → %d", s.cp.GetKind(), s.cp.GetName(), desired, target)
+		msg := fmt.Sprintf("%s replicas %d → %d", replicasFieldName(s), desired, target)
 		if rep != nil {
 			msg += ", replacement Machine " + rep.Name
 		}
@@ -120,8 +121,8 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 	stamp := scaleUpStamp(s)
 	// Raised only from the replicas the remediation started at; a conflicting write (the provider's
 	// status, a hand edit) is decided again at once from a live read.
-	current, _, err = r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) {
-		return target, current == desired
+	current, _, err = r.setReplicasDecided(ctx, s, func(src replicasSource) (int32, bool) {
+		return target, src.current == desired
 	}, func(cp *unstructured.Unstructured) error {
 		return s.adapter.BeforeScaleUp(cp, s.mr.Name, stamp, cps.RetryCount)
 	})
@@ -130,10 +131,25 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 		return stepResult{}, err
 	case current != desired && current < target:
 		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, Requeue: waitShort, Message: fmt.Sprintf(
-			"%s %s replicas are %d, %s before the surge (it was to raise them from %d to %d); waiting until they are %d again",
-			s.cp.GetKind(), s.cp.GetName(), current, replicasChangedElsewhere, desired, target, desired)}}, nil
+			"%s replicas are %d, %s before the surge (it was to raise them from %d to %d); waiting until they are %d again",
+			replicasFieldName(s), current, replicasChangedElsewhere, desired, target, desired)}}, nil
+	}
+	if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+		// Done at once, recorded with the write: a GitOps tool that puts the Cluster's replicas back
+		// before the next pass must not see them raised again (no flapping); WaitForReplacement says
+		// so if the replacement never comes.
+		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("%s replicas %d → %d, applied by field manager %s",
+			replicasFieldName(s), desired, target, TopologyFieldManager)}}, nil
 	}
 	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("raised replicas to %d", target), Requeue: 200 * time.Millisecond}}, nil
+}
+
+// replicasFieldName names the replicas the remediation changes, for the messages.
+func replicasFieldName(s *scope) string {
+	if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+		return fmt.Sprintf("Cluster %s spec.topology.controlPlane", s.cluster.Name)
+	}
+	return fmt.Sprintf("%s %s", s.cp.GetKind(), s.cp.GetName())
 }
 
 func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (stepResult, error) {
@@ -302,9 +318,16 @@ func (r *Reconciler) armNextReplacement(ctx context.Context, s *scope, state *et
 		return stepResult{}, err
 	}
 	if !equality.Semantic.DeepEqual(probe.GetAnnotations(), s.cp.GetAnnotations()) {
-		if _, _, err := r.setReplicasDecided(ctx, s, func(current int32) (int32, bool) { return current, true }, func(cp *unstructured.Unstructured) error {
+		before := func(cp *unstructured.Unstructured) error {
 			return s.adapter.BeforeScaleUp(cp, s.mr.Name, at, s.mr.Status.ControlPlane.RetryCount)
-		}); err != nil {
+		}
+		if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+			// Only the annotations: applying the Cluster's replicas unchanged would still take the
+			// field from whoever owns it.
+			if err := r.annotateControlPlane(ctx, s, before); err != nil {
+				return stepResult{}, err
+			}
+		} else if _, _, err := r.setReplicasDecided(ctx, s, func(src replicasSource) (int32, bool) { return src.current, true }, before); err != nil {
 			return stepResult{}, err
 		}
 	}

@@ -63,11 +63,16 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 			return ctrl.Result{}, err
 		}
 	}
+	if s.mr.Status.ControlPlane.Undo != nil {
+		// Being undone (it waits for the provider): nothing else is done meanwhile.
+		_, res, err := r.continueUndo(ctx, s)
+		return res, err
+	}
 	if res, done, err := r.checkStepTimeout(ctx, s); done || err != nil {
 		return res, err
 	}
-	if yielded, err := r.yieldToMoreBroken(ctx, s); yielded || err != nil {
-		return ctrl.Result{RequeueAfter: waitLong}, err
+	if yielded, res, err := r.yieldToMoreBroken(ctx, s); yielded || err != nil {
+		return res, err
 	}
 	if err := r.ensureFenceHook(ctx, s); err != nil {
 		return ctrl.Result{}, err
@@ -80,15 +85,16 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 
 // yieldToMoreBroken gives the control plane to a waiting remediation whose victim's etcd member is
 // down while this one's is healthy (YieldTo), as long as this one can still be undone: replicas back,
-// lock released, Pending again. Without it the running remediation would wait for its timeout at the
-// quorum check and the broken member would wait behind it.
-func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, error) {
+// lock released, Pending again (undoThen). Without it the running remediation would wait for its
+// timeout at the quorum check and the broken member would wait behind it. yielded reports that it
+// gives way (res then says when to look again).
+func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (yielded bool, res ctrl.Result, err error) {
 	if s.machineGone {
-		return false, nil
+		return false, ctrl.Result{}, nil
 	}
 	list := &caprv1.MachineRemediationList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
-		return false, fmt.Errorf("listing MachineRemediations: %w", err)
+		return false, ctrl.Result{}, fmt.Errorf("listing MachineRemediations: %w", err)
 	}
 	othersWait := false
 	for _, other := range list.Items {
@@ -100,30 +106,26 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (bool, err
 		// With external etcd no victim is more broken than another: first come, first served. A
 		// remediation that fenced its victim, or whose victim someone else deletes, finishes: the
 		// victim is about to go.
-		return false, nil
+		return false, ctrl.Result{}, nil
 	}
 	state, err := r.inspectEtcd(ctx, s)
 	if err != nil {
-		return false, nil //nolint:nilerr // without etcd state nobody can be judged more broken: the steps say why they wait
+		return false, ctrl.Result{}, nil //nolint:nilerr // without etcd state nobody can be judged more broken: the steps say why they wait
 	}
 	waiting, err := r.waitingCandidates(ctx, s, state)
 	if err != nil {
-		return false, err
+		return false, ctrl.Result{}, err
 	}
 	other := YieldTo(candidate(s.mr, s.machine, state), waiting)
 	if other == "" {
-		return false, nil
+		return false, ctrl.Result{}, nil
 	}
-	undone, err := r.undo(ctx, s)
-	if err != nil {
-		return false, err
-	}
-	msg := fmt.Sprintf("the etcd member of control-plane Machine %s is %s and this one's is healthy: removing a healthy member now would not be quorum-safe, so this remediation gave way before its point of no return (%s) and waits for that one",
-		other, victimMember(state, machineNode(s.machines, other)), undone)
-	backToPending(s, caprv1.MachineRemediationAnotherRemediationInProgressReason, msg)
-	r.event(s.mr, corev1.EventTypeNormal, EventRemediationYielded, msg)
-	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way to a more broken Machine", "other", other, "undone", undone)
-	return true, nil
+	why := victimMember(state, machineNode(s.machines, other))
+	_, res, err = r.undoThen(ctx, s, caprv1.MachineRemediationPhasePending, caprv1.MachineRemediationAnotherRemediationInProgressReason, func(undone string) string {
+		return fmt.Sprintf("the etcd member of control-plane Machine %s is %s and this one's is healthy: removing a healthy member now would not be quorum-safe, so this remediation gave way before its point of no return (%s) and waits for that one",
+			other, why, undone)
+	})
+	return true, res, err
 }
 
 // notQuorumSafeUndoAfter is how long a step waits for a quorum-safe membership change before the remediation
@@ -153,16 +155,11 @@ func (r *Reconciler) mayUndoNotQuorumSafe(ctx context.Context, s *scope, reason 
 // keep every other remediation of the cluster out, and a surge (a replacement that cannot join)
 // would stay. Before its point of no return and before any member joined, everything can be undone.
 func (r *Reconciler) undoNotQuorumSafe(ctx context.Context, s *scope, step caprv1.StepName, why string) (ctrl.Result, error) {
-	undone, err := r.undo(ctx, s)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	msg := fmt.Sprintf("step %s: %s for %s; nothing irreversible was done, so this remediation gave way (%s) and chooses its order again",
-		step, why, notQuorumSafeUndoAfter, undone)
-	backToPending(s, caprv1.MachineRemediationNotQuorumSafeReason, msg)
-	r.event(s.mr, corev1.EventTypeWarning, EventRemediationYielded, msg)
-	ctrl.LoggerFrom(ctx).Info("Control-plane remediation gave way: its membership change cannot be made quorum-safe", "step", step, "undone", undone)
-	return ctrl.Result{RequeueAfter: waitLong}, nil
+	_, res, err := r.undoThen(ctx, s, caprv1.MachineRemediationPhasePending, caprv1.MachineRemediationNotQuorumSafeReason, func(undone string) string {
+		return fmt.Sprintf("step %s: %s for %s; nothing irreversible was done, so this remediation gave way (%s) and chooses its order again",
+			step, why, notQuorumSafeUndoAfter, undone)
+	})
+	return res, err
 }
 
 // machineNode returns the Node name of the named Machine among machines ("" if unknown).

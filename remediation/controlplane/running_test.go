@@ -244,7 +244,7 @@ func TestYieldToMoreBroken(t *testing.T) {
 	t.Run("a waiting Machine's member is down: undone and back to Pending", func(t *testing.T) {
 		g := NewWithT(t)
 		w := yieldWorld(t, g, member(nodeC, asDown()), caprv1.MachineRemediationPhasePending, false)
-		yielded, err := w.r.yieldToMoreBroken(t.Context(), w.s)
+		yielded, _, err := w.r.yieldToMoreBroken(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(yielded).To(BeTrue())
 
@@ -267,7 +267,7 @@ func TestYieldToMoreBroken(t *testing.T) {
 	t.Run("a started replacement is marked for the provider's scale-down, not deleted", func(t *testing.T) {
 		g := NewWithT(t)
 		w := yieldWorld(t, g, member(nodeC, asDown()), caprv1.MachineRemediationPhasePending, true)
-		yielded, err := w.r.yieldToMoreBroken(t.Context(), w.s)
+		yielded, _, err := w.r.yieldToMoreBroken(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(yielded).To(BeTrue())
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
@@ -283,7 +283,7 @@ func TestYieldToMoreBroken(t *testing.T) {
 			withControlPlaneObject(kcpObject()), withSurgeOfTwo(),
 			withMachines(cpMachine("m-a", kcpHealthy()), cpMachine("m-b", kcpHealthy()), cpMachine("m-c")),
 			withReplacement(cpMachine("m-d", kcpHealthy())), withReplacement(cpMachine("m-e", withoutNode())), withReplicas(5))
-		yielded, err := w.r.yieldToMoreBroken(t.Context(), w.s)
+		yielded, _, err := w.r.yieldToMoreBroken(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(yielded).To(BeTrue())
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
@@ -309,7 +309,7 @@ func TestYieldToMoreBroken(t *testing.T) {
 		t.Run(tt.name+": keeps going", func(t *testing.T) {
 			g := NewWithT(t)
 			w := yieldWorld(t, g, tt.member, tt.phase, false, tt.extra...)
-			yielded, err := w.r.yieldToMoreBroken(t.Context(), w.s)
+			yielded, _, err := w.r.yieldToMoreBroken(t.Context(), w.s)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(yielded).To(BeFalse())
 			g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))

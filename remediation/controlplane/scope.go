@@ -34,6 +34,9 @@ type scope struct {
 	// machineGone is true when the Machine no longer exists (machine is then empty).
 	machineGone bool
 	cluster     *clusterv1.Cluster
+	// liveCluster is the Cluster read live, when the remediation changes the replicas through its
+	// topology (readReplicas); nil until then.
+	liveCluster *clusterv1.Cluster
 
 	cp       *unstructured.Unstructured
 	adapter  Adapter
@@ -155,6 +158,7 @@ func (r *Reconciler) gather(ctx context.Context, s *scope) error {
 	if r.Adapter != nil {
 		s.adapter = r.Adapter(cp)
 	}
+	s.adapter = topologyAdapter(s.adapter, s.cluster, cp, s.mr)
 	list := &clusterv1.MachineList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(s.cluster.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: s.cluster.Name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
@@ -270,21 +274,33 @@ func annotationPatch(from, to map[string]string) []jsonPatchOp {
 	return ops
 }
 
-// setReplicasDecided sets spec.replicas to what decide returns for the replicas the object has
-// (write false: nothing is written), and decides again at once from a live read when the replicas
-// changed since they were read: for the writes that must follow the decision without a pass in between (replicas back
-// right after the victim's delete, the undo). It returns the replicas decided on and the target.
-func (r *Reconciler) setReplicasDecided(ctx context.Context, s *scope, decide func(current int32) (target int32, write bool),
+// setReplicasDecided sets the replicas (the control-plane object's spec.replicas, or Cluster
+// spec.topology.controlPlane.replicas when the topology owns them: scope.replicasField) to what
+// decide returns for the replicas there (write false: nothing is written), and decides again at once
+// from a live read when the replicas changed since they were read: for the writes that must follow
+// the decision without a pass in between (replicas back right after the victim's delete, the undo).
+// It returns the replicas decided on and the target.
+func (r *Reconciler) setReplicasDecided(ctx context.Context, s *scope, decide func(src replicasSource) (target int32, write bool),
 	before func(*unstructured.Unstructured) error) (current, target int32, err error) {
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if current, err = Replicas(s.cp); err != nil {
+		src, err := r.readReplicas(ctx, s)
+		if err != nil {
 			return err
 		}
+		current = src.current
 		var write bool
-		if target, write = decide(current); !write {
+		if target, write = decide(src); !write {
 			return nil
 		}
-		err := r.setReplicas(ctx, s, target, before)
+		if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+			err = r.setTopologyReplicas(ctx, s, current, target, before)
+			if errors.Is(err, errReplicasChanged) {
+				s.liveCluster = nil // read again by the next attempt
+				return apierrors.NewConflict(schema.GroupResource{}, s.cluster.Name, err)
+			}
+			return err
+		}
+		err = r.setReplicas(ctx, s, target, before)
 		if errors.Is(err, errReplicasChanged) {
 			cp := s.cp.DeepCopy()
 			if rerr := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cp), cp); rerr != nil {

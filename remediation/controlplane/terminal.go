@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/metrics"
 	"github.com/capr-io/capr/remediation"
 )
 
@@ -56,16 +55,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 			}
 			return r.reconcileRunning(ctx, s)
 		}
-		undone, err := r.undo(ctx, s)
-		if err != nil {
-			return ctrl.Result{}, err
+		// Once undone it holds nothing any more (endUndo: back to Pending); only its fence may be left
+		// to undo. An undo begun for another reason ends as that one says, and the request then goes.
+		if done, res, err := r.undoThen(ctx, s, caprv1.MachineRemediationPhasePending, caprv1.MachineRemediationAbortedReason, func(undone string) string {
+			return "Remediation aborted (the request was deleted): " + undone
+		}); !done || err != nil {
+			return res, err
 		}
-		msg := "Remediation aborted (the request was deleted): " + undone
-		r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
-		metrics.RemediationFinished(metrics.KindControlPlane, metrics.ResultAborted)
-		ctrl.LoggerFrom(ctx).Info("Control-plane remediation aborted", "undone", undone)
-		// It holds nothing any more; only its fence may be left to undo.
-		backToPending(s, caprv1.MachineRemediationAbortedReason, msg)
 	}
 	if err := r.releaseLock(ctx, s); err != nil {
 		return ctrl.Result{}, err

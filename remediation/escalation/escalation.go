@@ -24,8 +24,15 @@ import (
 // MachineAnnotation on an escalation object names the Machine it remediates.
 const MachineAnnotation = "remediation.cluster.x-k8s.io/machine"
 
-// EventCreated is the event reason on the MachineRemediation when a step's object is created.
-const EventCreated = "EscalationCreated"
+// Event reasons on the MachineRemediation.
+const (
+	// EventCreated: a step's object was created.
+	EventCreated = "EscalationCreated"
+	// EventObjectLeft (Warning): an object under the name of a step's object was left in place when
+	// the step ended: not the one CAPR created for this remediation (never deleted), or CAPR's own
+	// that its role does not let it delete.
+	EventObjectLeft = "EscalationObjectLeft"
+)
 
 // maxRequeue bounds the wait between two looks at a step (watches bring the remediator back sooner).
 const maxRequeue = 15 * time.Second
@@ -106,23 +113,45 @@ func (r *Runner) Step(ctx context.Context, mr *caprv1.MachineRemediation, machin
 	elapsed := now.Sub(rec.StartTime.Time)
 
 	if !Marked(machine) {
-		if err := r.deleteObject(ctx, mr, esc); err != nil {
+		// Nothing follows a recovery on this Machine: an object that cannot be deleted is left (and said).
+		rel, err := r.release(ctx, mr, esc)
+		if err != nil {
 			return Result{}, err
 		}
-		return Result{Recovered: true, Message: fmt.Sprintf("Machine %s is healthy again after %s (escalation step %d): nothing deleted", mr.Name, what, i+1)}, nil
+		msg := fmt.Sprintf("Machine %s is healthy again after %s (escalation step %d): nothing deleted", mr.Name, what, i+1)
+		return Result{Recovered: true, Message: r.leave(mr, msg, rel.left())}, nil
 	}
 	if elapsed > timeout {
-		if err := r.deleteObject(ctx, mr, esc); err != nil {
+		rel, err := r.release(ctx, mr, esc)
+		if err != nil {
 			return Result{}, err
 		}
-		return Result{Done: true, Failed: true, Message: fmt.Sprintf("Machine %s not healthy within %s of %s: deleted it", mr.Name, timeout, what)}, nil
+		if rel.refused != "" && elapsed <= 2*timeout {
+			// The next action on the Machine must not run beside this one while that can be
+			// helped: the delete is retried for one more timeout, then the step ends without it.
+			return Result{WaitReason: caprv1.MachineRemediationEscalationObjectNotDeletedReason, Requeue: min(2*timeout-elapsed+100*time.Millisecond, maxRequeue),
+				Message: fmt.Sprintf("Machine %s not healthy within %s of %s, and %s; retried until %s after the step began, then the remediation goes on without it",
+					mr.Name, timeout, what, rel.refused, 2*timeout)}, nil
+		}
+		msg := fmt.Sprintf("Machine %s not healthy within %s of %s", mr.Name, timeout, what)
+		if rel.deleted {
+			msg += ": deleted it"
+		}
+		return Result{Done: true, Failed: true, Message: r.leave(mr, msg, rel.left())}, nil
 	}
 	requeue := min(timeout-elapsed+100*time.Millisecond, maxRequeue)
-	exists, err := r.objectExists(ctx, mr, esc)
-	if err != nil {
+	obj, err := r.lookup(ctx, mr, esc)
+	switch {
+	case apierrors.IsForbidden(err):
+		return Result{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, Requeue: requeue,
+			Message: fmt.Sprintf("cannot read %s (the step times out after %s): %v", what, timeout, err)}, nil
+	case err != nil:
 		return Result{}, err
-	}
-	if !exists {
+	case obj != nil && !createdFor(obj, mr):
+		return Result{WaitReason: caprv1.MachineRemediationEscalationObjectNotOwnedReason, Requeue: requeue,
+			Message: fmt.Sprintf("%s exists but is not the object CAPR created for this remediation (%s): it is left alone, never deleted; waiting up to %s for Machine %s to be healthy again",
+				what, notCreatedFor(obj, mr), timeout, mr.Name)}, nil
+	case obj == nil:
 		if gate != nil {
 			reason, msg, err := gate(ctx)
 			if err != nil {
@@ -133,12 +162,32 @@ func (r *Runner) Step(ctx context.Context, mr *caprv1.MachineRemediation, machin
 					Message: fmt.Sprintf("%s not created yet (the step times out after %s): %s", what, timeout, msg)}, nil
 			}
 		}
-		if err := r.createObject(ctx, mr, esc, clusterName); err != nil {
+		created, err := r.createObject(ctx, mr, esc, clusterName)
+		if err != nil {
 			return Result{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, Requeue: requeue,
 				Message: fmt.Sprintf("cannot create %s (the step times out after %s): %v", what, timeout, err)}, nil
 		}
+		if !created {
+			// Someone else's object took the name since it was read: the next look judges it.
+			return Result{Requeue: min(requeue, 100*time.Millisecond), Message: fmt.Sprintf("%s appeared before CAPR could create it: looking again", what)}, nil
+		}
 	}
 	return Result{Requeue: requeue, Message: fmt.Sprintf("created %s; waiting up to %s for Machine %s to be healthy again", what, timeout, mr.Name)}, nil
+}
+
+// leave ends a step's message with what was left in place (said also in a Warning event): an object
+// of the step's name CAPR did not create, or its own that it may not delete.
+func (r *Runner) leave(mr *caprv1.MachineRemediation, msg, left string) string {
+	if left == "" {
+		return msg
+	}
+	if r.Event != nil {
+		r.Event(mr, corev1.EventTypeWarning, EventObjectLeft, left)
+	}
+	if msg == "" {
+		return left
+	}
+	return msg + "; " + left
 }
 
 // objectKind is the kind of the objects created from a template kind.
@@ -159,46 +208,77 @@ func objectOf(mr *caprv1.MachineRemediation, esc caprv1.EscalationStep) (*unstru
 	return obj, nil
 }
 
-// objectExists reports whether the step's object exists.
-func (r *Runner) objectExists(ctx context.Context, mr *caprv1.MachineRemediation, esc caprv1.EscalationStep) (bool, error) {
+// lookup reads, live, the object under the name of the step's object (nil when there is none, or no
+// such kind). It may be someone else's: createdFor tells.
+func (r *Runner) lookup(ctx context.Context, mr *caprv1.MachineRemediation, esc caprv1.EscalationStep) (*unstructured.Unstructured, error) {
 	obj, err := objectOf(mr, esc)
 	if err != nil {
-		return false, nil //nolint:nilerr // nothing can exist for an invalid reference; createObject says why
+		return nil, nil //nolint:nilerr // nothing can exist for an invalid reference; createObject says why
 	}
 	err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	switch {
 	case err == nil:
-		return true, nil
+		return obj, nil
 	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
-		return false, nil
+		return nil, nil
 	default:
-		return false, fmt.Errorf("reading %s %s: %w", obj.GetKind(), mr.Name, err)
+		return nil, fmt.Errorf("reading %s %s: %w", obj.GetKind(), mr.Name, err)
 	}
 }
 
-// createObject creates the step's object from its template (already there is fine).
-func (r *Runner) createObject(ctx context.Context, mr *caprv1.MachineRemediation, esc caprv1.EscalationStep, clusterName string) error {
+// createdFor reports whether obj is the object CAPR created for this remediation: its controller is
+// the MachineRemediation, by UID (Object sets that owner reference). The name proves nothing: anyone
+// who may write the kind in the namespace can use it, and a step whose kind resolves to one CAPR
+// manages otherwise (a Machine, the request itself) names an object CAPR never made.
+func createdFor(obj metav1.Object, mr *caprv1.MachineRemediation) bool {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	return ref != nil && ref.UID == mr.UID && ref.Kind == "MachineRemediation" && groupOf(ref.APIVersion) == caprv1.GroupVersion.Group
+}
+
+// notCreatedFor says why obj is not the object CAPR created for this remediation (createdFor).
+func notCreatedFor(obj metav1.Object, mr *caprv1.MachineRemediation) string {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	if ref == nil {
+		return fmt.Sprintf("it has no controller; CAPR's is owned by MachineRemediation %s, UID %s", mr.Name, mr.UID)
+	}
+	return fmt.Sprintf("its controller is %s %s, UID %s; CAPR's is owned by MachineRemediation %s, UID %s", ref.Kind, ref.Name, ref.UID, mr.Name, mr.UID)
+}
+
+func groupOf(apiVersion string) string {
+	gv, err := schema.ParseGroupVersion(apiVersion)
+	if err != nil {
+		return ""
+	}
+	return gv.Group
+}
+
+// createObject creates the step's object from its template; created is false when an object of its
+// name appeared since it was read (not CAPR's for this remediation until looked at).
+func (r *Runner) createObject(ctx context.Context, mr *caprv1.MachineRemediation, esc caprv1.EscalationStep, clusterName string) (created bool, err error) {
 	ref := esc.TemplateRef
 	if _, err := objectOf(mr, esc); err != nil {
-		return err
+		return false, err
 	}
 	template := &unstructured.Unstructured{}
 	template.SetAPIVersion(ref.APIVersion)
 	template.SetKind(ref.Kind)
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: mr.Namespace, Name: ref.Name}, template); err != nil {
 		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-			return fmt.Errorf("template %s %s not found: %w", ref.Kind, ref.Name, err)
+			return false, fmt.Errorf("template %s %s not found: %w", ref.Kind, ref.Name, err)
 		}
-		return fmt.Errorf("reading template %s %s: %w", ref.Kind, ref.Name, err)
+		return false, fmt.Errorf("reading template %s %s: %w", ref.Kind, ref.Name, err)
 	}
 	obj := Object(template, mr, clusterName)
-	if err := r.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	if err := r.Client.Create(ctx, obj); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
 	}
 	if r.Event != nil {
 		r.Event(mr, corev1.EventTypeNormal, EventCreated, fmt.Sprintf("Created %s %s from %s %s", obj.GetKind(), obj.GetName(), ref.Kind, ref.Name))
 	}
-	return nil
+	return true, nil
 }
 
 // Object builds the object of an escalation step: the template's spec.template.spec as its spec, kind
@@ -222,29 +302,77 @@ func Object(template *unstructured.Unstructured, mr *caprv1.MachineRemediation, 
 	return obj
 }
 
-// deleteObject deletes a step's object (gone already is fine).
-func (r *Runner) deleteObject(ctx context.Context, mr *caprv1.MachineRemediation, esc caprv1.EscalationStep) error {
-	obj, err := objectOf(mr, esc)
-	if err != nil {
-		return nil //nolint:nilerr // nothing can have been created from an invalid reference
-	}
-	if err := r.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err) {
-		return fmt.Errorf("deleting %s %s: %w", obj.GetKind(), obj.GetName(), err)
-	}
-	return nil
+// released is what release did with the object under the name of a step's object.
+type released struct {
+	// deleted: it was CAPR's for this remediation, and is deleted or being deleted.
+	deleted bool
+	// notOurs says it is not the object CAPR created for this remediation: left alone, never deleted.
+	notOurs string
+	// refused says CAPR's role does not let it delete (or read) it: it is left for now.
+	refused string
 }
 
-// DeleteStarted deletes the objects of every escalation step started (abort, undo, or the Machine
-// gone): nothing created for a remediation outlives it, and a step started again creates its object
-// anew.
-func (r *Runner) DeleteStarted(ctx context.Context, mr *caprv1.MachineRemediation) error {
+// left says what was left in place ("" when nothing).
+func (rel released) left() string { return rel.notOurs + rel.refused }
+
+// release deletes the step's object if it is the one CAPR created for this remediation (gone already
+// is fine); the caller decides whether what is left is waited on.
+func (r *Runner) release(ctx context.Context, mr *caprv1.MachineRemediation, esc caprv1.EscalationStep) (released, error) {
+	what := fmt.Sprintf("%s %s", objectKind(esc.TemplateRef.Kind), mr.Name)
+	obj, err := r.lookup(ctx, mr, esc)
+	switch {
+	case apierrors.IsForbidden(err):
+		return released{refused: fmt.Sprintf("%s cannot be read to be deleted (%v): %s", what, err, grantHint(esc))}, nil
+	case err != nil:
+		return released{}, err
+	case obj == nil:
+		return released{}, nil
+	case !createdFor(obj, mr):
+		return released{notOurs: fmt.Sprintf("%s is not the object CAPR created for this remediation (%s): left alone, not deleted", what, notCreatedFor(obj, mr))}, nil
+	case !obj.GetDeletionTimestamp().IsZero():
+		return released{deleted: true}, nil
+	}
+	// Conditional on the UID read: an object made meanwhile under the name is not deleted unseen.
+	err = r.Client.Delete(ctx, obj, client.Preconditions{UID: ptr.To(obj.GetUID())})
+	switch {
+	case err == nil || apierrors.IsNotFound(err):
+		return released{deleted: true}, nil
+	case apierrors.IsConflict(err):
+		return released{}, nil // another object under the name now: the next look judges it
+	case apierrors.IsForbidden(err):
+		return released{refused: fmt.Sprintf("%s, which CAPR created for this remediation, cannot be deleted (%v): %s", what, err, grantHint(esc))}, nil
+	default:
+		return released{}, fmt.Errorf("deleting %s: %w", what, err)
+	}
+}
+
+// grantHint says how CAPR is given what it needs on an escalation kind (docs/user/escalation.md).
+func grantHint(esc caprv1.EscalationStep) string {
+	return fmt.Sprintf("grant CAPR get and delete on %s of %s through a ClusterRole labelled %s; left in place meanwhile, it goes with the request (owner reference)",
+		objectKind(esc.TemplateRef.Kind), groupOf(esc.TemplateRef.APIVersion), aggregationLabel)
+}
+
+// aggregationLabel on a ClusterRole adds its rules to CAPR's manager role (config/rbac/aggregated_role.yaml).
+const aggregationLabel = "remediation.cluster.x-k8s.io/aggregate-to-manager"
+
+// DeleteStarted deletes the objects CAPR created for every escalation step started (abort, undo, or
+// the Machine gone): nothing created for a remediation outlives it, and a step started again creates
+// its object anew. Nothing follows on the Machine, so what cannot be deleted (its own object CAPR's
+// role does not let it delete) or must not be (an object of the name CAPR did not create) is left,
+// said in a Warning event and returned.
+func (r *Runner) DeleteStarted(ctx context.Context, mr *caprv1.MachineRemediation) ([]string, error) {
+	var out []string
 	for i, esc := range mr.Spec.Escalation {
 		if mr.Status.Step(caprv1.EscalationStepName(i)) == nil {
 			continue
 		}
-		if err := r.deleteObject(ctx, mr, esc); err != nil {
-			return err
+		rel, err := r.release(ctx, mr, esc)
+		if err != nil {
+			return nil, err
+		}
+		if left := rel.left(); left != "" {
+			out = append(out, r.leave(mr, "", left))
 		}
 	}
-	return nil
+	return out, nil
 }

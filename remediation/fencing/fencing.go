@@ -44,6 +44,10 @@ type Request struct {
 	// to be gone too (a fenced address must not be released while the old node may still use it).
 	// Unset, Unfence undoes the fence of a Machine that is kept (an aborted remediation).
 	AfterDelete bool
+	// PodsDeletedAt is when CAPR force-deleted the Node's pods (status.fencing.pods.deletedTime, set
+	// by FenceRecorded); zero until then. The out-of-service taint waits taintAfterPods after it
+	// (pods.go).
+	PodsDeletedAt time.Time
 }
 
 // Outcome of a fencing attempt.
@@ -67,6 +71,9 @@ type Result struct {
 	Message string
 	// Backends are the configured backends' answers, in spec order (empty when fencing is skipped).
 	Backends []BackendResult
+	// AskAgainAt, when set, is when a waiting fence will have something new to do (the out-of-service
+	// taint after the pods' deletion, FenceRecorded): Judge asks again then at the latest.
+	AskAgainAt time.Time
 }
 
 // BackendResult is one backend's answer.
@@ -139,19 +146,23 @@ func (p *PolicyFencer) Fence(ctx context.Context, req Request) (Result, error) {
 	if len(waiting) == 0 {
 		return Result{Outcome: Fenced, Message: fmt.Sprintf("node %s fenced by every configured backend", req.Node), Backends: results}, nil
 	}
-	now := time.Now
-	if p.Now != nil {
-		now = p.Now
-	}
 	timeout := Timeout(spec)
 	msg := strings.Join(waiting, "; ")
-	if spec.Policy == caprv1.FencingBestEffort && now().After(req.Started.Add(timeout)) {
+	if spec.Policy == caprv1.FencingBestEffort && p.now().After(req.Started.Add(timeout)) {
 		return Result{Outcome: GaveUp, Message: fmt.Sprintf("fencing not confirmed within %s, deleting anyway (BestEffort): %s", timeout, msg), Backends: results}, nil
 	}
 	if spec.Policy == caprv1.FencingRequired {
 		msg = "fencing is Required and not confirmed, the Machine is not deleted: " + msg
 	}
 	return Result{Outcome: Waiting, Message: msg, Backends: results}, nil
+}
+
+// now is the clock of the timeouts (PolicyFencer.Now, tests set it).
+func (p *PolicyFencer) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
 }
 
 // fenceWithoutNode answers for a Machine that names no Node. BestEffort skips: nothing is known to
@@ -215,6 +226,12 @@ func (p *PolicyFencer) fenceOne(ctx context.Context, req Request, b caprv1.Fenci
 		// pods elsewhere, which is only safe once the node provably cannot write.
 		r.Message = "waits until the backends before it confirm the fence"
 		return r
+	}
+	if b.Type == caprv1.FencingBackendOutOfServiceTaint && p.Pods != nil {
+		if wait := taintWaitsForPods(req.PodsDeletedAt, p.now()); wait != "" {
+			r.Message = wait
+			return r
+		}
 	}
 	impl, ok := p.Backends[b.Type]
 	if !ok {
@@ -372,9 +389,13 @@ func Judge(res Result, spec *caprv1.FencingSpec, started, now time.Time) Verdict
 	}
 	timeout := Timeout(spec)
 	elapsed := now.Sub(started)
+	v := Verdict{Message: res.Message, Requeue: min(askAgain(elapsed), timeout-elapsed+100*time.Millisecond)}
 	if elapsed > timeout {
-		return Verdict{TimedOut: true, Requeue: 15 * time.Second,
+		v = Verdict{TimedOut: true, Requeue: 15 * time.Second,
 			Message: fmt.Sprintf("not confirmed within %s, still waiting: %s", timeout, res.Message)}
 	}
-	return Verdict{Message: res.Message, Requeue: min(askAgain(elapsed), timeout-elapsed+100*time.Millisecond)}
+	if at := res.AskAgainAt.Sub(now); !res.AskAgainAt.IsZero() && at < v.Requeue {
+		v.Requeue = max(at, 10*time.Millisecond)
+	}
+	return v
 }

@@ -8,9 +8,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -61,7 +63,11 @@ func (b *OutOfServiceTaintBackend) Fence(ctx context.Context, req Request, _ cap
 		return false, "", fmt.Errorf("reading Node %s: %w", req.Node, err)
 	case !hasOutOfServiceTaint(node):
 		base := node.DeepCopy()
-		node.Spec.Taints = append(node.Spec.Taints, OutOfServiceTaint)
+		// When it was added lets the pod deletion tell a taint-eviction controller that is about to
+		// act from one that does not run (pods.go, evictable).
+		taint := OutOfServiceTaint
+		taint.TimeAdded = ptr.To(metav1.Now())
+		node.Spec.Taints = append(node.Spec.Taints, taint)
 		if err := c.Patch(ctx, node, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 			return false, "", fmt.Errorf("tainting Node %s %s: %w", req.Node, OutOfServiceTaint.ToString(), err)
 		}

@@ -45,9 +45,18 @@ func attach(g Gomega, name, node string) *storagev1.VolumeAttachment {
 	return va
 }
 
+// taints returns the Node's taints. CAPR's out-of-service taint records when it was added (the pod
+// deletion tells a taint-eviction controller about to act from none by it): that is checked here and
+// left out of what is returned, so that the taint compares equal to fencing.OutOfServiceTaint.
 func taints(g Gomega, node string) []corev1.Taint {
 	n := &corev1.Node{}
 	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
+	for i := range n.Spec.Taints {
+		if t := &n.Spec.Taints[i]; t.MatchTaint(&fencing.OutOfServiceTaint) {
+			g.Expect(t.TimeAdded).NotTo(BeNil(), "CAPR's out-of-service taint records when it was added")
+			t.TimeAdded = nil
+		}
+	}
 	return n.Spec.Taints
 }
 

@@ -68,6 +68,9 @@ func Observe(mr *caprv1.MachineRemediation, res Result, now time.Time) {
 // fencing above the request's own (Raised).
 func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation, req Request, now time.Time, persist func(context.Context) error) (Result, error) {
 	req.Remediation = mr.UID
+	if rec := mr.Status.Fencing; rec != nil && rec.NodeName == req.Node && rec.Pods != nil && rec.Pods.DeletedTime != nil {
+		req.PodsDeletedAt = rec.Pods.DeletedTime.Time
+	}
 	if Begin(mr, req.Node, now) {
 		if err := persist(ctx); err != nil {
 			return Result{}, err
@@ -79,6 +82,12 @@ func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation,
 	}
 	Observe(mr, res, now)
 	deleteFencedPods(ctx, f, mr, req, res, now)
+	if rec := mr.Status.Fencing; res.Outcome == Waiting && rec != nil && rec.Pods != nil && rec.Pods.DeletedTime != nil {
+		// The out-of-service taint follows the pods' deletion (pods.go): ask again when it may.
+		if at := taintAllowedAt(rec.Pods.DeletedTime.Time); at.After(now) {
+			res.AskAgainAt = at
+		}
+	}
 	if note := Raised(mr); note != "" && res.Outcome == Waiting {
 		// An operator must see why a request that says less waits for a fence.
 		res.Message += "; " + note

@@ -49,6 +49,7 @@ const (
 	EventStepTimedOut         = "StepTimedOut"
 	EventNoRemediator         = "NoRemediator"
 	EventEscalationCreated    = escalation.EventCreated
+	EventEscalationObjectLeft = escalation.EventObjectLeft
 	// EventFencedDeletingMachine: someone else deleted the Machine during the remediation; the hook
 	// held the deletion until the Machine was fenced.
 	EventFencedDeletingMachine = "FencedDeletingMachine"

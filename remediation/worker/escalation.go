@@ -23,7 +23,9 @@ func (r *Reconciler) stepEscalate(ctx context.Context, s *scope, rec *caprv1.Rem
 }
 
 // deleteStartedEscalationObjects deletes the objects of every escalation step started (abort, or the
-// Machine gone): nothing created for a remediation outlives it.
+// Machine gone): nothing created for a remediation outlives it. What is left is said in an event
+// (escalation.EventObjectLeft).
 func (r *Reconciler) deleteStartedEscalationObjects(ctx context.Context, mr *caprv1.MachineRemediation) error {
-	return r.escalationRunner().DeleteStarted(ctx, mr)
+	_, err := r.escalationRunner().DeleteStarted(ctx, mr)
+	return err
 }

@@ -15,6 +15,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/fencing"
+	capienv "github.com/capr-io/capr/test/envtest"
 )
 
 // Once every backend confirmed the fence, the manager's fencer force-deletes the fenced Node's pods
@@ -58,7 +59,8 @@ func allExist(pods []*corev1.Pod) func(g Gomega) bool {
 
 // TestRealFenceConfirmedForceDeletesTheNodesPods: NetworkFence then OutOfServiceTaint. While
 // csi-addons has not confirmed, no pod is touched; once it has, the Node's pods are force-deleted
-// (mirror pods aside), the other Node's pod is untouched, and the request records it with an event.
+// (mirror pods aside), then the Node is tainted, the other Node's pod is untouched, and the request
+// records it with an event.
 func TestRealFenceConfirmedForceDeletesTheNodesPods(t *testing.T) {
 	g := NewWithT(t)
 	createFenceClass(g)
@@ -69,12 +71,13 @@ func TestRealFenceConfirmedForceDeletesTheNodesPods(t *testing.T) {
 	nf := networkFenceOf(g, f, node)
 	g.Consistently(allExist(pods), quiet, poll).Should(BeTrue(), "a pod deleted before the fence was confirmed")
 
-	csiAddonsReports(g, nf, csiAddonsFenced)
+	g.Expect(capienv.ReportNetworkFence(ctx, k8sClient, nf, capienv.CSIAddonsFenced)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(podExists(g, pods[0])).To(BeFalse())
 		g.Expect(podExists(g, pods[1])).To(BeFalse())
 	}, eventually, poll).Should(Succeed())
-	g.Expect(outOfService(g, node)).To(BeTrue())
+	// The taint follows the pods' deletion (remediation/fencing, pods.go).
+	g.Eventually(func(g Gomega) bool { return outOfService(g, node) }, eventually, poll).Should(BeTrue())
 	g.Expect(podExists(g, pods[2])).To(BeTrue(), "mirror pod deleted")
 	g.Expect(podExists(g, pods[3])).To(BeTrue(), "another Node's pod deleted")
 	g.Eventually(func(g Gomega) {

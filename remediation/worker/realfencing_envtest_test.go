@@ -24,12 +24,7 @@ import (
 // the same API server, with csi-addons' own CRDs (v0.14.0). No csi-addons controller runs here: the
 // tests write the NetworkFence status csi-addons writes (test/storage runs the real one).
 
-const (
-	fenceClass = "nf-class"
-	// The status.message csi-addons v0.14.0 writes on success.
-	csiAddonsFenced   = "fencing operation successful"
-	csiAddonsUnfenced = "unfencing operation successful"
-)
+const fenceClass = "nf-class"
 
 // realFencingWorker is a worker Machine of a MachineSet whose Cluster uses the manager's fencer, with
 // its Node (one InternalIP) in the workload cluster, and its request with the given fencing.
@@ -92,18 +87,6 @@ func networkFence(g Gomega, f *fixture, node string) *unstructured.Unstructured 
 	return nf
 }
 
-func fenceStateOf(nf *unstructured.Unstructured) string {
-	s, _, _ := unstructured.NestedString(nf.Object, "spec", "fenceState")
-	return s
-}
-
-// csiAddonsReports writes the status csi-addons' NetworkFence controller writes after an operation.
-func csiAddonsReports(g Gomega, nf *unstructured.Unstructured, message string) {
-	g.Expect(unstructured.SetNestedField(nf.Object, "Succeeded", "status", "result")).To(Succeed())
-	g.Expect(unstructured.SetNestedField(nf.Object, message, "status", "message")).To(Succeed())
-	g.Expect(k8sClient.Status().Update(ctx, nf)).To(Succeed())
-}
-
 func outOfService(g Gomega, node string) bool {
 	n := &corev1.Node{}
 	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
@@ -126,7 +109,7 @@ func TestRealNetworkFenceRequiredNeverConfirmedKeepsTheMachine(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		nf := networkFence(g, f, node)
 		g.Expect(nf).NotTo(BeNil())
-		g.Expect(fenceStateOf(nf)).To(Equal("Fenced"))
+		g.Expect(capienv.FenceState(nf)).To(Equal("Fenced"))
 		cidrs, _, _ := unstructured.NestedStringSlice(nf.Object, "spec", "cidrs")
 		g.Expect(cidrs).To(Equal([]string{"10.9.8.7/32"}))
 		rec := getRemediation(g, f.ns, "w1").Status.Fencing
@@ -164,7 +147,7 @@ func TestRealFenceThenTaintUnfencedAfterMachineAndNodeGone(t *testing.T) {
 	g.Consistently(func(g Gomega) bool { return outOfService(g, node) }, quiet, poll).Should(BeFalse(), "tainted before the fence was confirmed")
 	g.Expect(machineExists(g, f.ns, "w1")).To(BeTrue())
 
-	csiAddonsReports(g, nf, csiAddonsFenced)
+	g.Expect(capienv.ReportNetworkFence(ctx, k8sClient, nf, capienv.CSIAddonsFenced)).To(Succeed())
 	g.Eventually(func(g Gomega) bool { return machineExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
 	g.Expect(outOfService(g, node)).To(BeTrue())
 	g.Eventually(func(g Gomega) {
@@ -172,7 +155,7 @@ func TestRealFenceThenTaintUnfencedAfterMachineAndNodeGone(t *testing.T) {
 		g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForUnfencingReason))
 		g.Expect(msg).To(ContainSubstring("Node " + node + " still exists"))
 	}, eventually, poll).Should(Succeed())
-	g.Consistently(func(g Gomega) string { return fenceStateOf(networkFence(g, f, node)) }, quiet, poll).Should(Equal("Fenced"))
+	g.Consistently(func(g Gomega) string { return capienv.FenceState(networkFence(g, f, node)) }, quiet, poll).Should(Equal("Fenced"))
 	mr := getRemediation(g, f.ns, "w1")
 	g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
 	g.Expect(mr.Status.Fencing.Backends).To(HaveLen(2))
@@ -187,10 +170,10 @@ func TestRealFenceThenTaintUnfencedAfterMachineAndNodeGone(t *testing.T) {
 	g.Eventually(func(g Gomega) string {
 		nf = networkFence(g, f, node)
 		g.Expect(nf).NotTo(BeNil())
-		return fenceStateOf(nf)
+		return capienv.FenceState(nf)
 	}, eventually, poll).Should(Equal("Unfenced"))
 	g.Expect(phase(g, f.ns, "w1")).To(Equal(caprv1.MachineRemediationPhaseRunning), "not done before csi-addons confirms the unfence")
-	csiAddonsReports(g, nf, csiAddonsUnfenced)
+	g.Expect(capienv.ReportNetworkFence(ctx, k8sClient, nf, capienv.CSIAddonsUnfenced)).To(Succeed())
 	g.Eventually(func(g Gomega) caprv1.RemediationPhase { return phase(g, f.ns, "w1") }, eventually, poll).
 		Should(Equal(caprv1.MachineRemediationPhaseSucceeded))
 	g.Expect(networkFence(g, f, node)).To(BeNil())
@@ -241,7 +224,7 @@ func TestRealAbortBeforeDeleteUnfences(t *testing.T) {
 		return msg
 	}, eventually, poll).Should(ContainSubstring("Node " + node + " is not Ready"))
 	g.Consistently(func(g Gomega) {
-		g.Expect(fenceStateOf(networkFence(g, f, node))).To(Equal("Fenced"))
+		g.Expect(capienv.FenceState(networkFence(g, f, node))).To(Equal("Fenced"))
 		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
 		g.Expect(remediationExists(g, f.ns, "w1")).To(BeTrue())
 	}, quiet, poll).Should(Succeed())
@@ -254,12 +237,12 @@ func TestRealAbortBeforeDeleteUnfences(t *testing.T) {
 	g.Eventually(func(g Gomega) string {
 		nf = networkFence(g, f, node)
 		g.Expect(nf).NotTo(BeNil())
-		return fenceStateOf(nf)
+		return capienv.FenceState(nf)
 	}, eventually, poll).Should(Equal("Unfenced"))
 	g.Expect(remediationExists(g, f.ns, "w1")).To(BeTrue(), "the request stays until the unfence is confirmed")
 	reason, _ := progressing(g, f.ns, "w1")
 	g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForUnfencingReason))
-	csiAddonsReports(g, nf, csiAddonsUnfenced)
+	g.Expect(capienv.ReportNetworkFence(ctx, k8sClient, nf, capienv.CSIAddonsUnfenced)).To(Succeed())
 	g.Eventually(func(g Gomega) bool { return remediationExists(g, f.ns, "w1") }, eventually, poll).Should(BeFalse())
 	g.Expect(networkFence(g, f, node)).To(BeNil())
 	m := getMachine(g, f.ns, "w1")

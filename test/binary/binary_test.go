@@ -180,6 +180,9 @@ func TestShippedRBACAllowsWhatTheControllersNeedAndNoMore(t *testing.T) {
 	capi, cp, capr := "cluster.x-k8s.io", "controlplane.cluster.x-k8s.io", "remediation.cluster.x-k8s.io"
 	need := []access{
 		{"get", capi, "clusters", "", ns}, {"watch", capi, "clusters", "", ns},
+		// The surge of a control plane whose replicas the Cluster topology owns is written to
+		// Cluster spec.topology.controlPlane.replicas (docs/user/topology.md).
+		{"patch", capi, "clusters", "", ns},
 		{"list", capi, "machinesets", "", ns}, {"list", capi, "machinedeployments", "", ns},
 		{"patch", capi, "machines", "", ns}, {"delete", capi, "machines", "", ns}, {"patch", capi, "machines", "status", ns},
 		{"patch", cp, "kubeadmcontrolplanes", "", ns},
@@ -200,7 +203,7 @@ func TestShippedRBACAllowsWhatTheControllersNeedAndNoMore(t *testing.T) {
 		{"list", "", "secrets", "", ns}, {"watch", "", "secrets", "", ns}, {"list", "", "secrets", "", ""}, {"watch", "", "secrets", "", ""},
 		{"get", "", "configmaps", "", ns}, {"create", "", "pods", "", ns}, {"create", "", "pods", "portforward", ns},
 		{"get", "", "nodes", "", ""}, {"create", "apps", "deployments", "", ns},
-		{"delete", capi, "clusters", "", ns}, {"patch", capi, "clusters", "", ns}, {"patch", capi, "machinedeployments", "", ns},
+		{"delete", capi, "clusters", "", ns}, {"update", capi, "clusters", "", ns}, {"patch", capi, "machinedeployments", "", ns},
 		{"create", capi, "machines", "", ns}, {"delete", cp, "kubeadmcontrolplanes", "", ns}, {"update", cp, "kubeadmcontrolplanes", "", ns},
 		{"get", "infrastructure.cluster.x-k8s.io", "sandboxmachines", "", ns},
 		{"create", "coordination.k8s.io", "leases", "", "kube-system"},

@@ -1,7 +1,8 @@
-// Package builder builds the objects CAPR's tests create: CAPI Machines, CAPR MachineHealthChecks and
-// MachineRemediations, and Nodes, each with the fields the API requires filled in and the rest set
-// through chained calls, as CAPI's internal/test/builder does for its own tests. Build returns a new
-// object each time; nothing is created on an API server.
+// Package builder builds the objects CAPR's tests create: CAPI Machines and MachineSets,
+// KubeadmControlPlanes, CAPR MachineHealthChecks and MachineRemediations, and Nodes, each with the
+// fields the API requires filled in and the rest set through chained calls, as CAPI's
+// internal/test/builder does for its own tests. Build returns a new object each time; nothing is
+// created on an API server.
 package builder
 
 import (
@@ -9,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -68,8 +70,51 @@ func (b *MachineBuilder) WithAnnotations(annotations map[string]string) *Machine
 	return b
 }
 
+// OwnedByMachineSet makes the MachineSet the Machine's controller, as CAPI's MachineSet controller
+// does: what the worker remediator requires before it deletes a Machine (something replaces it).
+func (b *MachineBuilder) OwnedByMachineSet(ms *clusterv1.MachineSet) *MachineBuilder {
+	b.m.OwnerReferences = []metav1.OwnerReference{{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "MachineSet", Name: ms.Name, UID: ms.UID, Controller: ptr.To(true),
+	}}
+	return b
+}
+
 // Build returns a copy of the Machine.
 func (b *MachineBuilder) Build() *clusterv1.Machine { return b.m.DeepCopy() }
+
+// MachineSet returns a MachineSet of cluster with the CAPI contract's required fields, selecting (and
+// templating) the Machines labelled with labels; no replicas are asked of anyone (no CAPI controller
+// runs in the envtest suites: the remediators only read it).
+func MachineSet(namespace, cluster, name string, labels map[string]string) *clusterv1.MachineSet {
+	return &clusterv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: map[string]string{clusterv1.ClusterNameLabel: cluster}},
+		Spec: clusterv1.MachineSetSpec{
+			ClusterName: cluster, Replicas: ptr.To[int32](0),
+			Selector: metav1.LabelSelector{MatchLabels: labels},
+			Template: clusterv1.MachineTemplateSpec{
+				ObjectMeta: clusterv1.ObjectMeta{Labels: labels},
+				Spec:       Machine(namespace, cluster, name).Build().Spec,
+			},
+		},
+	}
+}
+
+// KubeadmControlPlane returns a KubeadmControlPlane (unstructured) with the fields its CRD requires
+// and spec.replicas; no KCP controller runs in the envtest suites, CAPR reads and patches it.
+func KubeadmControlPlane(namespace, name string, replicas int32) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+		"kind":       "KubeadmControlPlane",
+		"metadata":   map[string]any{"namespace": namespace, "name": name},
+		"spec": map[string]any{
+			"replicas": int64(replicas),
+			"version":  "v1.36.3",
+			"machineTemplate": map[string]any{"spec": map[string]any{
+				"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "SandboxMachineTemplate", "name": "t"},
+			}},
+		},
+	}}
+}
 
 // HealthCheckBuilder builds a CAPR MachineHealthCheck.
 type HealthCheckBuilder struct {

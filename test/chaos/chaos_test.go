@@ -249,6 +249,11 @@ func runScenario(t *testing.T, seed int64) {
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: p.size})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer sb.DestroyCluster(ctx, wc)
+	// When each Machine's deletion took effect, as the API server shows it (not as the sandbox's
+	// provider records it): "fenced before deleted" is judged against it.
+	deletions, err := sb.WatchMachineDeletions(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer deletions.Stop()
 	defer func() {
 		// What the world and CAPR did, for the seed's diagnosis; CHAOS_WORLD_LOG=1 prints it for every seed.
 		if t.Failed() || os.Getenv("CHAOS_WORLD_LOG") != "" {
@@ -449,8 +454,8 @@ func runScenario(t *testing.T, seed int64) {
 			}
 			fenced, ok := backend.fencedAt(victim)
 			g.Expect(ok).To(BeTrue(), "seed %d: %s deleted but never fenced", seed, victim)
-			deleted, ok := deletionSeen(wc, start, victim)
-			g.Expect(ok).To(BeTrue(), "seed %d: no deletion of %s recorded", seed, victim)
+			deleted, err := deletions.At(victim, sandbox.MachineReleased)
+			g.Expect(err).NotTo(HaveOccurred(), "seed %d: no deletion of %s seen", seed, victim)
 			g.Expect(fenced.Before(deleted)).To(BeTrue(), "seed %d: %s deleted at %s before fenced at %s", seed, victim, deleted, fenced)
 		case skipped[victim]:
 			// Skips remediation (CAPI's cluster.x-k8s.io/skip-remediation): the annotation is there,
@@ -767,15 +772,6 @@ func touchAll(wc *sandbox.WorkloadCluster) {
 			_ = sb.Client.Patch(ctx, mr, client.MergeFrom(base))
 		}
 	}
-}
-
-// deletionSeen is when the sandbox first saw the Machine go: its deletion (the lightweight
-// providers), or its machine powered off after CAPI's Machine controller let it go (the full stack).
-func deletionSeen(wc *sandbox.WorkloadCluster, start time.Time, machine string) (time.Time, bool) {
-	if sb.Provider() == sandbox.ProviderKubeadm {
-		return sb.Log.Find(wc.LogKey(), start, "machine "+machine+" gone")
-	}
-	return sb.Log.Find(wc.LogKey(), start, "Machine "+machine+" is being deleted")
 }
 
 func waitGone(obj client.Object, timeout time.Duration) error {

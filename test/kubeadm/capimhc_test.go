@@ -113,7 +113,18 @@ func TestCAPIMachineHealthCheckDrivesCAPR(t *testing.T) {
 func TestCAPIMachineHealthCheckRecoveryAbortsCAPR(t *testing.T) {
 	g := NewWithT(t)
 	wc, machines := capiHealthCheckCluster(t, "capi-mhc-abort")
-	victim := machines[0]
+	recoverDuringSurge(g, wc, machines[0])
+	expectKCPAtRest(g, wc)
+	now, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(now).To(ConsistOf(HaveField("Name", machines[0].Name), HaveField("Name", machines[1].Name), HaveField("Name", machines[2].Name)),
+		"the original Machines, and only them")
+}
+
+// recoverDuringSurge stops the victim's heartbeat with provisioning held, waits until CAPR runs
+// WaitForReplacement with a replacement created, lets the Node report again, waits until CAPI's
+// MachineHealthCheck has deleted the request and CAPR let it go, and releases provisioning.
+func recoverDuringSurge(g Gomega, wc *sandbox.WorkloadCluster, victim clusterv1.Machine) {
 	sb.HoldProvisioning(wc, true)
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
 	g.Eventually(func(g Gomega) {
@@ -131,9 +142,4 @@ func TestCAPIMachineHealthCheckRecoveryAbortsCAPR(t *testing.T) {
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the request is still there: %v", err)
 	}, 3*time.Minute, time.Second).Should(Succeed())
 	sb.HoldProvisioning(wc, false)
-	expectKCPAtRest(g, wc)
-	now, err := sb.ControlPlaneMachines(ctx, wc)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(now).To(ConsistOf(HaveField("Name", machines[0].Name), HaveField("Name", machines[1].Name), HaveField("Name", machines[2].Name)),
-		"the original Machines, and only them")
 }

@@ -32,6 +32,9 @@ type Scenario struct {
 	ControlPlane int32
 	// ExternalEtcd runs the cluster with external etcd (sandbox.ClusterSpec.ExternalEtcd).
 	ExternalEtcd bool
+	// Topology builds the cluster from a ClusterClass (sandbox.ClusterSpec.Topology); the scenario
+	// then also checks that Cluster spec.topology.controlPlane.replicas are back at ControlPlane.
+	Topology *sandbox.TopologySpec
 	// Inject breaks the cluster and returns the Machines that must be remediated.
 	Inject func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error)
 	// Fencing, if set, is the health check's fencing spec; CAPR then fences with Fencer.
@@ -72,7 +75,7 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	g := NewWithT(t)
 	ns, err := capienv.CreateNamespace(ctx, sb.Client, name)
 	g.Expect(err).NotTo(HaveOccurred())
-	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.ControlPlane, ExternalEtcd: sc.ExternalEtcd})
+	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.ControlPlane, ExternalEtcd: sc.ExternalEtcd, Topology: sc.Topology})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
 	t.Cleanup(func() { // runs before the cluster is destroyed
@@ -140,6 +143,11 @@ func RunScenario(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, name st
 	g.Expect(*kcp.Spec.Replicas).To(Equal(sc.ControlPlane))
 	g.Expect(kcp.Annotations).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
 	g.Expect(kcp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+	if sc.Topology != nil {
+		cluster := &clusterv1.Cluster{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: wc.Name}, cluster)).To(Succeed())
+		g.Expect(cluster.Spec.Topology.ControlPlane.Replicas).To(HaveValue(Equal(sc.ControlPlane)), "Cluster spec.topology.controlPlane.replicas")
+	}
 	machines, err = sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
 	for _, m := range machines {

@@ -14,5 +14,5 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(sandbox.RunTestsWithOptions(m, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true}}, func(s *sandbox.Sandbox) { sb = s }))
+	os.Exit(sandbox.RunTestsWithOptions(m, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true, Topology: true}}, func(s *sandbox.Sandbox) { sb = s }))
 }

@@ -26,6 +26,7 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1beta1 "sigs.k8s.io/cluster-api/api/core/v1beta1" //nolint:staticcheck // as above
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/reconcilers/kubeadmconfig"
 	bootstrapsetup "sigs.k8s.io/cluster-api/bootstrap/kubeadm/setup"
 	bootstrapadmission "sigs.k8s.io/cluster-api/bootstrap/kubeadm/webhooks/admission"
@@ -35,12 +36,17 @@ import (
 	kcpsetup "sigs.k8s.io/cluster-api/controlplane/kubeadm/setup"
 	controlplaneadmission "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 	"sigs.k8s.io/cluster-api/core/reconcilers/cluster"
+	"sigs.k8s.io/cluster-api/core/reconcilers/clusterclass"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machine"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machinehealthcheck"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machineset"
+	topologycluster "sigs.k8s.io/cluster-api/core/reconcilers/topology/cluster"
+	topologymachinedeployment "sigs.k8s.io/cluster-api/core/reconcilers/topology/machinedeployment"
+	topologymachineset "sigs.k8s.io/cluster-api/core/reconcilers/topology/machineset"
 	coresetup "sigs.k8s.io/cluster-api/core/setup"
 	coreadmission "sigs.k8s.io/cluster-api/core/webhooks/admission"
+	"sigs.k8s.io/cluster-api/feature"
 	"sigs.k8s.io/cluster-api/util/index"
 )
 
@@ -72,6 +78,13 @@ const (
 type CAPIOptions struct {
 	// MachineHealthCheck also runs CAPI's MachineHealthCheck reconciler (the upstream remediation path).
 	MachineHealthCheck bool
+	// Topology turns CAPI's ClusterTopology feature gate on (process-wide) and runs the ClusterClass,
+	// Cluster topology, MachineDeployment topology and MachineSet topology reconcilers as core/main.go
+	// does with the gate on, runtime extensions off (RuntimeSDK stays off: no RuntimeClient). The
+	// ClusterClass and Cluster admission webhooks always run; with the gate on they accept
+	// ClusterClasses and Cluster.spec.topology. Clusters are then built from a ClusterClass with
+	// ClusterSpec.Topology.
+	Topology bool
 }
 
 // AddCAPIToScheme registers the types CAPI's managers use beyond the sandbox's scheme.
@@ -79,6 +92,9 @@ type CAPIOptions struct {
 func AddCAPIToScheme(s *kruntime.Scheme) error {
 	for _, add := range []func(*kruntime.Scheme) error{
 		bootstrapv1.AddToScheme, controlplanev1.AddToScheme,
+		// ExtensionConfig: the ClusterClass reconciler watches it (core/main.go registers it whatever
+		// the RuntimeSDK gate says).
+		runtimev1.AddToScheme,
 		clusterv1beta1.AddToScheme, bootstrapv1beta1.AddToScheme, controlplanev1beta1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
@@ -117,6 +133,11 @@ var capiConcurrency = controller.Options{MaxConcurrentReconciles: 10}
 
 // startCAPI creates and starts CAPI's core, kubeadm bootstrap and KubeadmControlPlane managers.
 func (s *Sandbox) startCAPI(ctx context.Context, opts CAPIOptions) error {
+	if opts.Topology {
+		if err := feature.MutableGates.Set(string(feature.ClusterTopology) + "=true"); err != nil {
+			return fmt.Errorf("turning CAPI's ClusterTopology feature gate on: %w", err)
+		}
+	}
 	core, err := s.setupCore(ctx, opts)
 	if err != nil {
 		return err
@@ -204,6 +225,9 @@ func (s *Sandbox) setupCore(ctx context.Context, opts CAPIOptions) (manager.Mana
 			return (&machinehealthcheck.Reconciler{Client: mgr.GetClient(), ClusterCache: cc}).SetupWithManager(ctx, mgr, capiConcurrency)
 		})
 	}
+	if opts.Topology {
+		setups = append(setups, topologySetups(ctx, mgr, cc)...)
+	}
 	for _, setup := range setups {
 		if err := setup(); err != nil {
 			return nil, fmt.Errorf("setting up CAPI core: %w", err)
@@ -267,6 +291,35 @@ func (s *Sandbox) setupKCP(ctx context.Context) (manager.Manager, error) {
 		return nil, fmt.Errorf("setting up the KubeadmControlPlane reconciler: %w", err)
 	}
 	return mgr, nil
+}
+
+// The concurrency of the topology reconcilers (core/main.go: --clustertopology-concurrency and
+// --clusterclass-concurrency defaults; 25 for the MachineDeployment and MachineSet topology ones).
+var (
+	clusterTopologyConcurrency = controller.Options{MaxConcurrentReconciles: 50}
+	topologyHelperConcurrency  = controller.Options{MaxConcurrentReconciles: 25}
+)
+
+// topologySetups are the ClusterTopology reconcilers, wired as core/main.go wires them with the
+// feature gate on and RuntimeSDK off (RuntimeClient nil: no lifecycle hooks are called).
+func topologySetups(ctx context.Context, mgr manager.Manager, cc clustercache.ClusterCache) []func() error {
+	return []func() error{
+		func() error {
+			return (&clusterclass.Reconciler{Client: mgr.GetClient()}).SetupWithManager(ctx, mgr, capiConcurrency)
+		},
+		func() error {
+			return (&topologycluster.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).
+				SetupWithManager(ctx, mgr, clusterTopologyConcurrency)
+		},
+		func() error {
+			return (&topologymachinedeployment.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).
+				SetupWithManager(ctx, mgr, topologyHelperConcurrency)
+		},
+		func() error {
+			return (&topologymachineset.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).
+				SetupWithManager(ctx, mgr, topologyHelperConcurrency)
+		},
+	}
 }
 
 // waitForWebhooks waits until the API server can call the webhook server: a dry-run create of a

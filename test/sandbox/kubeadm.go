@@ -80,6 +80,22 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 	c := s.Client
 	ns, name := spec.Namespace, spec.Name
 	labels := map[string]string{clusterv1.ClusterNameLabel: name}
+	if spec.Topology != nil {
+		etcdSecrets, _, err := s.kubeadmEtcd(ctx, spec, wc, labels)
+		if err != nil {
+			return err
+		}
+		for _, o := range etcdSecrets {
+			if err := c.Create(ctx, o); err != nil {
+				return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+			}
+		}
+		cluster, err := s.createTopologyCluster(ctx, spec, host, port)
+		if err != nil {
+			return err
+		}
+		return s.createKubeconfig(ctx, cluster)
+	}
 	infraCluster := &infrav1.SandboxCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
 		Spec:       infrav1.SandboxClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: host, Port: port}},
@@ -129,13 +145,18 @@ func (s *Sandbox) createKubeadmCluster(ctx context.Context, spec ClusterSpec, wc
 			return err
 		}
 	}
-	// The workload cluster is this API server. A user-provided (Opaque) kubeconfig Secret: KCP
-	// neither adopts nor rotates it (kubeadmcontrolplane helpers.go reconcileKubeconfig), so it keeps
-	// the credentials the API server trusts instead of ones from the cluster CA KCP generates.
+	return s.createKubeconfig(ctx, cluster)
+}
+
+// createKubeconfig creates the kubeconfig Secret of a full-stack cluster. The workload cluster is
+// this API server. A user-provided (Opaque) kubeconfig Secret: KCP neither adopts nor rotates it
+// (kubeadmcontrolplane helpers.go reconcileKubeconfig), so it keeps the credentials the API server
+// trusts instead of ones from the cluster CA KCP generates.
+func (s *Sandbox) createKubeconfig(ctx context.Context, cluster *clusterv1.Cluster) error {
 	secret := kubeconfig.GenerateSecret(cluster, kubeconfig.FromEnvTestConfig(s.Env.Config, cluster))
 	secret.Type = corev1.SecretTypeOpaque
-	if err := c.Create(ctx, secret); err != nil {
-		return fmt.Errorf("creating the kubeconfig Secret of %s: %w", name, err)
+	if err := s.Client.Create(ctx, secret); err != nil {
+		return fmt.Errorf("creating the kubeconfig Secret of %s: %w", cluster.Name, err)
 	}
 	return nil
 }

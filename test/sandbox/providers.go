@@ -87,7 +87,7 @@ func (r *controlPlaneReconciler) awaited(key types.NamespacedName, machines []cl
 	return true
 }
 
-func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	cp := &controlplanev1.SandboxControlPlane{}
 	if err := r.c.Get(ctx, req.NamespacedName, cp); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -96,6 +96,17 @@ func (r *controlPlaneReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if r.s.cluster(cp.Namespace, clusterName) == nil {
 		return ctrl.Result{}, nil // destroyed (DestroyCluster) or not made by CreateCluster
 	}
+	// The generation read is recorded as observed at the end of a reconcile that returned no error,
+	// as KCP does (cluster-api v1.14.2, controlplane/kubeadm/reconcilers/kubeadmcontrolplane:
+	// kubeadmcontrolplane_controller.go, the deferred patch with patch.WithStatusObservedGeneration):
+	// once status.observedGeneration reaches a generation, no reconcile that read an older spec is
+	// still running, which CAPR's undo waits for (remediation/controlplane/undo.go).
+	generation := cp.Generation
+	defer func() {
+		if reterr == nil {
+			reterr = r.observed(ctx, cp, generation)
+		}
+	}()
 	if replicas := ptr.Deref(cp.Spec.Replicas, 1); replicas != ptr.Deref(r.loadSeenReplicas(req.NamespacedName), -1) {
 		r.seenReplicas.Store(req.NamespacedName, replicas)
 		r.s.Log.Add(LogKey(cp.Namespace, clusterName), "control-plane provider sees replicas %d", replicas)
@@ -195,6 +206,16 @@ func (r *controlPlaneReconciler) consumeRemediationInProgress(ctx context.Contex
 	base := cp.DeepCopy()
 	delete(cp.Annotations, capikcpv1.RemediationInProgressAnnotation)
 	return r.c.Patch(ctx, cp, client.MergeFrom(base))
+}
+
+// observed records generation as the control plane's status.observedGeneration (never lowering it).
+func (r *controlPlaneReconciler) observed(ctx context.Context, cp *controlplanev1.SandboxControlPlane, generation int64) error {
+	if cp.Status.ObservedGeneration >= generation {
+		return nil
+	}
+	base := cp.DeepCopy()
+	cp.Status.ObservedGeneration = generation
+	return client.IgnoreNotFound(r.c.Status().Patch(ctx, cp, client.MergeFrom(base)))
 }
 
 func pickScaleDownVictim(machines []clusterv1.Machine) *clusterv1.Machine {

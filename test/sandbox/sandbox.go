@@ -379,6 +379,9 @@ type ClusterSpec struct {
 	// spec.kubeadmConfigSpec.clusterConfiguration.etcd.external points to. The Machines then join
 	// no member and run no etcd static pod.
 	ExternalEtcd bool
+	// Topology (full stack with CAPIOptions.Topology only) builds the Cluster from a ClusterClass
+	// (TopologySpec) instead of a hand-built KubeadmControlPlane and MachineDeployment.
+	Topology *TopologySpec
 }
 
 // CreateCluster creates a Cluster with a SandboxControlPlane of spec.ControlPlane replicas and
@@ -406,6 +409,9 @@ func (s *Sandbox) createCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	}
 	if spec.ExternalEtcd && s.opts.Provider != ProviderKubeadm {
 		return nil, errors.New("ExternalEtcd needs the full stack (ProviderKubeadm): the sandbox control-plane provider runs stacked etcd only")
+	}
+	if spec.Topology != nil && (s.opts.Provider != ProviderKubeadm || !s.opts.CAPI.Topology) {
+		return nil, errors.New("ClusterSpec.Topology needs the full stack with CAPI's topology controllers (ProviderKubeadm, CAPIOptions.Topology)")
 	}
 	wc := &WorkloadCluster{Namespace: spec.Namespace, Name: spec.Name, Etcd: ec, ExternalEtcd: spec.ExternalEtcd}
 	s.mu.Lock()

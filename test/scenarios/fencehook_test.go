@@ -23,13 +23,7 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 		mhc.Spec.Remediation.Fencing = sandbox.ExternalFencing("gate")
 	}))
 	check := writeData(t, wc)
-	gate := &sandbox.GateBackend{}
-	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: gate.Fencer()}})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(capr.Stop)
-	deletions, err := sb.WatchMachineDeletions(ctx, wc)
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(deletions.Stop)
+	gate, deletions := startCAPRBehindGate(t, wc)
 	start := time.Now()
 	victim := controlPlane(g, wc)[1]
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -72,4 +66,20 @@ func TestVictimDeletedBySomeoneElseWaitsForItsFence(t *testing.T) {
 	g.Expect(deletions.SeenAfter(victim.Name, sandbox.MachineReleased, gate.FencedAtFor(victim.Name))).To(Succeed())
 	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, 3*time.Minute)).To(Succeed())
 	check()
+}
+
+// startCAPRBehindGate starts CAPR's manager, with the RBAC it ships, fencing through a closed gate
+// (its External backend: sandbox.ExternalFencing("gate")), and watches wc's Machine deletions as the
+// API server shows them, both for the rest of the test.
+func startCAPRBehindGate(t *testing.T, wc *sandbox.WorkloadCluster) (*sandbox.GateBackend, *sandbox.FirstSeen) {
+	t.Helper()
+	g := NewWithT(t)
+	gate := &sandbox.GateBackend{}
+	capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{Fencer: gate.Fencer()}})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(capr.Stop)
+	deletions, err := sb.WatchMachineDeletions(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(deletions.Stop)
+	return gate, deletions
 }

@@ -79,13 +79,15 @@ func pendingRequest(g Gomega, wc *sandbox.WorkloadCluster, machine string, sourc
 
 // TestAbortBeforePointOfNoReturnUndoes: the replacement never comes up and the request is deleted
 // (by hand, or by CAPI's MachineHealthCheck when the Machine looks healthy again). Nothing
-// irreversible happened, so the remediation is undone: replicas back to 3, the lock released, and the
-// request goes only after that. It was started exactly once.
+// irreversible happened, so the remediation is undone: replicas back to 3, the lock released once the
+// provider has observed them (undoWatch), and the request goes only after that. It was started
+// exactly once.
 func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t)
 	victim := controlPlane(g, wc)[1]
 	startCAPR(t)
+	undo := watchUndo(t, wc)
 
 	sb.HoldProvisioning(wc, true)
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -104,6 +106,7 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3), "replicas left at the surge size")
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "lock left behind")
 	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationAborted)).To(Equal(1))
+	undo.expectWaitedForTheProvider(t, victim.Name)
 
 	sb.HoldProvisioning(wc, false)
 	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, time.Minute)).To(Succeed())
@@ -111,7 +114,8 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 
 // TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried: a replacement that never comes up is a
 // timeout, not a stall. Before the victim's member was removed the remediation is undone and Failed,
-// saying so; the retry annotation starts it again.
+// saying so (the lock released once the provider has observed the replicas set back: undoWatch); the
+// retry annotation starts it again.
 func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
@@ -119,6 +123,7 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 	}))
 	victim := controlPlane(g, wc)[1]
 	startCAPR(t)
+	undo := watchUndo(t, wc)
 
 	sb.HoldProvisioning(wc, true)
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
@@ -134,6 +139,7 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 	cp := controlPlaneObject(g, wc)
 	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3))
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+	undo.expectWaitedForTheProvider(t, victim.Name)
 
 	sb.HoldProvisioning(wc, false)
 	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, time.Minute)).To(Succeed())

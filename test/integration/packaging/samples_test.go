@@ -90,6 +90,24 @@ func TestSamplesAreAcceptedByTheInstalledCRDs(t *testing.T) {
 	}, ns)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(tmpl.GetAPIVersion()).To(Equal(caprv1.GroupVersion.String()))
+
+	// A ClusterClass whose control-plane and worker health checks (CAPI v1beta2) are remediated by
+	// CAPR: both point at a sample template.
+	classes := &clusterv1.ClusterClassList{}
+	g.Expect(testEnv.Client.List(ctx, classes, client.InNamespace(ns))).To(Succeed())
+	g.Expect(classes.Items).To(HaveLen(1))
+	class := classes.Items[0]
+	refs := make([]clusterv1.MachineHealthCheckRemediationTemplateReference, 0, 1+len(class.Spec.Workers.MachineDeployments))
+	refs = append(refs, class.Spec.ControlPlane.HealthCheck.Remediation.TemplateRef)
+	g.Expect(class.Spec.Workers.MachineDeployments).NotTo(BeEmpty())
+	for _, md := range class.Spec.Workers.MachineDeployments {
+		refs = append(refs, md.HealthCheck.Remediation.TemplateRef)
+	}
+	for _, ref := range refs {
+		g.Expect(ref.APIVersion).To(Equal(caprv1.GroupVersion.String()))
+		g.Expect(ref.Kind).To(Equal("MachineRemediationTemplate"))
+		g.Expect(testEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &caprv1.MachineRemediationTemplate{})).To(Succeed(), "template %s", ref.Name)
+	}
 }
 
 // fencingBackendTypes reads the backend types the installed CRD accepts (its enum), so that a new

@@ -40,7 +40,10 @@ type scenario struct {
 	// externalEtcd runs the cluster with external etcd (sandbox.ClusterSpec.ExternalEtcd): "full
 	// strength" is then every control-plane Machine serving (KCP's pod conditions), the victims gone.
 	externalEtcd bool
-	inject       func(ctx context.Context, r *run) ([]string, error)
+	// topology builds the cluster from a ClusterClass (sandbox.ClusterSpec.Topology): CAPI's Cluster
+	// topology controller owns KCP's replicas.
+	topology bool
+	inject   func(ctx context.Context, r *run) ([]string, error)
 }
 
 var scenarios = []scenario{
@@ -72,6 +75,15 @@ var scenarios = []scenario{
 	{name: "external etcd, node not Ready", controlPlane: 3, externalEtcd: true, inject: func(ctx context.Context, r *run) ([]string, error) {
 		m := r.initial[1]
 		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
+	}},
+	{name: "topology, node not Ready, member healthy", controlPlane: 3, topology: true, inject: func(ctx context.Context, r *run) ([]string, error) {
+		m := r.initial[1]
+		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
+	}},
+	{name: "topology, member dead", controlPlane: 3, topology: true, inject: func(_ context.Context, r *run) ([]string, error) {
+		m := r.initial[0]
+		r.sb.KillEtcdMember(r.wc, m.Status.NodeRef.Name)
+		return []string{m.Name}, nil
 	}},
 	{name: "two of five unhealthy", controlPlane: 5, inject: func(_ context.Context, r *run) ([]string, error) {
 		a, b := r.initial[0], r.initial[3]
@@ -120,7 +132,7 @@ func compare() int {
 	flag.Parse()
 	ctrl.SetLogger(logr.Discard())
 	ctx := context.Background()
-	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true}})
+	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true, Topology: true}})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the full stack: %v\n", err)
 		return 1
@@ -167,7 +179,11 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, 
 	if err := sb.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return nil, err
 	}
-	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, ExternalEtcd: sc.externalEtcd})
+	spec := sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, ExternalEtcd: sc.externalEtcd}
+	if sc.topology {
+		spec.Topology = &sandbox.TopologySpec{}
+	}
+	wc, err := sb.CreateCluster(ctx, spec)
 	if err != nil {
 		return nil, err
 	}

@@ -41,6 +41,8 @@ type scenario struct {
 	inject func(ctx context.Context, d *demo) ([]string, error)
 	// quorumLost scenarios end when CAPR reports that it will not act.
 	quorumLost bool
+	// topology builds the cluster from a ClusterClass (full stack only: CAPI's topology controllers).
+	topology bool
 }
 
 var scenarios = map[string]scenario{
@@ -102,6 +104,15 @@ var scenarios = map[string]scenario{
 			}
 			d.say("Control-plane object annotated %s=true", caprv1.EtcdLearnerJoinsAnnotation)
 			m := d.machines[0]
+			return []string{m.Name}, d.sb.StopHeartbeat(ctx, d.wc, m.Status.NodeRef.Name)
+		},
+	},
+	"topology": {
+		description:  "a cluster built from a ClusterClass (CAPI's topology controller owns KCP's replicas): a control-plane Node stops reporting while its etcd member stays healthy; CAPR surges through Cluster spec.topology.controlPlane.replicas and restores it",
+		controlPlane: 3,
+		topology:     true,
+		inject: func(ctx context.Context, d *demo) ([]string, error) {
+			m := d.machines[1]
 			return []string{m.Name}, d.sb.StopHeartbeat(ctx, d.wc, m.Status.NodeRef.Name)
 		},
 	},
@@ -211,7 +222,10 @@ func run(ctx context.Context, name string, sc scenario, provider sandbox.Provide
 	} else {
 		d.say("Starting kube-apiserver v1.36.3 and etcd v3.6.14 (management cluster) and the sandbox providers")
 	}
-	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: provider})
+	if sc.topology && provider != sandbox.ProviderKubeadm {
+		return fmt.Errorf("scenario %q needs CAPI's topology controllers: run it with --provider=kubeadm (make demo PROVIDER=kubeadm SCENARIO=%s)", name, name)
+	}
+	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: provider, CAPI: sandbox.CAPIOptions{Topology: sc.topology}})
 	if err != nil {
 		return err
 	}
@@ -225,9 +239,25 @@ func run(ctx context.Context, name string, sc scenario, provider sandbox.Provide
 		return err
 	}
 	d.say("Creating cluster %s/wc: %d control-plane Machines (one real etcd member each) and 2 workers", ns, sc.controlPlane)
-	d.wc, err = sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, Workers: 2})
+	spec := sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, Workers: 2}
+	var history *sandbox.ReplicasHistory
+	if sc.topology {
+		spec.Topology = &sandbox.TopologySpec{}
+		d.say("The Cluster is built from ClusterClass %s/wc-class (KubeadmControlPlaneTemplate, MachineDeployment class %s); CAPI's ClusterClass and topology controllers run too, and the Cluster topology controller applies Cluster spec.topology.controlPlane.replicas to KCP", ns, sandbox.TopologyWorkerClass)
+	}
+	d.wc, err = sb.CreateCluster(ctx, spec)
 	if err != nil {
 		return err
+	}
+	if sc.topology {
+		if history, err = sb.WatchTopologyReplicas(ctx, d.wc); err != nil {
+			return err
+		}
+		defer func() {
+			if values, err := history.Stop(); err == nil {
+				d.say("Replicas over time: Cluster spec.topology.controlPlane.replicas %v, KubeadmControlPlane spec.replicas %v", values["Cluster"], values["KubeadmControlPlane"])
+			}
+		}()
 	}
 	if d.machines, err = sb.ControlPlaneMachines(ctx, d.wc); err != nil {
 		return err

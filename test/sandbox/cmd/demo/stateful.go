@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -115,6 +116,7 @@ func runWorkerStateful(ctx context.Context) error {
 	}
 	d.say("FAULT: the kubelet of %s (Machine %s) stopped; its Pod still shows Running and its volume attached", r.node, r.victim.Name)
 	if err := r.follow(ctx); err != nil {
+		r.diagnose()
 		return err
 	}
 	r.summary()
@@ -189,14 +191,25 @@ func (r *statefulRun) stopCAPR() {
 	}
 }
 
+// stallTimeout bounds the time between two milestones: every step of the timeline takes seconds
+// (docs/performance.md), so a run that reaches nothing new for this long is stuck, and says where.
+const stallTimeout = 3 * time.Minute
+
 // follow watches the world until the remediation succeeded with the volume on the other worker.
 func (r *statefulRun) follow(ctx context.Context) error {
 	c := r.d.sb.Client
 	for {
+		last := r.faultAt
+		if len(r.order) > 0 {
+			last = r.order[len(r.order)-1].at
+		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("timed out; reached: %v", r.order)
+			return fmt.Errorf("timed out; reached: %s", r.reachedNames())
 		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Since(last) > stallTimeout {
+			return fmt.Errorf("nothing new for %s; reached: %s", stallTimeout, r.reachedNames())
 		}
 		mr := &caprv1.MachineRemediation{}
 		err := c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: r.victim.Name}, mr)
@@ -316,6 +329,11 @@ func (r *statefulRun) watchVolume(ctx context.Context) error {
 		}
 		r.moved = true
 		r.d.say("Pod db-0 created again on %s (what its StatefulSet and the scheduler do)", r.other)
+	case !podGone && r.moved && pod.DeletionTimestamp != nil:
+		// Nothing here terminates a pod on the healthy worker: one marked for deletion would wait
+		// forever (what kube-controller-manager's taint eviction did to it when CAPR deleted the old
+		// pod after the out-of-service taint; remediation/fencing, pods.go).
+		return fmt.Errorf("pod db-0's replacement on %s was marked for deletion (deletionTimestamp %s)", r.other, pod.DeletionTimestamp)
 	case !podGone && r.moved && slices.Equal(nodes, []string{r.other}) && !r.reached("pod running elsewhere"):
 		if err := r.w.RunningOn(ctx, pod, r.other, r.handle); err != nil {
 			return err
@@ -347,6 +365,56 @@ func (r *statefulRun) watchMachines(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func (r *statefulRun) reachedNames() string {
+	names := make([]string, 0, len(r.order))
+	for _, m := range r.order {
+		names = append(names, fmt.Sprintf("%s (%.2f s)", m.name, m.at.Sub(r.faultAt).Seconds()))
+	}
+	return strings.Join(names, ", ")
+}
+
+// diagnose prints what a stuck run needs to be understood: the Pod, the VolumeAttachments, the
+// Nodes' volume status, the storage system's view and the storage components' logs.
+func (r *statefulRun) diagnose() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := r.d.sb.Client
+	fmt.Println("\nState when the demo stopped:")
+	pod := &corev1.Pod{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: "db-0"}, pod); err != nil {
+		fmt.Printf("  Pod db-0: %v\n", err)
+	} else {
+		fmt.Printf("  Pod db-0: uid %s node %s phase %s deletionTimestamp %v\n", pod.UID, pod.Spec.NodeName, pod.Status.Phase, pod.DeletionTimestamp)
+	}
+	vas := &storagev1.VolumeAttachmentList{}
+	if err := c.List(ctx, vas); err != nil {
+		fmt.Printf("  VolumeAttachments: %v\n", err)
+	}
+	for _, va := range vas.Items {
+		fmt.Printf("  VolumeAttachment %s: node %s attached %t deletionTimestamp %v finalizers %v attachError %v detachError %v\n",
+			va.Name, va.Spec.NodeName, va.Status.Attached, va.DeletionTimestamp, va.Finalizers, va.Status.AttachError, va.Status.DetachError)
+	}
+	for _, name := range []string{r.node, r.other} {
+		n := &corev1.Node{}
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+			fmt.Printf("  Node %s: %v\n", name, err)
+			continue
+		}
+		fmt.Printf("  Node %s: volumesAttached %v volumesInUse %v taints %v\n", name, n.Status.VolumesAttached, n.Status.VolumesInUse, n.Spec.Taints)
+	}
+	events := &corev1.EventList{}
+	if err := c.List(ctx, events, client.InNamespace(r.ns)); err == nil {
+		for _, e := range events.Items {
+			if e.InvolvedObject.Kind == "Pod" {
+				fmt.Printf("  Event %s %s/%s %s: %s\n", e.LastTimestamp.Format(time.RFC3339), e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+			}
+		}
+	}
+	st := r.d.sb.Storage
+	fmt.Printf("  Storage system: %s published to %q; refused %v\n", r.handle, st.Driver.PublishedTo(r.handle), st.Driver.Refused())
+	fmt.Println(st.Logs(80))
 }
 
 // checkClean verifies what the demo promises at the end: the fence is undone and nothing is left.

@@ -116,7 +116,7 @@ func run(timeout time.Duration, runs int, withDefault bool) error {
 		fmt.Printf("| %s | %s | %s |\n", name, def, r(b))
 	}
 	fmt.Println()
-	fmt.Printf("| from the remediation's first action | Kubernetes default (Machine deleted) | CAPR (NetworkFence, then out-of-service taint and pod deletion; median of %d) |\n", len(withCAPR))
+	fmt.Printf("| from the remediation's first action | Kubernetes default (Machine deleted) | CAPR (NetworkFence, then pod deletion and out-of-service taint; median of %d) |\n", len(withCAPR))
 	fmt.Println("|---|---|---|")
 	row("old pod gone", byDefault.podGone, med.podGone)
 	row("volume detached from the dead node", byDefault.detached, med.detached)
@@ -137,7 +137,7 @@ func run(timeout time.Duration, runs int, withDefault bool) error {
 // pods force-deleted once it is confirmed). The fence is confirmed when the NetworkFence backend first
 // reports it, as status.fencing.backends[0].fencedTime records.
 func caprFailover(ctx context.Context, env *capienv.Environment, fencer *fencing.PolicyFencer, i int, timeout time.Duration) (timeline, error) {
-	fmt.Printf("CAPR run %d: NetworkFence through csi-addons, then the out-of-service taint and the node's pods deleted (the Machine is deleted afterwards)\n", i+1)
+	fmt.Printf("CAPR run %d: NetworkFence through csi-addons, then the node's pods deleted and the out-of-service taint (the Machine is deleted afterwards)\n", i+1)
 	fenceCtx, stopFencing := context.WithCancel(ctx)
 	defer stopFencing()
 	return failover(ctx, env, fmt.Sprintf("capr%d", i+1), fmt.Sprintf("10.2.%d", i+1), timeout, func(w storage.Workload, node string) (func() time.Time, error) {

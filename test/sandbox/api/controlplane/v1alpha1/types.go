@@ -1,7 +1,8 @@
 // Package v1alpha1 is the sandbox control-plane provider's API (group
 // controlplane.cluster.x-k8s.io): SandboxControlPlane, following CAPI's v1beta2 control-plane
 // contract (spec.replicas, spec.version, spec.machineTemplate, status replicas and initialization,
-// cluster.x-k8s.io/delete-machine to choose the scale-down victim). Like kubeadm, it joins etcd
+// cluster.x-k8s.io/delete-machine to choose the scale-down victim), and status.observedGeneration as
+// KubeadmControlPlane writes it. Like kubeadm, it joins etcd
 // members as learners and promotes them once caught up.
 //
 // +kubebuilder:object:generate=true
@@ -58,6 +59,12 @@ type Initialization struct {
 
 // SandboxControlPlaneStatus is the observed state.
 type SandboxControlPlaneStatus struct {
+	// observedGeneration is the metadata.generation the provider read in its last reconcile that
+	// returned no error, written at its end as KubeadmControlPlane's reconciler does (CAPR's undo
+	// waits for it: remediation/controlplane/undo.go).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// +optional
 	Initialization Initialization `json:"initialization,omitempty,omitzero"`
 	// +optional

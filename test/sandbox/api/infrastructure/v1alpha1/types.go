@@ -1,5 +1,6 @@
 // Package v1alpha1 is the sandbox infrastructure provider's API (group
-// infrastructure.cluster.x-k8s.io): SandboxCluster, SandboxMachine and SandboxMachineTemplate,
+// infrastructure.cluster.x-k8s.io): SandboxCluster, SandboxClusterTemplate (the infrastructure of a
+// ClusterClass), SandboxMachine and SandboxMachineTemplate,
 // following CAPI's v1beta2 infrastructure contract. A SandboxMachine is "provisioned" by starting a
 // kubelet stand-in (and, for control-plane Machines, an etcd member process) on this machine.
 //
@@ -20,7 +21,7 @@ var GroupVersion = schema.GroupVersion{Group: "infrastructure.cluster.x-k8s.io",
 var (
 	schemeBuilder = runtime.NewSchemeBuilder(func(s *runtime.Scheme) error {
 		s.AddKnownTypes(GroupVersion, &SandboxCluster{}, &SandboxClusterList{}, &SandboxMachine{}, &SandboxMachineList{},
-			&SandboxMachineTemplate{}, &SandboxMachineTemplateList{})
+			&SandboxMachineTemplate{}, &SandboxMachineTemplateList{}, &SandboxClusterTemplate{}, &SandboxClusterTemplateList{})
 		metav1.AddToGroupVersion(s, GroupVersion)
 		return nil
 	})
@@ -137,4 +138,34 @@ type SandboxMachineTemplateList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SandboxMachineTemplate `json:"items"`
+}
+
+// SandboxClusterTemplateResource is the template's content.
+type SandboxClusterTemplateResource struct {
+	// +optional
+	Spec SandboxClusterSpec `json:"spec,omitempty"`
+}
+
+// SandboxClusterTemplateSpec holds the template.
+type SandboxClusterTemplateSpec struct {
+	Template SandboxClusterTemplateResource `json:"template"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+
+// SandboxClusterTemplate is the template of SandboxClusters: the infrastructure of a ClusterClass.
+type SandboxClusterTemplate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              SandboxClusterTemplateSpec `json:"spec"`
+}
+
+// +kubebuilder:object:root=true
+
+// SandboxClusterTemplateList is a list of SandboxClusterTemplates.
+type SandboxClusterTemplateList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []SandboxClusterTemplate `json:"items"`
 }

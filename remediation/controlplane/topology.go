@@ -1,0 +1,284 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+)
+
+// A Cluster built from a ClusterClass (Cluster.spec.topology) has its control-plane object written by
+// CAPI's Cluster topology controller, which server-side applies spec.replicas from
+// Cluster.spec.topology.controlPlane.replicas whenever that is set (exp/topology/desiredstate
+// desired_state.go computeControlPlane) and takes back any other value written to it. CAPR therefore
+// never writes the control-plane object's replicas of such a cluster: a surge goes through the
+// Cluster's field, applied with CAPR's own field manager, and a victim whose etcd member is down is
+// deleted first, which loses no failure margin and changes no replicas at all (docs/user/topology.md).
+
+// TopologyFieldManager is the field manager of CAPR's server-side applies of Cluster
+// spec.topology.controlPlane.replicas: what a GitOps tool sees in the Cluster's managedFields while a
+// surge lasts, and what tells the undo that the value there is still the one CAPR set.
+const TopologyFieldManager = "capr-controlplane-remediation"
+
+// topologyReplicasPath is Cluster spec.topology.controlPlane.replicas in managedFields.
+var topologyReplicasPath = fieldpath.MakePathOrDie("spec", "topology", "controlPlane", "replicas")
+
+// topologyReplicas returns Cluster spec.topology.controlPlane.replicas (nil when the Cluster has no
+// topology or the topology leaves the replicas to someone else).
+func topologyReplicas(cluster *clusterv1.Cluster) *int32 {
+	if cluster == nil || !cluster.Spec.Topology.IsDefined() {
+		return nil
+	}
+	return cluster.Spec.Topology.ControlPlane.Replicas
+}
+
+// topologyOwnsReplicas reports whether the Cluster topology sets the control-plane object's replicas:
+// the object carries the topology's owned label and the Cluster's topology names the replicas.
+func topologyOwnsReplicas(cluster *clusterv1.Cluster, cp *unstructured.Unstructured) bool {
+	if cp == nil {
+		return false
+	}
+	_, owned := cp.GetLabels()[clusterv1.ClusterTopologyOwnedLabel]
+	return owned && topologyReplicas(cluster) != nil
+}
+
+// ownsTopologyReplicas reports whether CAPR's field manager owns Cluster
+// spec.topology.controlPlane.replicas: true from CAPR's apply until someone else writes a
+// different value (an update or a forced apply moves the field to its writer).
+func ownsTopologyReplicas(cluster *clusterv1.Cluster) bool {
+	for _, mf := range cluster.ManagedFields {
+		if mf.Manager != TopologyFieldManager || mf.Operation != metav1.ManagedFieldsOperationApply || mf.FieldsV1 == nil {
+			continue
+		}
+		set := &fieldpath.Set{}
+		if err := set.FromJSON(bytes.NewReader(mf.FieldsV1.GetRawBytes())); err != nil {
+			continue
+		}
+		if set.Has(topologyReplicasPath) {
+			return true
+		}
+	}
+	return false
+}
+
+// topologyReplicasOwners names the field managers of Cluster spec.topology.controlPlane.replicas,
+// for the messages ("" when managedFields say nothing).
+func topologyReplicasOwners(cluster *clusterv1.Cluster) string {
+	out := ""
+	for _, mf := range cluster.ManagedFields {
+		set := &fieldpath.Set{}
+		if mf.FieldsV1 == nil || set.FromJSON(bytes.NewReader(mf.FieldsV1.GetRawBytes())) != nil || !set.Has(topologyReplicasPath) {
+			continue
+		}
+		if out != "" {
+			out += ", "
+		}
+		out += fmt.Sprintf("%s (%s)", mf.Manager, mf.Operation)
+	}
+	return out
+}
+
+// Topology is the adapter of a control plane whose replicas the Cluster topology owns: the
+// provider's own adapter, with what the topology adds to when a remediation may start and to the
+// choice of order (through ScaleDownRefusal, the input that makes ChooseOrder delete first).
+type Topology struct {
+	Adapter
+	cluster *clusterv1.Cluster
+	policy  caprv1.TopologyReplicasPolicy
+}
+
+// Name implements Adapter.
+func (t Topology) Name() string {
+	return t.Adapter.Name() + " (Cluster topology)"
+}
+
+// Busy implements Adapter: the provider must be quiet, and the topology must have applied its
+// replicas to the control-plane object (a change of Cluster spec.topology.controlPlane.replicas
+// not propagated yet is a scaling about to happen).
+func (t Topology) Busy(view ProviderView) string {
+	if busy := t.Adapter.Busy(view); busy != "" {
+		return busy
+	}
+	want := topologyReplicas(t.cluster)
+	have, err := Replicas(view.ControlPlane)
+	if err != nil {
+		return err.Error()
+	}
+	if want != nil && *want != have {
+		return fmt.Sprintf("Cluster %s spec.topology.controlPlane.replicas is %d and the Cluster topology has not applied it to %s %s yet (spec.replicas %d)",
+			t.cluster.Name, *want, view.ControlPlane.GetKind(), view.ControlPlane.GetName(), have)
+	}
+	return ""
+}
+
+// Surge implements Adapter: the provider's surge, with as many Machines as replicas. Returning the
+// replicas at the first replacement (firstreplacement.go) would be a second apply of the Cluster's
+// field while the remediation runs, which a GitOps tool sees, and it has not been run with the
+// Cluster topology controller between CAPR and KCP; so a surge of two creates two Machines here
+// (docs/user/known-limits.md).
+func (t Topology) Surge(cp *unstructured.Unstructured) SurgePlan {
+	plan := t.Adapter.Surge(cp)
+	if plan.Machines < plan.Replicas {
+		plan.Machines = plan.Replicas
+		plan.Reason = fmt.Sprintf("replicas raised by %d through Cluster %s spec.topology.controlPlane.replicas, one Machine each", plan.Replicas, t.cluster.Name)
+	}
+	return plan
+}
+
+// ScaleDownRefusal implements Adapter. Besides the provider's own refusal, it says why a surge is
+// not to be used, which makes ChooseOrder delete the victim first without changing any replicas:
+//   - the victim's etcd member is down, unreachable, missing or a learner: removing it loses no
+//     failure margin, so nothing the topology owns needs to change (member-aware delete-first);
+//   - spec.controlPlane.topologyReplicas is Leave: CAPR may not write the Cluster;
+//   - the Cluster topology is not reconciled: a replicas change might not reach the control plane.
+//
+// With the victim's member healthy the last two leave only orders that lose the margin, so
+// ChooseOrder waits (WouldLoseFailureMargin) until a person sets order RemoveMemberFirst.
+func (t Topology) ScaleDownRefusal(view ProviderView) string {
+	if refusal := t.Adapter.ScaleDownRefusal(view); refusal != "" {
+		return refusal
+	}
+	if view.Etcd != nil && view.Victim != nil && view.Victim.Status.NodeRef.IsDefined() {
+		// The victim's member as the order decision classifies it (victimMember): a member that
+		// cannot be reached but is known to be alive counts as healthy, and is surged for.
+		if member := victimMember(view.Etcd, view.Victim.Status.NodeRef.Name); member != VictimHealthy {
+			return fmt.Sprintf("Cluster %s's topology owns the replicas and the victim's etcd member is %s: deleting it first loses no failure margin and changes no replicas",
+				t.cluster.Name, member)
+		}
+	}
+	if t.policy == caprv1.TopologyReplicasLeave {
+		return fmt.Sprintf("spec.controlPlane.topologyReplicas is %s: CAPR does not change Cluster %s spec.topology.controlPlane.replicas, so it does not surge",
+			caprv1.TopologyReplicasLeave, t.cluster.Name)
+	}
+	if c := conditions.Get(t.cluster, clusterv1.ClusterTopologyReconciledCondition); c == nil || c.Status != metav1.ConditionTrue {
+		why := "no condition yet"
+		if c != nil {
+			why = fmt.Sprintf("%s: %s", c.Reason, c.Message)
+		}
+		return fmt.Sprintf("Cluster %s's topology is not reconciled (%s %s), so a surge through spec.topology.controlPlane.replicas might not reach the control plane",
+			t.cluster.Name, clusterv1.ClusterTopologyReconciledCondition, why)
+	}
+	return ""
+}
+
+// topologyAdapter wraps the provider's adapter when the Cluster topology owns the replicas.
+func topologyAdapter(inner Adapter, cluster *clusterv1.Cluster, cp *unstructured.Unstructured, mr *caprv1.MachineRemediation) Adapter {
+	if !topologyOwnsReplicas(cluster, cp) {
+		return inner
+	}
+	policy := caprv1.TopologyReplicasSurge
+	if mr.Spec.ControlPlane != nil && mr.Spec.ControlPlane.TopologyReplicas != "" {
+		policy = mr.Spec.ControlPlane.TopologyReplicas
+	}
+	return Topology{Adapter: inner, cluster: cluster, policy: policy}
+}
+
+// replicasField returns where this remediation changes the replicas: as recorded at its start (unset
+// in records older than the field: the control-plane object), or, before it starts, as the Cluster
+// and the control-plane object say now.
+func (s *scope) replicasField() caprv1.ReplicasField {
+	if cps := s.mr.Status.ControlPlane; cps != nil {
+		if cps.ReplicasField == "" {
+			return caprv1.ReplicasFieldControlPlane
+		}
+		return cps.ReplicasField
+	}
+	if topologyOwnsReplicas(s.cluster, s.cp) {
+		return caprv1.ReplicasFieldClusterTopology
+	}
+	return caprv1.ReplicasFieldControlPlane
+}
+
+// replicasSource is the replicas a decision is made on: the field's value, and, for the Cluster
+// topology's field, whether CAPR's field manager owns it (theirs is true when it does not, so a
+// value there is not one CAPR may take back).
+type replicasSource struct {
+	current int32
+	theirs  bool
+}
+
+// readReplicas returns the replicas of the field this remediation changes. The Cluster is read live
+// (once per reconcile, and again after a conflicting write): the value and its owner must be those
+// of now.
+func (r *Reconciler) readReplicas(ctx context.Context, s *scope) (replicasSource, error) {
+	if s.replicasField() != caprv1.ReplicasFieldClusterTopology {
+		n, err := Replicas(s.cp)
+		return replicasSource{current: n}, err
+	}
+	if s.liveCluster == nil {
+		cluster := &clusterv1.Cluster{}
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s.cluster), cluster); err != nil {
+			return replicasSource{}, fmt.Errorf("reading Cluster %s: %w", s.cluster.Name, err)
+		}
+		s.liveCluster = cluster
+	}
+	n := topologyReplicas(s.liveCluster)
+	if n == nil {
+		return replicasSource{}, fmt.Errorf("cluster %s has no spec.topology.controlPlane.replicas (the remediation recorded that the topology owns the replicas)", s.cluster.Name)
+	}
+	return replicasSource{current: *n, theirs: !ownsTopologyReplicas(s.liveCluster)}, nil
+}
+
+// setTopologyReplicas writes Cluster spec.topology.controlPlane.replicas, from the value from, to n with a
+// server-side apply of that one field by TopologyFieldManager, forced (the field's previous owner,
+// a person or a GitOps tool, loses it to CAPR until it writes it again) and conditional on the
+// Cluster's resourceVersion as read (any write meanwhile makes it fail with errReplicasChanged, and
+// the decision is made again on a live read). What before changes in the control-plane object's
+// annotations (KCP's remediation-in-progress) is patched first, key by key, so that the provider
+// sees it before the topology brings it the new replicas.
+func (r *Reconciler) setTopologyReplicas(ctx context.Context, s *scope, from, n int32, before func(*unstructured.Unstructured) error) error {
+	if before != nil {
+		if err := r.annotateControlPlane(ctx, s, before); err != nil {
+			return err
+		}
+	}
+	apply := &unstructured.Unstructured{}
+	apply.SetAPIVersion(clusterv1.GroupVersion.String())
+	apply.SetKind("Cluster")
+	apply.SetNamespace(s.liveCluster.Namespace)
+	apply.SetName(s.liveCluster.Name)
+	apply.SetResourceVersion(s.liveCluster.ResourceVersion)
+	if err := unstructured.SetNestedField(apply.Object, int64(n), "spec", "topology", "controlPlane", "replicas"); err != nil {
+		return err
+	}
+	err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner(TopologyFieldManager), client.ForceOwnership)
+	switch {
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("setting Cluster %s spec.topology.controlPlane.replicas from %d to %d: %w (%w)", s.liveCluster.Name, from, n, errReplicasChanged, err)
+	case err != nil:
+		return fmt.Errorf("setting Cluster %s spec.topology.controlPlane.replicas to %d: %w", s.liveCluster.Name, n, err)
+	}
+	return nil
+}
+
+// annotateControlPlane patches what before changes in the control-plane object's annotations, key by
+// key (annotations others wrote meanwhile are kept), and nothing else.
+func (r *Reconciler) annotateControlPlane(ctx context.Context, s *scope, before func(*unstructured.Unstructured) error) error {
+	base := s.cp.DeepCopy()
+	if err := before(s.cp); err != nil {
+		return err
+	}
+	ops := annotationPatch(base.GetAnnotations(), s.cp.GetAnnotations())
+	if len(ops) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, s.cp, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+		return fmt.Errorf("annotating %s %s: %w", s.cp.GetKind(), s.cp.GetName(), err)
+	}
+	return nil
+}
