@@ -68,6 +68,7 @@ demo: apiserver-assets $(if $(filter kubeadm,$(PROVIDER))$(filter worker-statefu
 # 2 cores (issue 31); `make chaos` keeps 20 (`make chaos SEED=1`: seeds 1-20, what make test ran before).
 RUNS ?= 20
 SEED ?=
+SEEDS ?=
 PARALLEL ?= 1
 TEST_CHAOS_RUNS ?= 9
 TEST_CHAOS_SEED ?= 1
@@ -86,8 +87,8 @@ test: envtest-assets storage-assets lint verify-generate ## Lint, check generate
 		hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: chaos
-chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
-	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
+chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
+	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_SEEDS=$(SEEDS) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
 
 # Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) are either a package's
 # envtest suite, next to its code in *_envtest_test.go files behind the build tag envtest (which

@@ -50,6 +50,7 @@ func TestMain(m *testing.M) {
 const (
 	runsEnv     = "CHAOS_RUNS"
 	seedEnv     = "CHAOS_SEED"
+	seedsEnv    = "CHAOS_SEEDS"
 	parallelEnv = "CHAOS_PARALLEL"
 	providerEnv = "CHAOS_PROVIDER"
 )
@@ -79,14 +80,34 @@ func TestChaos(t *testing.T) {
 		t.Logf("chaos: the full stack runs one workload cluster at a time (the clusters share kube-system): PARALLEL ignored")
 		parallel = false
 	}
-	t.Logf("chaos: %d runs, seeds %d..%d (one run: make chaos RUNS=1 SEED=<seed>)", runs, seed, seed+runs-1)
-	seeds := make([]int64, 0, runs)
-	for i := range runs {
-		seeds = append(seeds, seed+i)
+	seeds := listedSeeds(t)
+	if seeds == nil {
+		for i := range runs {
+			seeds = append(seeds, seed+i)
+		}
 	}
+	t.Logf("chaos: %d runs, seeds %v (one run: make chaos RUNS=1 SEED=<seed>)", len(seeds), seeds)
 	failedSeeds, took := runSeeds(t, seeds, parallel)
-	t.Logf("chaos: %d runs (seeds %d..%d), %d with invariant violations %v, %s", runs, seed, seed+runs-1,
+	t.Logf("chaos: %d runs (seeds %v), %d with invariant violations %v, %s", len(seeds), seeds,
 		len(failedSeeds), failedSeeds, took)
+}
+
+// listedSeeds returns the seeds CHAOS_SEEDS lists, comma-separated (`make chaos SEEDS=30,38`: e.g.
+// the seeds that draw a controller crash), or nil when it is unset.
+func listedSeeds(t *testing.T) []int64 {
+	v := os.Getenv(seedsEnv)
+	if v == "" {
+		return nil
+	}
+	var seeds []int64
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %q is not a number: %v", seedsEnv, v, f, err)
+		}
+		seeds = append(seeds, n)
+	}
+	return seeds
 }
 
 // knownSeeds are seeds that once found a defect, run by `make test` (TestChaosKnownSeeds) on top of
