@@ -35,21 +35,21 @@ func TestStepScaleUpOneReplacement(t *testing.T) {
 				data, err := kcpRemediationDataFromAnnotation(w.controlPlaneAnnotations(g)[controlplanev1.RemediationInProgressAnnotation])
 				g.Expect(err).NotTo(HaveOccurred())
 				g.Expect(data.Machine).To(Equal("m-b"))
-				g.Expect(data.Timestamp.Time).To(BeTemporally("<", w.s.mr.Status.StartTime.Time.Truncate(time.Second)),
+				g.Expect(data.Timestamp.Time).To(BeTemporally("<", w.s.mr.Status.StartTime.Truncate(time.Second)),
 					"a replacement created in the start's second must be newer than the stamp (KCP's stale check)")
 			}},
 		{name: "a Machine created after the stamp would be: the stamp is not older than it",
 			world: kcpOneReplacement(),
 			before: func(w *world) {
 				for _, m := range w.s.machines {
-					m.CreationTimestamp.Time = w.s.mr.Status.StartTime.Time.Truncate(time.Second)
+					m.CreationTimestamp.Time = w.s.mr.Status.StartTime.Truncate(time.Second)
 				}
 			},
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
 				data, err := kcpRemediationDataFromAnnotation(w.controlPlaneAnnotations(g)[controlplanev1.RemediationInProgressAnnotation])
 				g.Expect(err).NotTo(HaveOccurred())
-				g.Expect(data.Timestamp.Time).To(BeTemporally("==", w.s.mr.Status.StartTime.Time.Truncate(time.Second)),
+				g.Expect(data.Timestamp.Time).To(BeTemporally("==", w.s.mr.Status.StartTime.Truncate(time.Second)),
 					"KCP would otherwise drop the annotation before it created the replacement")
 			}},
 		{name: "one replacement per replica (surge of one): the victim is not marked before its Delete step",

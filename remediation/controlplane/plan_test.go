@@ -430,7 +430,7 @@ func worlds(oc orderCase) []simCluster {
 	var out []simCluster
 	unknown := oc.v - oc.h
 	for world := range 1 << unknown {
-		var s simCluster
+		s := make(simCluster, 0, oc.v+oc.learners)
 		for i := range oc.v {
 			s = append(s, simMember{name: fmt.Sprintf("m%d", i), voter: true, up: i < oc.h || world&(1<<(i-oc.h)) != 0})
 		}
