@@ -730,17 +730,19 @@ func TestTemplateRefToMachineRemediationTemplate(t *testing.T) {
 	}, eventually, poll).Should(Succeed())
 }
 
-// TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated: an escalation step names a template
-// that does not exist and one of a kind that does not exist; the health check says so at once, naming
-// the fields, with a Warning event, and turns True once both problems are gone.
+// TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated: the templateRef names a template that
+// does not exist and an escalation step one of a kind that does not exist; the health check says so at
+// once, naming the fields, with a Warning event, and turns True once both problems are gone. (An
+// escalation step may not name a MachineRemediationTemplate: admission refuses it, the object would be
+// the request itself.)
 func TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	f.machine(g, "m")
 	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "reboot"}
 		mhc.Spec.Remediation.Escalation = []caprv1.EscalationStep{
-			{TemplateRef: caprv1.TemplateReference{APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "reboot"}, TimeoutSeconds: 60},
 			{TemplateRef: caprv1.TemplateReference{APIVersion: "power.example.com/v1", Kind: "PowerCycleTemplate", Name: "cycle"}, TimeoutSeconds: 60},
 		}
 	})
@@ -749,16 +751,16 @@ func TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated(t *testing.T) {
 		g.Expect(c).NotTo(BeNil())
 		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 		g.Expect(c.Reason).To(Equal(caprv1.MachineHealthCheckRemediationTemplateNotFoundReason))
-		g.Expect(c.Message).To(ContainSubstring("spec.remediation.escalation[0].templateRef: MachineRemediationTemplate " + f.ns + "/reboot not found"))
-		g.Expect(c.Message).To(ContainSubstring("spec.remediation.escalation[1].templateRef: PowerCycleTemplate " + f.ns + "/cycle not found"))
+		g.Expect(c.Message).To(ContainSubstring("spec.remediation.templateRef: MachineRemediationTemplate " + f.ns + "/reboot not found"))
+		g.Expect(c.Message).To(ContainSubstring("spec.remediation.escalation[0].templateRef: PowerCycleTemplate " + f.ns + "/cycle not found"))
 		g.Expect(notesOf(g, f.ns, caprv1.MachineHealthCheckRemediationTemplateNotFoundReason)).NotTo(BeEmpty())
 	}, eventually, poll).Should(Succeed())
 
-	// The first template appears; the second step is dropped from the spec.
+	// The template appears; the escalation step is dropped from the spec.
 	g.Expect(k8sClient.Create(ctx, &caprv1.MachineRemediationTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "reboot"}})).To(Succeed())
 	g.Eventually(func(g Gomega) { // the health checker writes the object too: retry on conflicts
 		mhc := getHealthCheck(g, f.ns)
-		mhc.Spec.Remediation.Escalation = mhc.Spec.Remediation.Escalation[:1]
+		mhc.Spec.Remediation.Escalation = nil
 		g.Expect(k8sClient.Update(ctx, mhc)).To(Succeed())
 	}, eventually, poll).Should(Succeed())
 	g.Eventually(func(g Gomega) {
