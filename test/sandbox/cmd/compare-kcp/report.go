@@ -225,5 +225,8 @@ func (r *run) brief() string {
 	for _, rw := range rows[1:] {
 		line += "; " + rw.label + " " + rw.cell([]*run{r})
 	}
+	if r.diagnosis != "" {
+		line += "; " + r.diagnosis
+	}
 	return line
 }

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -51,6 +52,8 @@ type run struct {
 	fenced       string
 	// waiting is what CAPR's requests say while a run has not reached full voting strength.
 	waiting string
+	// diagnosis is, for a stalled KCP run, what KCP itself says (progress log only).
+	diagnosis string
 }
 
 func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, ns string, timeout time.Duration) (*run, error) {
@@ -113,6 +116,7 @@ sampling:
 	r.fenced = r.fencing(ctx)
 	if r.fullStrength.IsZero() {
 		r.waiting = r.waitingReasons(ctx)
+		r.diagnosis = r.controlPlaneConditions(ctx)
 	}
 	return r, nil
 }
@@ -285,5 +289,31 @@ func (r *run) fencing(ctx context.Context) string {
 		return "not reached"
 	}
 	sort.Strings(out)
+	return strings.Join(out, "; ")
+}
+
+// controlPlaneConditions is, for KCP, its Remediating and EtcdClusterHealthy conditions and whether it
+// holds a remediation in progress: where KCP stands when it stalled without a word on the Machine.
+func (r *run) controlPlaneConditions(ctx context.Context) string {
+	if r.system != systemKCP {
+		return ""
+	}
+	obj, err := r.sb.ControlPlaneObject(ctx, r.wc)
+	if err != nil {
+		return err.Error()
+	}
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, kcp); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, t := range []string{controlplanev1.KubeadmControlPlaneRemediatingCondition, controlplanev1.KubeadmControlPlaneEtcdClusterHealthyCondition} {
+		if c := conditions.Get(kcp, t); c != nil {
+			out = append(out, fmt.Sprintf("KCP %s %s %s: %s", t, c.Status, c.Reason, c.Message))
+		}
+	}
+	if v, ok := kcp.Annotations[controlplanev1.RemediationInProgressAnnotation]; ok {
+		out = append(out, "KCP remediation in progress: "+v)
+	}
 	return strings.Join(out, "; ")
 }
