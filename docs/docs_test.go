@@ -141,15 +141,7 @@ func TestDocumentationLinksResolve(t *testing.T) {
 
 func TestBrokenLinksAreFound(t *testing.T) {
 	root := t.TempDir()
-	write := func(rel, body string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, rel)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(root, rel), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, body string) { writeFile(t, root, rel, body) }
 	write("README.md", "# Title\n"+
 		"[ok](docs/a.md#end-to-end-suite-teste2e-and-on-kind) [ok folder](docs) [web](https://example.invalid/x)\n"+
 		"[gone](docs/missing.md) [bad anchor](docs/a.md#nope) `[in code](nowhere.md)`\n"+
@@ -184,5 +176,16 @@ func TestGitHubSlug(t *testing.T) {
 		if got := githubSlug(heading); got != want {
 			t.Errorf("githubSlug(%q) = %q, want %q", heading, got, want)
 		}
+	}
+}
+
+// writeFile writes body to rel below root, creating its folders.
+func writeFile(t *testing.T, root, rel, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(root, rel)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, rel), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -477,6 +478,39 @@ func (c *EtcdCluster) Leave(ctx context.Context, name string) error {
 			}
 		}
 		return nil
+	})
+}
+
+// ActivateAlarm raises an alarm (NOSPACE, CORRUPT) for one member through etcd's Maintenance Alarm
+// RPC, as etcd itself does when a member's backend exceeds its quota (server/etcdserver/server.go,
+// "exceeded backend quota; raising alarm"). The member's process keeps running and answering. The
+// alarm goes through raft, so every member lists it; a NOSPACE alarm caps the whole cluster (every
+// member rejects puts, server/etcdserver/apply/uber_applier.go restoreAlarms) until it is disarmed,
+// and etcd keeps it when the member is removed.
+func (c *EtcdCluster) ActivateAlarm(ctx context.Context, name string, alarm pb.AlarmType) error {
+	cli, err := c.Client(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cli.Close() }()
+	return retryUntil(ctx, 30*time.Second, func() error {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		list, err := cli.MemberList(actx)
+		if err != nil {
+			return fmt.Errorf("member list: %w", err)
+		}
+		for _, m := range list.Members {
+			if m.Name != name {
+				continue
+			}
+			req := &pb.AlarmRequest{Action: pb.AlarmRequest_ACTIVATE, Alarm: alarm, MemberID: m.ID}
+			if _, err := pb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(actx, req); err != nil {
+				return fmt.Errorf("activating alarm %s for member %s: %w", alarm, name, err)
+			}
+			return nil
+		}
+		return fmt.Errorf("activating alarm %s: no member %s in the member list", alarm, name)
 	})
 }
 

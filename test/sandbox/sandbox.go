@@ -18,6 +18,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 
 	"github.com/go-logr/logr"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -598,6 +599,18 @@ func (s *Sandbox) KillEtcdMember(wc *WorkloadCluster, node string) {
 	wc.Etcd.Kill(node)
 	s.Log.Add(wc.LogKey(), "FAULT: etcd member %s killed (its node and kubelet stay up)", node)
 	s.setEtcdPod(context.Background(), wc, node, false)
+}
+
+// AlarmEtcdMember raises etcd's NOSPACE alarm for the member of a control-plane Machine's Node (a
+// degraded member: etcd raises it itself when the member's backend exceeds its quota). Its process,
+// kubelet and Node stay up, so only a check of etcd's alarms sees it: KCP's EtcdMemberHealthy ("Etcd
+// reports alarms: NOSPACE") and CAPR's checks.etcdMember ("alarmed (NOSPACE)").
+func (s *Sandbox) AlarmEtcdMember(ctx context.Context, wc *WorkloadCluster, node string) error {
+	if err := wc.Etcd.ActivateAlarm(ctx, node, etcdserverpb.AlarmType_NOSPACE); err != nil {
+		return err
+	}
+	s.Log.Add(wc.LogKey(), "FAULT: etcd alarm NOSPACE raised for member %s (its process, node and kubelet stay up)", node)
+	return nil
 }
 
 // setEtcdPod reports the etcd static pod of a Node up or down, as its kubelet would on the full

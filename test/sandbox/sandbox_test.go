@@ -204,11 +204,7 @@ func TestRunningWatcherSeesTwoRunning(t *testing.T) {
 func TestConcurrentProvisioningFormsOneEtcdCluster(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	assets, err := capienv.AssetsDir()
-	g.Expect(err).NotTo(HaveOccurred())
-	ec, err := sandbox.NewEtcdCluster(t.TempDir(), filepath.Join(assets, "etcd"))
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(ec.Stop)
+	ec := newEtcdCluster(g, t)
 
 	var decided atomic.Int32
 	release := make(chan struct{})
@@ -250,4 +246,62 @@ func TestConcurrentProvisioningFormsOneEtcdCluster(t *testing.T) {
 		}()
 	}
 	g.Expect(clusterIDs).To(HaveLen(1))
+}
+
+// TestEtcdAlarmMarksOneMember: a NOSPACE alarm raised for one member (AlarmEtcdMember, the
+// "etcd member degraded" fault of compare-kcp) leaves its process running and answering, makes
+// only that member unhealthy in etcd's own view (the alarm list names its ID), and caps the whole
+// cluster: every member then refuses puts (etcd's applierV3Capped), also once the member is removed,
+// which docs/design/kcp-comparison.md states.
+func TestEtcdAlarmMarksOneMember(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ec := newEtcdCluster(g, t)
+	names := []string{"cp-a", "cp-b", "cp-c"}
+	for _, n := range names {
+		_, err := ec.Provision(ctx, n, func(bool) {})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	wc := &sandbox.WorkloadCluster{Namespace: "alarm", Name: "alarm", Etcd: ec}
+	g.Expect(sb.AlarmEtcdMember(ctx, wc, "cp-b")).To(Succeed())
+
+	g.Expect(ec.Running("cp-b")).To(BeTrue())
+	state, err := sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, n := range names {
+		m := state.ByName(n)
+		g.Expect(m).NotTo(BeNil(), n)
+		g.Expect(m.Reachable).To(BeTrue(), n)
+		if n == "cp-b" {
+			g.Expect(m.Healthy).To(BeFalse())
+			g.Expect(m.Alarms).To(Equal([]string{"NOSPACE"}))
+			continue
+		}
+		g.Expect(m.Healthy).To(BeTrue(), n)
+		g.Expect(m.Alarms).To(BeEmpty(), n)
+	}
+	cli, err := ec.Direct().Connect(ctx, "cp-a")
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = cli.Close() }()
+	_, err = cli.Put(ctx, "k", "v")
+	g.Expect(err).To(MatchError(ContainSubstring("database space exceeded")))
+
+	// Removing the member (what either remediation ends with) lifts neither: etcd keeps the removed
+	// member's alarm until someone disarms it.
+	g.Expect(ec.Leave(ctx, "cp-b")).To(Succeed())
+	alarms, err := cli.AlarmList(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(alarms.Alarms).To(HaveLen(1))
+	_, err = cli.Put(ctx, "k", "v")
+	g.Expect(err).To(MatchError(ContainSubstring("database space exceeded")))
+}
+
+// newEtcdCluster is an empty etcd cluster of the envtest assets' etcd, stopped when the test ends.
+func newEtcdCluster(g Gomega, t *testing.T) *sandbox.EtcdCluster {
+	assets, err := capienv.AssetsDir()
+	g.Expect(err).NotTo(HaveOccurred())
+	ec, err := sandbox.NewEtcdCluster(t.TempDir(), filepath.Join(assets, "etcd"))
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(ec.Stop)
+	return ec
 }

@@ -1,9 +1,11 @@
 // Command compare-kcp runs each control-plane fault on the full stack (CAPI's core, kubeadm bootstrap
-// and KubeadmControlPlane controllers and webhooks, kube-controller-manager, real etcd) twice: once
-// with CAPI's MachineHealthCheck and KCP remediating as upstream does, once with CAPR. It prints one
+// and KubeadmControlPlane controllers and webhooks, kube-controller-manager, real etcd) --runs times
+// per system: CAPI's MachineHealthCheck with KCP remediating as upstream does, and CAPR. It prints one
 // table per scenario: completed or stalled, minimum etcd failure margin (running voting members minus
 // quorum), seconds at margin 0 or below, time from the fault to the mark, to a healthy replacement
-// and to full voting strength, Machines created, fenced before delete.
+// and to full voting strength, Machines created, fenced before delete; with more than one run, the
+// median and the range (min–max) of each time. It writes the tables, the machine, the commit and the
+// date to a results file (--results), and with --docs rewrites the generated section of a document.
 package main
 
 import (
@@ -12,155 +14,110 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
-// scenario is one fault.
-type scenario struct {
-	name         string
-	controlPlane int32
-	// externalEtcd runs the cluster with external etcd (sandbox.ClusterSpec.ExternalEtcd): "full
-	// strength" is then every control-plane Machine serving (KCP's pod conditions), the victims gone.
-	externalEtcd bool
-	// topology builds the cluster from a ClusterClass (sandbox.ClusterSpec.Topology): CAPI's Cluster
-	// topology controller owns KCP's replicas.
-	topology bool
-	inject   func(ctx context.Context, r *run) ([]string, error)
-}
-
-var scenarios = []scenario{
-	{name: "node not Ready, member healthy", controlPlane: 3, inject: func(ctx context.Context, r *run) ([]string, error) {
-		m := r.initial[1]
-		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
-	}},
-	{name: "member dead", controlPlane: 3, inject: func(_ context.Context, r *run) ([]string, error) {
-		m := r.initial[0]
-		r.sb.KillEtcdMember(r.wc, m.Status.NodeRef.Name)
-		return []string{m.Name}, nil
-	}},
-	{name: "leader's kubelet dead, member alive", controlPlane: 3, inject: func(ctx context.Context, r *run) ([]string, error) {
-		state, err := r.sb.EtcdState(ctx, r.wc)
-		if err != nil {
-			return nil, err
-		}
-		leader := state.ByID(state.LeaderID)
-		if leader == nil {
-			return nil, errors.New("no etcd leader")
-		}
-		for _, m := range r.initial {
-			if m.Status.NodeRef.Name == leader.Name {
-				return []string{m.Name}, r.sb.StopKubelet(ctx, r.wc, leader.Name)
-			}
-		}
-		return nil, errors.New("no Machine for the leader")
-	}},
-	{name: "external etcd, node not Ready", controlPlane: 3, externalEtcd: true, inject: func(ctx context.Context, r *run) ([]string, error) {
-		m := r.initial[1]
-		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
-	}},
-	{name: "topology, node not Ready, member healthy", controlPlane: 3, topology: true, inject: func(ctx context.Context, r *run) ([]string, error) {
-		m := r.initial[1]
-		return []string{m.Name}, r.sb.StopHeartbeat(ctx, r.wc, m.Status.NodeRef.Name)
-	}},
-	{name: "topology, member dead", controlPlane: 3, topology: true, inject: func(_ context.Context, r *run) ([]string, error) {
-		m := r.initial[0]
-		r.sb.KillEtcdMember(r.wc, m.Status.NodeRef.Name)
-		return []string{m.Name}, nil
-	}},
-	{name: "two of five unhealthy", controlPlane: 5, inject: func(_ context.Context, r *run) ([]string, error) {
-		a, b := r.initial[0], r.initial[3]
-		r.sb.KillEtcdMember(r.wc, a.Status.NodeRef.Name)
-		r.sb.KillEtcdMember(r.wc, b.Status.NodeRef.Name)
-		return []string{a.Name, b.Name}, nil
-	}},
-}
-
-// system is who detects and remediates.
-type system string
-
-const (
-	systemKCP  system = "CAPI MHC + KCP"
-	systemCAPR system = "CAPR"
-)
-
-// run is one scenario under one system, and what was measured.
-type run struct {
-	sb      *sandbox.Sandbox
-	wc      *sandbox.WorkloadCluster
-	initial []clusterv1.Machine
-	system  system
-	n       int
-
-	fault        time.Time
-	victims      []string
-	marked       map[string]time.Time
-	seen         map[string]bool
-	replacement  time.Time
-	fullStrength time.Time
-	minMargin    int
-	atMostZero   time.Duration
-	fenced       string
-	// waiting is what CAPR's requests say while a run has not reached full voting strength.
-	waiting string
+// options are the command's flags.
+type options struct {
+	only    string
+	timeout time.Duration
+	runs    int
+	results string
+	docs    string
 }
 
 func main() {
 	os.Exit(compare())
 }
 
-func compare() int {
-	only := flag.String("scenario", "", "Run only the scenarios whose names contain one of these comma-separated words.")
-	timeout := flag.Duration("timeout", 6*time.Minute, "Give up on a run (stalled) after this long.")
+func parseFlags() (options, error) {
+	var o options
+	flag.StringVar(&o.only, "scenario", "", "Run only the scenarios whose names contain one of these comma-separated words.")
+	flag.DurationVar(&o.timeout, "timeout", 6*time.Minute, "Give up on a run (stalled) after this long.")
+	flag.IntVar(&o.runs, "runs", 3, "Runs of each scenario per system; tables show the median and the range (min–max).")
+	flag.StringVar(&o.results, "results", "test/bench/results", "Directory to write the results file to (<date>-<cores>cpu-<commit>-compare-kcp.md); empty: none.")
+	flag.StringVar(&o.docs, "docs", "", "Markdown file whose generated compare-kcp section (between "+summaryBegin+"…"+" and "+summaryEnd+") is rewritten with this run's tables; needs --results.")
 	flag.Parse()
+	switch {
+	case o.runs < 1:
+		return o, fmt.Errorf("--runs must be at least 1, got %d", o.runs)
+	case o.docs != "" && o.results == "":
+		return o, errors.New("--docs needs --results: the document links the results file")
+	}
+	return o, nil
+}
+
+func compare() int {
+	o, err := parseFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	ctrl.SetLogger(logr.Discard())
 	ctx := context.Background()
+	env := describeEnvironment(o)
 	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true, Topology: true}})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the full stack: %v\n", err)
 		return 1
 	}
 	defer sb.Stop()
-	fmt.Printf("compare-kcp, %s, %d cores; CAPI v1.14.2 (KCP, CABPK, core), kube-apiserver and kube-controller-manager v1.36.3, etcd v3.6.14\n\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
+	fmt.Println(env.headline() + "\n")
+	var outcomes []scenarioOutcome
 	failed := false
 	for i, sc := range scenarios {
-		if !selected(sc.name, *only) {
+		if !selected(sc.name, o.only) {
 			continue
 		}
-		var runs []*run
-		for j, sys := range []system{systemKCP, systemCAPR} {
-			r, err := runOnce(ctx, sb, sc, sys, fmt.Sprintf("cmp-%d-%d", i, j), *timeout)
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "%s / %s: %v\n", sc.name, sys, err)
-				failed = true
-				continue
-			}
-			runs = append(runs, r)
-		}
-		printTable(sc, runs)
+		out := runScenario(ctx, sb, sc, i, o)
+		failed = failed || out.errors > 0
+		fmt.Print(out.table())
+		outcomes = append(outcomes, out)
+	}
+	if err := publish(env, o, outcomes); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	if failed {
 		return 1
 	}
 	return 0
+}
+
+// scenarioOutcome is every run of one scenario, by system (in the order of systems).
+type scenarioOutcome struct {
+	sc     scenario
+	runs   [][]*run
+	errors int
+}
+
+// runScenario runs a scenario o.runs times per system, the systems alternating (KCP, CAPR, KCP, ...)
+// so that a change in the machine's load over the campaign falls on both alike.
+func runScenario(ctx context.Context, sb *sandbox.Sandbox, sc scenario, i int, o options) scenarioOutcome {
+	out := scenarioOutcome{sc: sc, runs: make([][]*run, len(systems))}
+	for k := range o.runs {
+		for j, sys := range systems {
+			ns := fmt.Sprintf("cmp-%d-%d", i, j)
+			if o.runs > 1 {
+				ns = fmt.Sprintf("cmp-%d-%d-%d", i, j, k)
+			}
+			r, err := runOnce(ctx, sb, sc, sys, ns, o.timeout)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "%s / %s, run %d: %v\n", sc.name, sys, k+1, err)
+				out.errors++
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "%s / %s, run %d of %d: %s\n", sc.name, sys, k+1, o.runs, r.brief())
+			out.runs[j] = append(out.runs[j], r)
+		}
+	}
+	return out
 }
 
 func selected(name, only string) bool {
@@ -173,293 +130,4 @@ func selected(name, only string) bool {
 		}
 	}
 	return false
-}
-
-func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, ns string, timeout time.Duration) (*run, error) {
-	if err := sb.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return nil, err
-	}
-	spec := sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: sc.controlPlane, ExternalEtcd: sc.externalEtcd}
-	if sc.topology {
-		spec.Topology = &sandbox.TopologySpec{}
-	}
-	wc, err := sb.CreateCluster(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	defer sb.DestroyCluster(ctx, wc)
-	initial, err := sb.ControlPlaneMachines(ctx, wc)
-	if err != nil {
-		return nil, err
-	}
-	r := &run{sb: sb, wc: wc, initial: initial, system: sys, n: int(sc.controlPlane), marked: map[string]time.Time{}, seen: map[string]bool{}}
-	for _, m := range initial {
-		r.seen[m.Name] = true
-	}
-	switch sys {
-	case systemCAPR:
-		if err := sb.Client.Create(ctx, sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)); err != nil {
-			return nil, err
-		}
-		capr, err := sb.StartCAPR(ctx, sandbox.CAPROptions{})
-		if err != nil {
-			return nil, err
-		}
-		defer capr.Stop()
-	case systemKCP:
-		if err := sb.Client.Create(ctx, capiControlPlaneHealthCheck(ns, wc.Name)); err != nil {
-			return nil, err
-		}
-	}
-	quorum := sb.WatchQuorum(ctx, wc)
-	r.fault = time.Now()
-	if r.victims, err = sc.inject(ctx, r); err != nil {
-		return nil, err
-	}
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(250 * time.Millisecond) // the sampling period
-	defer tick.Stop()
-	// Until full voting strength, or the deadline: a run that has not reached it is "stalled".
-sampling:
-	for r.fullStrength.IsZero() {
-		r.sample(ctx)
-		select {
-		case <-deadline.C:
-			break sampling
-		case <-tick.C:
-		}
-	}
-	_, _ = quorum.Stop()
-	r.minMargin, _, r.atMostZero = quorum.Margin()
-	r.fenced = r.fencing(ctx)
-	if r.fullStrength.IsZero() {
-		r.waiting = r.waitingReasons(ctx)
-	}
-	return r, nil
-}
-
-// requests are CAPR's MachineRemediations of the victims that exist.
-func (r *run) requests(ctx context.Context) []*caprv1.MachineRemediation {
-	var out []*caprv1.MachineRemediation
-	for _, v := range r.victims {
-		mr := &caprv1.MachineRemediation{}
-		if err := r.sb.Client.Get(ctx, client.ObjectKey{Namespace: r.wc.Namespace, Name: v}, mr); err == nil {
-			out = append(out, mr)
-		}
-	}
-	return out
-}
-
-// waitingReasons is the Progressing reason of each of CAPR's requests that has not succeeded, or for
-// KCP the OwnerRemediated condition (reason: message) of each victim that still exists.
-func (r *run) waitingReasons(ctx context.Context) string {
-	var out []string
-	if r.system == systemKCP {
-		for _, v := range r.victims {
-			m := &clusterv1.Machine{}
-			if err := r.sb.Client.Get(ctx, client.ObjectKey{Namespace: r.wc.Namespace, Name: v}, m); err != nil {
-				continue
-			}
-			if c := conditions.Get(m, clusterv1.MachineOwnerRemediatedCondition); c != nil {
-				out = append(out, fmt.Sprintf("%s %s: %s", clusterv1.MachineOwnerRemediatedCondition, c.Reason, c.Message))
-			}
-		}
-		return strings.Join(out, ", ")
-	}
-	for _, mr := range r.requests(ctx) {
-		if mr.Status.Phase != caprv1.MachineRemediationPhaseSucceeded {
-			out = append(out, fmt.Sprintf("%s (%s)", mr.Status.Phase, conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)))
-		}
-	}
-	sort.Strings(out)
-	return strings.Join(out, ", ")
-}
-
-// capiControlPlaneHealthCheck is CAPI's MachineHealthCheck for the control plane with the same
-// timeouts as CAPR's health check (a Node not Ready for 2 s; an etcd member unhealthy for 10 s) and no
-// remediation template: KCP remediates. CAPI v1.14 can check KCP's Machine conditions: EtcdMemberHealthy
-// (membership, learner, alarms: KCP does not ask whether the member answers) and EtcdPodHealthy (the
-// kubelet reports the crashed etcd container), the best a CAPI user can configure for a dead member.
-func capiControlPlaneHealthCheck(ns, cluster string) *clusterv1.MachineHealthCheck {
-	cond := func(status corev1.ConditionStatus) clusterv1.UnhealthyNodeCondition {
-		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(int32(2))}
-	}
-	etcd := func(condition string, status metav1.ConditionStatus) clusterv1.UnhealthyMachineCondition {
-		return clusterv1.UnhealthyMachineCondition{Type: condition, Status: status, TimeoutSeconds: ptr.To(int32(10))}
-	}
-	return &clusterv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cp"},
-		Spec: clusterv1.MachineHealthCheckSpec{
-			ClusterName: cluster,
-			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}},
-			Checks: clusterv1.MachineHealthCheckChecks{
-				UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{cond(corev1.ConditionUnknown), cond(corev1.ConditionFalse)},
-				UnhealthyMachineConditions: []clusterv1.UnhealthyMachineCondition{
-					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, metav1.ConditionFalse),
-					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition, metav1.ConditionUnknown),
-					etcd(controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition, metav1.ConditionFalse),
-				},
-			},
-		},
-	}
-}
-
-// sample records marks, new Machines, the first healthy replacement and full voting strength.
-func (r *run) sample(ctx context.Context) {
-	now := time.Now()
-	machines, err := r.sb.ControlPlaneMachines(ctx, r.wc)
-	if err != nil {
-		return
-	}
-	for i := range machines {
-		m := &machines[i]
-		r.seen[m.Name] = true
-		if _, ok := r.marked[m.Name]; !ok && r.isMarked(m) {
-			r.marked[m.Name] = now
-		}
-	}
-	if r.wc.ExternalEtcd {
-		r.sampleServing(now, machines)
-		return
-	}
-	state, err := r.sb.EtcdState(ctx, r.wc)
-	if err != nil {
-		return
-	}
-	if r.replacement.IsZero() {
-		for _, m := range machines {
-			if !r.isInitial(m.Name) && m.Status.NodeRef.IsDefined() {
-				if member := state.ByName(m.Status.NodeRef.Name); member != nil && member.Healthy && !member.IsLearner {
-					r.replacement = now
-				}
-			}
-		}
-	}
-	c := state.Counts()
-	whole := c.Voting == r.n && c.Healthy == r.n && c.Learners == 0 && len(machines) == r.n
-	for _, v := range r.victims {
-		for _, m := range machines {
-			if m.Name == v {
-				whole = false
-			}
-		}
-	}
-	for _, m := range machines {
-		if !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() || !r.sb.EtcdRunning(r.wc, m.Status.NodeRef.Name) {
-			whole = false
-		}
-	}
-	if whole {
-		r.fullStrength = now
-	}
-}
-
-// sampleServing is sample's second half with external etcd, where no Machine has a member: a
-// replacement is healthy when it serves the API (KCP's APIServerPodHealthy, ControllerManagerPodHealthy
-// and SchedulerPodHealthy), and the control plane is whole with N serving Machines, no victim among them.
-func (r *run) sampleServing(now time.Time, machines []clusterv1.Machine) {
-	whole := len(machines) == r.n
-	for i := range machines {
-		m := &machines[i]
-		serving := m.DeletionTimestamp.IsZero() && controlplane.KCP{}.ServesAPI(m) == ""
-		if serving && !r.isInitial(m.Name) && r.replacement.IsZero() {
-			r.replacement = now
-		}
-		if !serving || slices.Contains(r.victims, m.Name) {
-			whole = false
-		}
-	}
-	if whole {
-		r.fullStrength = now
-	}
-}
-
-func (r *run) isInitial(name string) bool {
-	for _, m := range r.initial {
-		if m.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-func (r *run) isMarked(m *clusterv1.Machine) bool {
-	if r.system == systemCAPR {
-		return conditions.IsFalse(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
-	}
-	return conditions.IsFalse(m, clusterv1.MachineHealthCheckSucceededCondition)
-}
-
-func (r *run) fencing(ctx context.Context) string {
-	if r.system == systemKCP {
-		return "no (KCP does not fence)"
-	}
-	var out []string
-	for _, mr := range r.requests(ctx) {
-		for _, s := range mr.Status.Steps {
-			if s.Name == caprv1.StepFence {
-				out = append(out, fmt.Sprintf("%s: %s", s.Outcome, s.Message))
-			}
-		}
-	}
-	if len(out) == 0 {
-		return "not reached"
-	}
-	sort.Strings(out)
-	return strings.Join(out, "; ")
-}
-
-func printTable(sc scenario, runs []*run) {
-	fmt.Printf("### %s (%d control-plane Machines)\n\n", sc.name, sc.controlPlane)
-	header := "| |"
-	sep := "|---|"
-	for _, r := range runs {
-		header += " " + string(r.system) + " |"
-		sep += "---|"
-	}
-	fmt.Println(header)
-	fmt.Println(sep)
-	row := func(label string, value func(r *run) string) {
-		line := "| " + label + " |"
-		for _, r := range runs {
-			line += " " + value(r) + " |"
-		}
-		fmt.Println(line)
-	}
-	secs := func(t time.Time, from time.Time) string {
-		if t.IsZero() {
-			return "—"
-		}
-		return fmt.Sprintf("%.1f s", t.Sub(from).Seconds())
-	}
-	row("outcome", func(r *run) string {
-		if r.fullStrength.IsZero() && r.waiting != "" {
-			return "**stalled**: " + r.waiting
-		}
-		if r.fullStrength.IsZero() {
-			return "**stalled**"
-		}
-		return "completed"
-	})
-	row("minimum failure margin", func(r *run) string { return fmt.Sprint(r.minMargin) })
-	row("seconds at margin ≤ 0", func(r *run) string { return fmt.Sprintf("%.1f", r.atMostZero.Seconds()) })
-	row("fault → mark", func(r *run) string {
-		var last time.Time
-		for _, v := range r.victims {
-			t, ok := r.marked[v]
-			if !ok {
-				return "not marked"
-			}
-			if t.After(last) {
-				last = t
-			}
-		}
-		return secs(last, r.fault)
-	})
-	row("fault → healthy replacement", func(r *run) string { return secs(r.replacement, r.fault) })
-	row("fault → full voting strength", func(r *run) string { return secs(r.fullStrength, r.fault) })
-	row("Machines created", func(r *run) string { return fmt.Sprint(len(r.seen) - len(r.initial)) })
-	row("fenced before delete", func(r *run) string { return r.fenced })
-	fmt.Println()
 }
