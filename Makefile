@@ -84,7 +84,7 @@ CHAOS_TESTS ?= ^TestChaos$$
 .PHONY: test
 test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd) and the fault suite.
 	TEST_CHAOS_RUNS=$(TEST_CHAOS_RUNS) TEST_CHAOS_SEED=$(TEST_CHAOS_SEED) TEST_CHAOS_PARALLEL=$(TEST_CHAOS_PARALLEL) \
-		hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+		TEST_FUZZTIME=$(TEST_FUZZTIME) hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: chaos
 chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
@@ -103,6 +103,9 @@ unit: ## Run the tests that need no binaries (every package not under test/, wit
 	go test $(UNIT_PACKAGES) -count=1 -timeout $(UNIT_TIMEOUT) $(GO_TEST_FLAGS)
 
 FUZZTIME ?= 30s
+# `make test` fuzzes every target for TEST_FUZZTIME (0: not at all), one worker each, after the unit
+# and envtest packages in the light lane (hack/test-levels.sh).
+TEST_FUZZTIME ?= 3s
 
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target (func FuzzXxx outside test/) for FUZZTIME each (default 30s), one after another; a crash's input lands in the package's testdata/fuzz.

@@ -9,16 +9,18 @@
 #          healthy etcd members could not be dialled within the sandbox's timeouts (issue 35).
 #   light: everything else, one package at a time: pure unit tests and envtest suites (test/integration,
 #          test/adversarial, and each package's own, behind the build tag envtest, which both lanes
-#          pass), then the packages that start one sandbox with a cluster or two (test/e2e,
-#          test/binary, test/sandbox, test/storage), then the fault suite (`make chaos` with TEST_CHAOS_RUNS runs
-#          from TEST_CHAOS_SEED, TEST_CHAOS_PARALLEL at a time, and the known seeds). Before the
-#          fault suite moved here the light lane idled for about 15 minutes while the heavy lane
-#          finished, and the fault suite ran alone after both (issue 31).
+#          pass), then every fuzz target fuzzing for TEST_FUZZTIME with one worker (hack/fuzz.sh, as
+#          `make fuzz` runs it; go test only replays the seeds; issue 30), then the packages that
+#          start one sandbox with a cluster or two (test/e2e, test/binary, test/sandbox,
+#          test/storage), then the fault suite (`make chaos` with TEST_CHAOS_RUNS runs from
+#          TEST_CHAOS_SEED, TEST_CHAOS_PARALLEL at a time, and the known seeds). Before the fault
+#          suite moved here the light lane idled for about 15 minutes while the heavy lane finished,
+#          and the fault suite ran alone after both (issue 31).
 #
-# Usage: [TEST_CHAOS_RUNS=n TEST_CHAOS_SEED=s TEST_CHAOS_PARALLEL=p] hack/test-levels.sh <timeout>
-# [go test flags...]; TEST_CHAOS_RUNS unset or 0 runs no fault suite. Prints each step's and each
-# lane's time at the end (also into the file TEST_LANES_SUMMARY names, if set, for .ci/run); exits
-# non-zero if any step failed.
+# Usage: [TEST_CHAOS_RUNS=n TEST_CHAOS_SEED=s TEST_CHAOS_PARALLEL=p TEST_FUZZTIME=t]
+# hack/test-levels.sh <timeout> [go test flags...]; TEST_CHAOS_RUNS unset or 0 runs no fault suite,
+# TEST_FUZZTIME unset or 0 no fuzzing. Prints each step's and each lane's time at the end (also into
+# the file TEST_LANES_SUMMARY names, if set, for .ci/run); exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -82,6 +84,11 @@ heavy_lane() {
 light_lane() {
 	local rc=0
 	step light "go test (unit, envtest)" gotest "${light[@]}" || rc=1
+	if [ "${TEST_FUZZTIME:-0}" != 0 ]; then
+		# make fuzz, briefly: a crash fails the step and leaves its input in the package's
+		# testdata/fuzz/, which go test replays from then on.
+		step light "fuzz (${TEST_FUZZTIME} per target)" env FUZZTIME="$TEST_FUZZTIME" FUZZPARALLEL=1 hack/fuzz.sh || rc=1
+	fi
 	step light "go test (single sandbox)" gotest "${single_sandbox[@]}" || rc=1
 	if [ "${TEST_CHAOS_RUNS:-0}" -gt 0 ]; then
 		# make chaos, as a person runs it; CHAOS_TESTS adds the known seeds (TestChaosKnownSeeds).

@@ -96,7 +96,7 @@ func (l *ControlPlaneLock) Marshal() (string, error) {
 // two spaces), one item per health check: "* <namespace>/<name> (<reason>): <message>", each further
 // line of the message on a line of its own after "  ". A health check's name has no space, and a
 // reason neither a space nor ')': the first " (" and the first "): " of an item separate its fields.
-// The message keeps its lines; a message ending with a newline loses that newline.
+// The message keeps its lines but not its trailing newlines.
 const (
 	markItemPrefix         = "* "
 	markContinuationPrefix = "  "
@@ -159,8 +159,12 @@ func (e MarkEntries) Marshal() (string, error) {
 			b.WriteByte('\n')
 		}
 		b.WriteString(markItemPrefix + entry.Checker + " (" + entry.Reason + ")")
-		if entry.Message != "" {
-			b.WriteString(": " + strings.ReplaceAll(strings.TrimSuffix(entry.Message, "\n"), "\n", "\n"+markContinuationPrefix))
+		// All trailing newlines go, not one: "m\n\n" written as "m\n  " would read back as "m\n"
+		// and be written as "m", so a health check rewriting another's entry would change its text
+		// and the two would rewrite the Machine's status in turn without end (found by
+		// FuzzMarkEntriesFromMessage).
+		if msg := strings.TrimRight(entry.Message, "\n"); msg != "" {
+			b.WriteString(": " + strings.ReplaceAll(msg, "\n", "\n"+markContinuationPrefix))
 		}
 	}
 	return b.String(), nil

@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -82,6 +83,90 @@ func FuzzControlPlaneLockFromAnnotation(f *testing.F) {
 	f.Fuzz(func(t *testing.T, value string) {
 		roundTrip(t, value, caprv1.ControlPlaneLockFromAnnotation, (*caprv1.ControlPlaneLock).Marshal,
 			func(a, b *caprv1.ControlPlaneLock) bool { return *a == *b })
+	})
+}
+
+// FuzzMarkEntriesFromMessage checks the codec of the mark's entries, the message of
+// MachineCAPRHealthCheckSucceededCondition at False, which anyone who may write a Machine's status
+// writes and which embeds the messages of Node conditions and of hand-written marks. It never panics,
+// and it models what a health check does with it (setMark): read the entries of the message, put its
+// own entry in (With) and write them (Marshal). What is written parses back to the same entries, each
+// message without its trailing newlines (the one thing the format does not keep), and writing those
+// again gives the same text: otherwise two health checks over one Machine would each find the other's
+// write different from their own and write the Machine's status without end.
+func FuzzMarkEntriesFromMessage(f *testing.F) {
+	for _, seed := range []struct{ message, checker, reason, entryMessage string }{
+		{"* ns/a (UnhealthyNode): Node n is not ready", "ns/b", "UnhealthyNode", "Condition DiskPressure on Node is reporting status True"},
+		{"* ns/a (ManualRequest): first\n  * ns/b (X): not an item\n    indented\n* ns/b (UnhealthyMachine): x (y): z", "ns/a", "NodeDeleted", ""},
+		{"* ns/a (NodeDeleted)", "ns/a", "ManualRequest", "disk is failing\n\n"},
+		{"* ns/a (ManualRequest): disk is failing\n  ", "ns/b", "ManualRequest", "disk is failing\n\n"},
+		{"* ns/a (ManualRequest)\n  ", "ns/b", "ManualRequest", "\n"},
+		{"* ns/a (UnhealthyNode): ): ( ) a (b): c", "ns/c", "EtcdMemberUnhealthy", "  * ns/a (X)\n* ns/d (Y): z"},
+		{"Condition Ready on Node is reporting status False", "ns/a", "UnhealthyNode", "x"},
+		{"* ns/a (A): x\n* ns/a (B): y", "ns/a", "A", "x"},
+		{"", "", "", ""}, {"* (R)", "ns/a b", "R)", "m"},
+	} {
+		f.Add(seed.message, seed.checker, seed.reason, seed.entryMessage)
+	}
+	f.Fuzz(func(t *testing.T, message, checker, reason, entryMessage string) {
+		entries, err := caprv1.MarkEntriesFromMessage(message)
+		if err != nil {
+			entries = nil // an unparsed mark is replaced (setMark)
+		} else if len(entries) == 0 {
+			t.Fatalf("%q parsed to no entry", message)
+		}
+		entry := caprv1.MarkEntry{Checker: checker, Reason: reason, Message: entryMessage}
+		written := entries.With(entry)
+		out, err := written.Marshal()
+		if err != nil {
+			// The parsed entries are valid: only the new one may be refused.
+			if _, alone := (caprv1.MarkEntries{entry}).Marshal(); alone == nil {
+				t.Fatalf("%q parsed as %#v, which does not marshal with the valid entry %#v: %v", message, entries, entry, err)
+			}
+			return
+		}
+		back, err := caprv1.MarkEntriesFromMessage(out)
+		if err != nil {
+			t.Fatalf("%#v marshalled as %q, which does not parse: %v", written, out, err)
+		}
+		if len(back) != len(written) {
+			t.Fatalf("%#v marshalled as %q, parsed back as %#v", written, out, back)
+		}
+		for i := range back {
+			want := written[i]
+			want.Message = strings.TrimRight(want.Message, "\n")
+			if back[i] != want {
+				t.Fatalf("%#v marshalled as %q, parsed back as %#v: entry %d is %#v, want %#v", written, out, back, i, back[i], want)
+			}
+		}
+		if out2, err := back.Marshal(); err != nil || out2 != out {
+			t.Fatalf("%#v marshalled as %q; parsed back and marshalled again as %q (%v)", written, out, out2, err)
+		}
+	})
+}
+
+// FuzzEtcdLearnerJoinsFromAnnotation checks the codec of EtcdLearnerJoinsAnnotation, which anyone
+// who may annotate the control-plane object writes: it never panics, accepts exactly the text
+// strconv.FormatBool writes (the oracle) and reads it as strconv.ParseBool does, and any other text
+// is an error naming the annotation (taken as voting joins, the stricter model).
+func FuzzEtcdLearnerJoinsFromAnnotation(f *testing.F) {
+	for _, seed := range []string{"true", "false", "True", "TRUE", "1", "t", "yes", " true", "true\n", "", `"true"`} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		learners, err := caprv1.EtcdLearnerJoinsFromAnnotation(value)
+		oracle, oerr := strconv.ParseBool(value)
+		canonical := oerr == nil && strconv.FormatBool(oracle) == value
+		switch {
+		case err != nil && canonical:
+			t.Fatalf("%q refused: %v", value, err)
+		case err != nil && !strings.Contains(err.Error(), caprv1.EtcdLearnerJoinsAnnotation):
+			t.Fatalf("%q: error %q does not name the annotation", value, err)
+		case err == nil && !canonical:
+			t.Fatalf("%q accepted as %v", value, learners)
+		case err == nil && learners != oracle:
+			t.Fatalf("%q read as %v", value, learners)
+		}
 	})
 }
 

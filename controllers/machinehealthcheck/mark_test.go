@@ -138,6 +138,30 @@ func TestOverlappingMarks(t *testing.T) {
 	}
 }
 
+// TestOverlappingMarksSettle: two health checks over one Machine that a person marked by hand (an
+// UnhealthyAnnotation that is not JSON: its text is the entry's message, foreignMark) write the
+// Machine once each, and from then on neither changes anything, also when the message ends with
+// newlines (a YAML block scalar "|+"). Each writes its entry into the entries the other wrote, so
+// text that does not read back as it was written would be rewritten by each in turn without end; it
+// did when the mark's message kept one trailing newline of several (FuzzMarkEntriesFromMessage).
+func TestOverlappingMarksSettle(t *testing.T) {
+	for _, message := range []string{"disk is failing", "disk is failing\n", "disk is failing\n\n", "\n", "two\nlines\n\n\n"} {
+		g := NewWithT(t)
+		m := machine()
+		ev := evaluation{verdict: verdictUnhealthy, reason: caprv1.MachineCAPRHealthCheckManualRequestReason, message: message}
+		for round := range 4 {
+			for _, checker := range []string{"ns/a", "ns/b"} {
+				change, err := applyMark(m, ev, checker)
+				g.Expect(err).NotTo(HaveOccurred())
+				if round > 0 {
+					g.Expect(change).To(Equal(markUnchanged), "message %q, round %d, %s rewrote the mark: %q", message, round, checker,
+						conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition).Message)
+				}
+			}
+		}
+	}
+}
+
 // TestUnmark: a health check being deleted removes its entry only; the condition goes with the
 // last entry, and an unparsed mark only from the Machines the health check selects.
 func TestUnmark(t *testing.T) {
