@@ -730,39 +730,44 @@ func TestTemplateRefToMachineRemediationTemplate(t *testing.T) {
 	}, eventually, poll).Should(Succeed())
 }
 
-// TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated: the templateRef names a template that
-// does not exist and an escalation step one of a kind that does not exist; the health check says so at
-// once, naming the fields, with a Warning event, and turns True once both problems are gone. (An
+// TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated: an escalation step names a kind that
+// does not exist, then the templateRef a template that does not exist; the health check says so at
+// once, naming the field, with a Warning event, and turns True once the template exists. (An
 // escalation step may not name a MachineRemediationTemplate: admission refuses it, the object would be
-// the request itself.)
+// the request itself; and templateRef and escalation are mutually exclusive.)
 func TestMissingTemplatesAreReportedWhenTheHealthCheckIsCreated(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
 	f.machine(g, "m")
 	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
-		mhc.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "reboot"}
 		mhc.Spec.Remediation.Escalation = []caprv1.EscalationStep{
 			{TemplateRef: caprv1.TemplateReference{APIVersion: "power.example.com/v1", Kind: "PowerCycleTemplate", Name: "cycle"}, TimeoutSeconds: 60},
 		}
 	})
-	g.Eventually(func(g Gomega) {
-		c := conditions.Get(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
-		g.Expect(c).NotTo(BeNil())
-		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-		g.Expect(c.Reason).To(Equal(caprv1.MachineHealthCheckRemediationTemplateNotFoundReason))
-		g.Expect(c.Message).To(ContainSubstring("spec.remediation.templateRef: MachineRemediationTemplate " + f.ns + "/reboot not found"))
-		g.Expect(c.Message).To(ContainSubstring("spec.remediation.escalation[0].templateRef: PowerCycleTemplate " + f.ns + "/cycle not found"))
-		g.Expect(notesOf(g, f.ns, caprv1.MachineHealthCheckRemediationTemplateNotFoundReason)).NotTo(BeEmpty())
-	}, eventually, poll).Should(Succeed())
+	expectNotFound := func(field string) {
+		g.Eventually(func(g Gomega) {
+			c := conditions.Get(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(caprv1.MachineHealthCheckRemediationTemplateNotFoundReason))
+			g.Expect(c.Message).To(ContainSubstring(field))
+			g.Expect(notesOf(g, f.ns, caprv1.MachineHealthCheckRemediationTemplateNotFoundReason)).NotTo(BeEmpty())
+		}, eventually, poll).Should(Succeed())
+	}
+	expectNotFound("spec.remediation.escalation[0].templateRef: PowerCycleTemplate " + f.ns + "/cycle not found")
 
-	// The template appears; the escalation step is dropped from the spec.
-	g.Expect(k8sClient.Create(ctx, &caprv1.MachineRemediationTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "reboot"}})).To(Succeed())
+	// The escalation goes; the templateRef names a template that does not exist yet.
 	g.Eventually(func(g Gomega) { // the health checker writes the object too: retry on conflicts
 		mhc := getHealthCheck(g, f.ns)
 		mhc.Spec.Remediation.Escalation = nil
+		mhc.Spec.Remediation.TemplateRef = &caprv1.TemplateReference{APIVersion: caprv1.GroupVersion.String(), Kind: "MachineRemediationTemplate", Name: "reboot"}
 		g.Expect(k8sClient.Update(ctx, mhc)).To(Succeed())
 	}, eventually, poll).Should(Succeed())
+	expectNotFound("spec.remediation.templateRef: MachineRemediationTemplate " + f.ns + "/reboot not found")
+
+	// The template appears.
+	g.Expect(k8sClient.Create(ctx, &caprv1.MachineRemediationTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "reboot"}})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(conditions.IsTrue(getHealthCheck(g, f.ns), caprv1.MachineHealthCheckRemediationTemplatesValidCondition)).To(BeTrue())
 	}, eventually, poll).Should(Succeed())
