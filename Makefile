@@ -103,8 +103,8 @@ unit: ## Run the tests that need no binaries (every package not under test/, wit
 	go test $(UNIT_PACKAGES) -count=1 -timeout $(UNIT_TIMEOUT) $(GO_TEST_FLAGS)
 
 FUZZTIME ?= 30s
-# `make test` fuzzes every target for TEST_FUZZTIME (0: not at all), one worker each, after the unit
-# and envtest packages in the light lane (hack/test-levels.sh).
+# `make test` fuzzes every target for TEST_FUZZTIME (0: not at all), one worker each, at the end of
+# the heavy lane (hack/test-levels.sh).
 TEST_FUZZTIME ?= 3s
 
 .PHONY: fuzz

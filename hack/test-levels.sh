@@ -6,12 +6,12 @@
 #   heavy: the two packages that run many workload clusters one after another (etcd member
 #          processes, kubelet stand-ins) or the full stack (CAPI's core, KCP, kube-controller-manager):
 #          test/kubeadm, then test/scenarios. Side by side they loaded this 2-core machine until
-#          healthy etcd members could not be dialled within the sandbox's timeouts (issue 35).
+#          healthy etcd members could not be dialled within the sandbox's timeouts (issue 35). Then
+#          every fuzz target fuzzing for TEST_FUZZTIME with one worker (hack/fuzz.sh, as `make fuzz`
+#          runs it; go test only replays the seeds; issue 30).
 #   light: everything else, one package at a time: pure unit tests and envtest suites (test/integration,
 #          test/adversarial, and each package's own, behind the build tag envtest, which both lanes
-#          pass), then every fuzz target fuzzing for TEST_FUZZTIME with one worker (hack/fuzz.sh, as
-#          `make fuzz` runs it; go test only replays the seeds; issue 30), then the packages that
-#          start one sandbox with a cluster or two (test/e2e, test/binary, test/sandbox,
+#          pass), then the packages that start one sandbox with a cluster or two (test/e2e, test/binary, test/sandbox,
 #          test/storage), then the fault suite (`make chaos` with TEST_CHAOS_RUNS runs from
 #          TEST_CHAOS_SEED, TEST_CHAOS_PARALLEL at a time, and the known seeds). Before the fault
 #          suite moved here the light lane idled for about 15 minutes while the heavy lane finished,
@@ -78,17 +78,21 @@ gotest() { go test -tags envtest "$@" -p 1 -count=1 -timeout "$timeout" "${go_fl
 heavy_lane() {
 	local skip
 	skip="^($(IFS='|'; echo "${heavy_elsewhere[*]}"))\$"
-	step heavy "go test (full stack, sandbox)" gotest "${heavy[@]}" -skip "$skip"
+	local rc=0
+	step heavy "go test (full stack, sandbox)" gotest "${heavy[@]}" -skip "$skip" || rc=1
+	if [ "${TEST_FUZZTIME:-0}" != 0 ]; then
+		# make fuzz, briefly: a crash fails the step and leaves its input in the package's
+		# testdata/fuzz/, which go test replays from then on. Here, not in the light lane: the
+		# heavy lane ends about ten minutes before the light one, and the step is mostly the
+		# instrumented builds and links (688 s in the light lane on a fresh clone, 2026-11-28).
+		step heavy "fuzz (${TEST_FUZZTIME} per target)" env FUZZTIME="$TEST_FUZZTIME" FUZZPARALLEL=1 hack/fuzz.sh || rc=1
+	fi
+	return "$rc"
 }
 
 light_lane() {
 	local rc=0
 	step light "go test (unit, envtest)" gotest "${light[@]}" || rc=1
-	if [ "${TEST_FUZZTIME:-0}" != 0 ]; then
-		# make fuzz, briefly: a crash fails the step and leaves its input in the package's
-		# testdata/fuzz/, which go test replays from then on.
-		step light "fuzz (${TEST_FUZZTIME} per target)" env FUZZTIME="$TEST_FUZZTIME" FUZZPARALLEL=1 hack/fuzz.sh || rc=1
-	fi
 	step light "go test (single sandbox)" gotest "${single_sandbox[@]}" || rc=1
 	if [ "${TEST_CHAOS_RUNS:-0}" -gt 0 ]; then
 		# make chaos, as a person runs it; CHAOS_TESTS adds the known seeds (TestChaosKnownSeeds).
