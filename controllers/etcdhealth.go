@@ -44,7 +44,7 @@ func (e *etcdMemberSource) MemberHealth(ctx context.Context, cluster *clusterv1.
 	keep := nodes
 	for _, m := range state.Members {
 		if m.Name != "" {
-			out[m.Name] = machinehealthcheck.EtcdMemberHealth{Healthy: m.Healthy, Problem: m.Problem}
+			out[m.Name] = machinehealthcheck.EtcdMemberHealth{Healthy: m.Healthy, Votes: m.Up(), Problem: m.Problem}
 			keep = append(keep, m.Name)
 		}
 	}

@@ -30,10 +30,21 @@ type MemberStatus struct {
 	Alarms []string
 	// Healthy is true for a reachable, unalarmed member that knows a leader.
 	Healthy bool
+	// Votes is true for a voting member that runs and follows a leader: a healthy one, or one whose
+	// only problem is an alarm. etcd applies an alarm to requests (NOSPACE refuses writes, CORRUPT
+	// everything; server/etcdserver/apply), not to raft: the alarmed member still votes, so the quorum
+	// math counts it (Counts.Healthy, through Up) while the health check still reports its Problem.
+	Votes bool
 	// Problem says why the member is not healthy ("" when healthy).
 	Problem string
 	// Note says how a healthy member that could not be reached is known to be alive ("" otherwise).
 	Note string
+}
+
+// Up reports whether the member is a voter that runs and follows a leader (Healthy or Votes): the
+// members the quorum math counts as healthy (Counts.Healthy, quorum.Victim.Healthy).
+func (m *MemberStatus) Up() bool {
+	return !m.IsLearner && (m.Healthy || m.Votes)
 }
 
 // State is a fresh view of an etcd cluster: the member list plus each member's status.
@@ -79,7 +90,7 @@ func (s *State) Counts() Counts {
 			c.Learners++
 		default:
 			c.Voting++
-			if m.Healthy {
+			if m.Up() {
 				c.Healthy++
 			}
 			if unreachable(m) {
@@ -133,7 +144,10 @@ func (s *State) Table() string {
 			role = "LEADER"
 		}
 		health := "healthy"
-		if !m.Healthy {
+		switch {
+		case !m.Healthy && m.Up():
+			health = "ALARMED"
+		case !m.Healthy:
 			health = "DOWN"
 		}
 		fmt.Fprintf(&b, "%-28s %-17x %-8s %-8s %s\n", orDefault(m.Name, "(unstarted)"), m.ID, role, health, orDefault(m.Problem, m.Note))
@@ -382,7 +396,7 @@ func markLeaderAlive(state *State, leaders []uint64) {
 	if followers == 0 {
 		return
 	}
-	leader.Healthy, leader.Problem = true, ""
+	leader.Healthy, leader.Votes, leader.Problem = true, true, ""
 	leader.Note = fmt.Sprintf("unreachable through its node, but alive: it leads (%d reachable member(s) follow it, a linearizable read just passed through it)", followers)
 }
 
@@ -411,12 +425,13 @@ func (c *Cluster) probe(ctx context.Context, d *dials, m *MemberStatus) uint64 {
 	switch {
 	case len(m.Alarms) > 0:
 		m.Problem = "alarmed (" + strings.Join(m.Alarms, ",") + ")"
+		m.Votes = st.Leader != 0 && !m.IsLearner
 	case st.Leader == 0:
 		m.Problem = "has no leader"
 	case m.IsLearner:
 		m.Problem = "a learner"
 	default:
-		m.Healthy = true
+		m.Healthy, m.Votes = true, true
 	}
 	return st.Leader
 }

@@ -81,6 +81,10 @@ type EtcdMemberSource interface {
 // EtcdMemberHealth is the health of one etcd member, as seen now.
 type EtcdMemberHealth struct {
 	Healthy bool
+	// Votes is true when the member runs and follows a leader although it is not Healthy: its only
+	// problem is an etcd alarm, which stops requests, not its vote (etcdutil.MemberStatus.Votes). It
+	// is still reported by the etcd member check, and counted as up by quorumOf.
+	Votes bool
 	// Problem says what is wrong, e.g. "unreachable", "missing", "alarmed (NOSPACE)", "a learner".
 	// "has no leader" and "a learner" also decide the etcd quorum (quorumOf).
 	Problem string

@@ -270,8 +270,9 @@ const (
 type etcdQuorum struct {
 	// known is false when etcd was not read.
 	known bool
-	// counts are the voting members and, as Healthy, those that are up: healthy, or whose only
-	// problem is that there is no leader (during an election every member has none).
+	// counts are the voting members and, as Healthy, those that are up: healthy, alarmed (an alarmed
+	// member votes: EtcdMemberHealth.Votes), or whose only problem is that there is no leader (during
+	// an election every member has none).
 	counts quorum.Counts
 	// dead are the voting members that are not up, by Node.
 	dead []string
@@ -290,7 +291,7 @@ func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 			continue
 		}
 		q.counts.Voting++
-		if h.Healthy || h.Problem == etcdProblemNoLeader {
+		if h.Healthy || h.Votes || h.Problem == etcdProblemNoLeader {
 			q.counts.Healthy++
 		} else {
 			q.dead = append(q.dead, node)

@@ -18,6 +18,8 @@ func TestQuorumOf(t *testing.T) {
 	dead := EtcdMemberHealth{Problem: "unreachable"}
 	leaderless := EtcdMemberHealth{Problem: etcdProblemNoLeader}
 	learner := EtcdMemberHealth{Problem: etcdProblemLearner}
+	alarmed := EtcdMemberHealth{Problem: "alarmed (NOSPACE)", Votes: true}
+	alarmedNoLeader := EtcdMemberHealth{Problem: "alarmed (NOSPACE)"}
 	tests := []struct {
 		name   string
 		health map[string]EtcdMemberHealth
@@ -33,6 +35,10 @@ func TestQuorumOf(t *testing.T) {
 			dead: []string{"d", "e"}},
 		{name: "no members: not known to be lost", health: map[string]EtcdMemberHealth{}},
 		{name: "an election: every member up without a leader", health: map[string]EtcdMemberHealth{"a": leaderless, "b": leaderless, "c": leaderless}},
+		// An alarm stops requests, not raft: the alarmed member and one healthy member are a quorum.
+		{name: "an alarmed member that follows a leader votes", health: map[string]EtcdMemberHealth{"a": healthy, "b": alarmed, "c": dead}, dead: []string{"c"}},
+		{name: "an alarmed member without a leader is not up", lost: true,
+			health: map[string]EtcdMemberHealth{"a": healthy, "b": alarmedNoLeader, "c": dead}, dead: []string{"b", "c"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

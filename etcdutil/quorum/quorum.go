@@ -10,8 +10,10 @@ package quorum
 type Counts struct {
 	// Voting is V, the number of voting members (learners excluded).
 	Voting int
-	// Healthy is H, the number of voting members seen healthy. A member that could not be reached is
-	// not counted: for every safety check an unreachable member counts as unhealthy.
+	// Healthy is H, the number of voting members seen healthy: running and following a leader, an
+	// alarmed member included (an etcd alarm stops requests, not its vote; etcdutil.MemberStatus.Up).
+	// A member that could not be reached is not counted: for every safety check an unreachable member
+	// counts as unhealthy.
 	Healthy int
 	// Learners is L, the number of learners (members that do not vote yet).
 	Learners int

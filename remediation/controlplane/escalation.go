@@ -59,7 +59,7 @@ func (r *Reconciler) takeDownGate(s *scope) escalation.Gate {
 		}
 		victim := etcdutil.Victim{}
 		if m := state.ByName(s.victimNode()); m != nil {
-			victim = etcdutil.Victim{Healthy: m.Healthy && !m.IsLearner, Learner: m.IsLearner}
+			victim = etcdutil.Victim{Healthy: m.Up(), Learner: m.IsLearner}
 		}
 		if c := state.Counts(); !etcdutil.CanTakeDown(c, victim) {
 			return caprv1.MachineRemediationNotQuorumSafeReason, fmt.Sprintf(

@@ -86,10 +86,10 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	}
 	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
 	c := state.Counts()
-	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Healthy, Learner: victim.IsLearner}) {
+	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Up(), Learner: victim.IsLearner}) {
 		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf(
 			"removing the member now is not quorum-safe (%d/%d voting members healthy, %d learners, victim %s)",
-			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Healthy])}, notQuorumSafe: true}, nil
+			c.Healthy, c.Voting, c.Learners, map[bool]string{true: "healthy", false: "unhealthy"}[victim.Up()])}, notQuorumSafe: true}, nil
 	}
 	var via []string
 	for _, m := range state.Members {

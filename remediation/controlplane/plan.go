@@ -70,9 +70,11 @@ func StepFinished(rec *caprv1.RemediationStep) bool {
 type VictimMember int
 
 const (
-	// VictimHealthy is a healthy voting member (e.g. only the kubelet or the node is broken).
+	// VictimHealthy is a voting member that runs and follows a leader (etcdutil.MemberStatus.Up): only
+	// the kubelet or the node is broken, or the member carries an etcd alarm (NOSPACE, CORRUPT), which
+	// stops requests but not its vote (OrderInput.VictimProblem says which).
 	VictimHealthy VictimMember = iota
-	// VictimUnhealthy is a voting member that is down, unreachable or alarmed.
+	// VictimUnhealthy is a voting member that is down, unreachable or has no leader.
 	VictimUnhealthy
 	// VictimMissing means the member is not in the member list.
 	VictimMissing
@@ -94,6 +96,9 @@ type OrderInput struct {
 	// for the messages; optional.
 	Unreachable []string
 	Victim      VictimMember
+	// VictimProblem is what is wrong with a VictimHealthy member although it votes (its alarms, e.g.
+	// "alarmed (NOSPACE)"), for the messages; "" when it is healthy.
+	VictimProblem string
 	// AddsLearners is true when the control-plane provider joins new members as learners.
 	AddsLearners bool
 	// LearnerJoinsProblem says why the control-plane object's EtcdLearnerJoinsAnnotation was not
@@ -202,12 +207,12 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		// An even number of voters loses no margin with one healthy voter fewer, and learners joining
 		// add none while they catch up: where the surge would create two Machines, removing first is
 		// as safe and cheaper.
-		return removeFirst(fmt.Sprintf("the victim's etcd member is healthy, but removing it first keeps the failure margin (%d/%d healthy after, adding %s) and the surge would create %d Machines",
-			after.Healthy, after.Voting, how, machines), machines)
+		return removeFirst(fmt.Sprintf("the victim's etcd member %s, but removing it first keeps the failure margin (%d/%d healthy after, adding %s) and the surge would create %d Machines",
+			in.victimVotes(), after.Healthy, after.Voting, how, machines), machines)
 	case in.Victim == VictimHealthy && upFirstWhy == "":
 		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
-			"the victim's etcd member is healthy: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)%s",
-			c.Healthy, c.Voting, how, machinesNote(machines))}
+			"the victim's etcd member %s: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)%s",
+			in.victimVotes(), c.Healthy, c.Voting, how, machinesNote(machines))}
 	case in.Victim != VictimHealthy && in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst && removeFirstWhy == "":
 		why := fmt.Sprintf("the victim's etcd member is %s, so removing it first costs no failure margin (%d/%d healthy after)", in.Victim, after.Healthy, after.Voting)
 		if upFirstWhy != "" {
@@ -226,6 +231,15 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		return *wait
 	}
 	return removeFirst(fmt.Sprintf("the victim's etcd member is %s and %s: it is removed first (%d/%d healthy after)", in.Victim, upFirstWhy, after.Healthy, after.Voting), machines)
+}
+
+// victimVotes says how the VictimHealthy member of in stands: healthy, or voting although it is
+// alarmed (a NOSPACE member is kept until its replacement votes, as a member under a dead kubelet is).
+func (in OrderInput) victimVotes() string {
+	if in.VictimProblem == "" {
+		return "is healthy"
+	}
+	return "is " + in.VictimProblem + " but still votes (an etcd alarm stops requests, not raft)"
 }
 
 // orderValue is what an order keeps and costs, from the counts (a member not counted healthy taken
@@ -370,8 +384,8 @@ func marginWait(in OrderInput, notFirst string) *OrderDecision {
 	}
 	after := countsAfterRemoval(in.Counts, in.Victim)
 	return &OrderDecision{WaitReason: caprv1.MachineRemediationWouldLoseFailureMarginReason, WaitMessage: fmt.Sprintf(
-		"waiting: %s, and the victim's etcd member is healthy, so removing it first would leave %d of %d voting members healthy, with no failure margin (the next failure would lose quorum); set spec.controlPlane.order to RemoveMemberFirst on this MachineRemediation to accept that",
-		notFirst, after.Healthy, after.Voting)}
+		"waiting: %s, and the victim's etcd member %s, so removing it first would leave %d of %d voting members healthy, with no failure margin (the next failure would lose quorum); set spec.controlPlane.order to RemoveMemberFirst on this MachineRemediation to accept that",
+		notFirst, in.victimVotes(), after.Healthy, after.Voting)}
 }
 
 // quorumWait says why nothing may be decided on the counts: quorum lost, or not known. etcd answering a

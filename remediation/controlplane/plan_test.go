@@ -11,8 +11,35 @@ import (
 	"k8s.io/utils/ptr"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/etcdutil/quorum"
 )
+
+// TestAlarmedVictimIsKeptUntilItsReplacementVotes: a member carrying etcd's NOSPACE alarm still follows
+// the leader and votes (an alarm stops requests, not raft), so it counts in the quorum and its Machine
+// is replaced scale-up-first, as a member under a dead kubelet is: removing it first would leave 2 of 2
+// voting members, margin 0, until the replacement votes (compare-kcp's "etcd member degraded" row).
+// The state is what Inspect reports for such a member (TestInspectAlarmedMember, real etcd).
+func TestAlarmedVictimIsKeptUntilItsReplacementVotes(t *testing.T) {
+	g := NewWithT(t)
+	state := &etcdutil.State{QuorumProven: true, LeaderID: 1, Members: []etcdutil.MemberStatus{
+		{ID: 1, Name: "a", Reachable: true, Healthy: true, Votes: true},
+		{ID: 2, Name: "b", Reachable: true, Healthy: true, Votes: true},
+		{ID: 3, Name: "c", Reachable: true, Votes: true, Alarms: []string{"NOSPACE"}, Problem: "alarmed (NOSPACE)"},
+	}}
+	g.Expect(victimMember(state, "c")).To(Equal(VictimHealthy))
+	in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: state.Counts(), Victim: victimMember(state, "c"),
+		VictimProblem: state.ByName("c").Problem}
+	g.Expect(in.Counts.Healthy).To(Equal(3))
+	d := ChooseOrder(in)
+	g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), d.WaitMessage)
+	g.Expect(d.Reason).To(ContainSubstring("alarmed (NOSPACE) but still votes"))
+
+	// Without a leader the alarmed member is not up: it is removed first.
+	state.Members[2].Votes = false
+	g.Expect(victimMember(state, "c")).To(Equal(VictimUnhealthy))
+	g.Expect(state.Counts().Healthy).To(Equal(2))
+}
 
 func TestChooseOrder(t *testing.T) {
 	auto := caprv1.ControlPlaneOrderAuto
@@ -36,7 +63,7 @@ func TestChooseOrder(t *testing.T) {
 			"", caprv1.MachineRemediationEtcdUnreachableReason},
 		{"3 members, one unreachable, quorum proven: the unreachable victim counts as unhealthy, remove first", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}, Victim: VictimUnhealthy}, caprv1.ControlPlaneOrderRemoveMemberFirst, ""},
-		{"3 members, two reachable but alarmed, quorum proven: not lost, not safe", OrderInput{Policy: auto, Initialized: true,
+		{"3 members, two reachable but not up (alarmed without a leader), quorum proven: not lost, not safe", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 1, QuorumProven: true}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationNotQuorumSafeReason},
 		{"node-local list, two unreachable: the reachable member has no quorum, nothing done", OrderInput{Policy: auto, Initialized: true,
 			Counts: quorum.Counts{Voting: 3, Healthy: 0, Unreachable: 2, Serializable: true}, Victim: VictimUnhealthy}, "", caprv1.MachineRemediationQuorumLostReason},

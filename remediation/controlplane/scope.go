@@ -137,7 +137,7 @@ func victimMember(state *etcdutil.State, node string) VictimMember {
 		return VictimMissing
 	case m.IsLearner:
 		return VictimLearner
-	case m.Healthy:
+	case m.Up():
 		return VictimHealthy
 	default:
 		return VictimUnhealthy
