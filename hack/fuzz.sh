@@ -23,13 +23,30 @@ if [ "${#targets[@]}" -eq 0 ]; then
 	exit 1
 fi
 
+# One instrumented test binary per package (go test -c -fuzz), run once per target from the package's
+# directory, as go test -fuzz would run it: the same fuzz cache (go clean -fuzzcache) and a crash's
+# input written to the package's testdata/fuzz/. go test -fuzz would link the binary again for every
+# target (11 targets in 5 packages: 77 s against 37 s for the three controller packages
+# with FUZZTIME=1s and warm caches, 2026-11-28).
 start=$(date +%s)
+bins=$(mktemp -d)
+trap 'rm -rf "$bins"' EXIT
+fuzzcache="$(go env GOCACHE)/fuzz"
+module=$(go list -m)
+built=""
 for t in "${targets[@]}"; do
 	pkg=${t% *}
 	name=${t#* }
+	bin="$bins/$(echo "$pkg" | tr -c 'A-Za-z0-9\n' _).test"
+	if [[ " $built " != *" $pkg "* ]]; then
+		go test -c -fuzz . -o "$bin" "$pkg"
+		built="$built $pkg"
+	fi
+	importpath="$module/${pkg#./}"
 	echo "=== $pkg $name ($fuzztime)"
 	log=$(mktemp)
-	if ! go test "$pkg" -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" -parallel "$parallel" >"$log" 2>&1; then
+	if ! (cd "$pkg" && "$bin" -test.run '^$' -test.fuzz "^${name}\$" -test.fuzztime "$fuzztime" -test.parallel "$parallel" \
+		-test.timeout 10m -test.fuzzcachedir "$fuzzcache/$importpath" >"$log" 2>&1); then
 		cat "$log"
 		rm -f "$log"
 		echo "FAIL $pkg $name: the failing input is in $pkg/testdata/fuzz/$name/" >&2
