@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -532,6 +533,43 @@ func TestManualRequests(t *testing.T) {
 	g.Expect(rec.Checker).To(Equal("alice"))
 	g.Expect(caprv1.MarkEntriesFromMessage(cond.Message)).To(Equal(caprv1.MarkEntries{
 		{Checker: f.ns + "/hc", Reason: caprv1.MachineCAPRHealthCheckManualRequestReason, Message: "disk is failing"}}))
+}
+
+// TestHugeHandWrittenMarkIsCut: anyone who may annotate a Machine writes the mark's message. An
+// annotation may hold up to 256 KiB, a condition's message 32 KiB: taken whole, a hand-written mark
+// of 40 KiB made every write of the Machine's mark condition fail, so the Machine was never marked
+// and no remediation was requested. The message is cut (maxForeignMarkMessage) and says so.
+func TestHugeHandWrittenMarkIsCut(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	f := newFixture(t, g, 0)
+	long := time.Now().Add(-time.Hour)
+	m := f.machine(g, "hand-marked", nodeReady(corev1.ConditionTrue, long))
+	f.healthCheck(g, nil)
+	g.Eventually(func(g Gomega) {
+		_, cond := markOf(g, f.ns, "hand-marked")
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+	}, eventually, poll).Should(Succeed())
+
+	value, err := json.Marshal(caprv1.MarkRecord{Reason: caprv1.MachineCAPRHealthCheckManualRequestReason, Checker: "alice",
+		Message: "disk is failing: " + strings.Repeat("x", 40*1024)})
+	g.Expect(err).NotTo(HaveOccurred())
+	patchAnnotation(g, m, caprv1.UnhealthyAnnotation, string(value))
+	g.Eventually(func(g Gomega) {
+		_, cond := markOf(g, f.ns, "hand-marked")
+		g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		g.Expect(cond.Reason).To(Equal(caprv1.MachineCAPRHealthCheckManualRequestReason))
+		g.Expect(remediationExists(f.ns, "hand-marked")).To(BeTrue())
+	}, eventually, poll).Should(Succeed())
+	_, cond := markOf(g, f.ns, "hand-marked")
+	entries, err := caprv1.MarkEntriesFromMessage(cond.Message)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(entries).To(HaveLen(1))
+	g.Expect(entries[0].Message).To(HavePrefix("disk is failing: x"))
+	g.Expect(entries[0].Message).To(HaveSuffix("(cut: the annotation's message has 40977 bytes)"))
+	g.Expect(len(entries[0].Message)).To(BeNumerically("<=", 1024))
+	g.Expect(utf8.ValidString(entries[0].Message)).To(BeTrue())
 }
 
 // setPhase sets a MachineRemediation's phase as a remediator would; the remediators running in the

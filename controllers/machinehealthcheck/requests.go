@@ -150,7 +150,7 @@ func (r *Reconciler) ensureRequest(ctx context.Context, mhc *caprv1.MachineHealt
 			Spec: caprv1.MachineRemediationSpec{
 				Source:       requestSource(m),
 				Reason:       ev.reason,
-				Message:      truncate(ev.message, 10240),
+				Message:      cutUTF8(ev.message, 10240),
 				Fencing:      mhc.Spec.Remediation.Fencing.DeepCopy(),
 				ControlPlane: mhc.Spec.Remediation.ControlPlane.DeepCopy(),
 				Escalation:   append([]caprv1.EscalationStep(nil), mhc.Spec.Remediation.Escalation...),
@@ -236,7 +236,7 @@ func (r *Reconciler) requestFromTemplate(ctx context.Context, mhc *caprv1.Machin
 	}
 	if obj.GroupVersionKind() == caprv1.GroupVersion.WithKind("MachineRemediation") {
 		for field, value := range map[string]string{
-			"source": string(requestSource(m)), "reason": ev.reason, "message": truncate(ev.message, 10240),
+			"source": string(requestSource(m)), "reason": ev.reason, "message": cutUTF8(ev.message, 10240),
 		} {
 			if err := unstructured.SetNestedField(obj.Object, value, "spec", field); err != nil {
 				return nil, fmt.Errorf("setting spec.%s: %w", field, err)
@@ -307,11 +307,4 @@ func mergeLabels(a, b map[string]string) map[string]string {
 	}
 	maps.Copy(out, b)
 	return out
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,6 +83,34 @@ type evaluation struct {
 // TODO(etcd): only observeEtcdMembers still calls it; drop it when that function moves.
 var isControlPlane = util.IsControlPlaneMachine
 
+// maxForeignMarkMessage bounds the message a hand-written mark gives its Machine's mark condition.
+// Anyone who may annotate a Machine writes it, up to the 256 KiB of all its annotations, while the
+// condition's message takes 32,768 characters (metav1.Condition) and holds one entry per health
+// check over the Machine: a longer one made every write of the mark refused, so the Machine was never
+// marked (TestHugeHandWrittenMarkIsCut).
+const maxForeignMarkMessage = 1024
+
+// cutForeignMessage returns a hand-written mark's message cut to maxForeignMarkMessage bytes, at a
+// character boundary, saying how long it was.
+func cutForeignMessage(msg string) string {
+	if len(msg) <= maxForeignMarkMessage {
+		return msg
+	}
+	note := fmt.Sprintf(" … (cut: the annotation's message has %d bytes)", len(msg))
+	return cutUTF8(msg, maxForeignMarkMessage-len(note)) + note
+}
+
+// cutUTF8 returns the longest prefix of s of at most n bytes that does not split a character.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
 // foreignMark returns the mark on the Machine when it was written by someone other than checker
 // (a person, or another tool): such marks are requests, and this health check never clears them.
 func foreignMark(m *clusterv1.Machine, checker string) (*caprv1.MarkRecord, bool) {
@@ -113,7 +142,7 @@ func evaluate(t target, cfg checkConfig, cluster clusterFacts, now time.Time) ev
 			message: "Machine has the " + clusterv1.RemediateMachineAnnotation + " annotation"}
 	}
 	if rec, ok := foreignMark(m, cfg.checker); ok {
-		msg := rec.Message
+		msg := cutForeignMessage(rec.Message)
 		if msg == "" {
 			msg = "Machine was marked unhealthy by " + cmp.Or(rec.Checker, "hand")
 		}

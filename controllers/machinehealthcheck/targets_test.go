@@ -1,8 +1,11 @@
 package machinehealthcheck
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -175,4 +178,25 @@ func TestEvaluate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCutForeignMessage: a hand-written mark's message is cut to maxForeignMarkMessage bytes without
+// splitting a character, and says how long it was; a short one is kept whole.
+func TestCutForeignMessage(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(cutForeignMessage("disk is failing")).To(Equal("disk is failing"))
+	exact := strings.Repeat("x", maxForeignMarkMessage)
+	g.Expect(cutForeignMessage(exact)).To(Equal(exact))
+	for _, long := range []string{strings.Repeat("é", 5000), "a" + strings.Repeat("é", 5000), strings.Repeat("😀", 3000)} {
+		cut := cutForeignMessage(long)
+		g.Expect(len(cut)).To(BeNumerically("<=", maxForeignMarkMessage))
+		g.Expect(len(cut)).To(BeNumerically(">", maxForeignMarkMessage-60), "no more is cut than the note needs")
+		g.Expect(utf8.ValidString(cut)).To(BeTrue(), "a character was split")
+		g.Expect(cut).To(HaveSuffix(fmt.Sprintf("(cut: the annotation's message has %d bytes)", len(long))))
+		kept, _, found := strings.Cut(cut, " … (cut:")
+		g.Expect(found).To(BeTrue())
+		g.Expect(long).To(HavePrefix(kept))
+	}
+	g.Expect(cutUTF8("héllo", 2)).To(Equal("h"), "é is two bytes: cut before it")
+	g.Expect(cutUTF8("", 0)).To(BeEmpty())
 }
