@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -153,7 +154,15 @@ func (s *Sandbox) startCAPI(ctx context.Context, opts CAPIOptions) error {
 	for _, m := range []capiManager{{"core", core}, {"kubeadm bootstrap", bootstrap}, {"KubeadmControlPlane", kcp}} {
 		mctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func(mgr manager.Manager) { done <- mgr.Start(mctx) }(m.mgr)
+		go func(name string, mgr manager.Manager) {
+			err := mgr.Start(mctx)
+			if err != nil && mctx.Err() == nil {
+				// A manager that stops by itself leaves the sandbox without that controller: every
+				// later wait would only time out, so say why here (go test prints stderr).
+				fmt.Fprintf(os.Stderr, "sandbox: CAPI's %s manager stopped: %v\n", name, err)
+			}
+			done <- err
+		}(m.name, m.mgr)
 		s.stops = append(s.stops, func() {
 			cancel()
 			<-done
