@@ -230,7 +230,11 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	if wait := marginWait(in, upFirstWhy); wait != nil {
 		return *wait
 	}
-	return removeFirst(fmt.Sprintf("the victim's etcd member is %s and %s: it is removed first (%d/%d healthy after)", in.Victim, upFirstWhy, after.Healthy, after.Voting), machines)
+	member := "is " + in.Victim.String()
+	if in.Victim == VictimHealthy {
+		member = in.victimVotes()
+	}
+	return removeFirst(fmt.Sprintf("the victim's etcd member %s and %s: it is removed first (%d/%d healthy after)", member, upFirstWhy, after.Healthy, after.Voting), machines)
 }
 
 // victimVotes says how the VictimHealthy member of in stands: healthy, or voting although it is
@@ -377,9 +381,15 @@ func chooseExternalEtcdOrder(in OrderInput) OrderDecision {
 // none (quorum.RemovalKeepsMargin), unless a person chose RemoveMemberFirst: the Machine is broken but
 // its member votes, so waiting keeps the cluster as safe as it is, while removing it leaves a
 // cluster one failure away from losing quorum until the replacement votes.
+//
+// A member that votes but carries an etcd alarm (OrderInput.VictimProblem) is not waited for: etcd
+// already refuses the cluster's requests (NOSPACE its writes, CORRUPT all), so waiting does not keep
+// the cluster as it was, and a provider may refuse the surge because of that very member (KCP's
+// preflight refuses to scale up while a Machine's EtcdMemberHealthy is False): waiting would never
+// end where KCP's own remediation deletes it (compare-kcp, "etcd member degraded").
 func marginWait(in OrderInput, notFirst string) *OrderDecision {
 	v := quorum.Victim{Healthy: in.Victim == VictimHealthy, Learner: in.Victim == VictimLearner}
-	if in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst || quorum.RemovalKeepsMargin(in.Counts, v) {
+	if in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst || in.VictimProblem != "" || quorum.RemovalKeepsMargin(in.Counts, v) {
 		return nil
 	}
 	after := countsAfterRemoval(in.Counts, in.Victim)

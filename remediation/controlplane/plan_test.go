@@ -35,6 +35,17 @@ func TestAlarmedVictimIsKeptUntilItsReplacementVotes(t *testing.T) {
 	g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), d.WaitMessage)
 	g.Expect(d.Reason).To(ContainSubstring("alarmed (NOSPACE) but still votes"))
 
+	// Where the provider refuses the surge (KCP's preflight, while the victim's EtcdMemberHealthy is
+	// False), an alarmed victim is removed first, not waited for: a healthy one would wait for consent.
+	in.ProviderRefusesScaleUpNow = "Machine c reports EtcdMemberHealthy False"
+	d = ChooseOrder(in)
+	g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), d.WaitMessage)
+	g.Expect(d.Reason).To(ContainSubstring("alarmed (NOSPACE) but still votes"))
+	in.VictimProblem = ""
+	g.Expect(ChooseOrder(in).WaitReason).To(Equal(caprv1.MachineRemediationWouldLoseFailureMarginReason))
+	in.VictimProblem = state.ByName("c").Problem
+	in.ProviderRefusesScaleUpNow = ""
+
 	// Without a leader the alarmed member is not up: it is removed first.
 	state.Members[2].Votes = false
 	g.Expect(victimMember(state, "c")).To(Equal(VictimUnhealthy))
