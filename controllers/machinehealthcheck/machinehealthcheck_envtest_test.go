@@ -512,11 +512,7 @@ func TestManualRequests(t *testing.T) {
 	m1 := f.machine(g, "annotated", nodeReady(corev1.ConditionTrue, long))
 	m2 := f.machine(g, "hand-marked", nodeReady(corev1.ConditionTrue, long))
 	f.healthCheck(g, nil)
-	g.Eventually(func(g Gomega) {
-		_, cond := markOf(g, f.ns, "annotated")
-		g.Expect(cond).NotTo(BeNil())
-		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
-	}, eventually, poll).Should(Succeed())
+	waitCheckedHealthy(g, f.ns, "annotated")
 
 	patchAnnotation(g, m1, clusterv1.RemediateMachineAnnotation, "")
 	patchAnnotation(g, m2, caprv1.UnhealthyAnnotation, `{"reason":"ManualRequest","message":"disk is failing","checker":"alice"}`)
@@ -546,11 +542,7 @@ func TestHugeHandWrittenMarkIsCut(t *testing.T) {
 	long := time.Now().Add(-time.Hour)
 	m := f.machine(g, "hand-marked", nodeReady(corev1.ConditionTrue, long))
 	f.healthCheck(g, nil)
-	g.Eventually(func(g Gomega) {
-		_, cond := markOf(g, f.ns, "hand-marked")
-		g.Expect(cond).NotTo(BeNil())
-		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
-	}, eventually, poll).Should(Succeed())
+	waitCheckedHealthy(g, f.ns, "hand-marked")
 
 	value, err := json.Marshal(caprv1.MarkRecord{Reason: caprv1.MachineCAPRHealthCheckManualRequestReason, Checker: "alice",
 		Message: "disk is failing: " + strings.Repeat("x", 40*1024)})
@@ -570,6 +562,15 @@ func TestHugeHandWrittenMarkIsCut(t *testing.T) {
 	g.Expect(entries[0].Message).To(HaveSuffix("(cut: the annotation's message has 40977 bytes)"))
 	g.Expect(len(entries[0].Message)).To(BeNumerically("<=", 1024))
 	g.Expect(utf8.ValidString(entries[0].Message)).To(BeTrue())
+}
+
+// waitCheckedHealthy waits until the health check has judged Machine name healthy (its condition True).
+func waitCheckedHealthy(g *WithT, ns, name string) {
+	g.Eventually(func(g Gomega) {
+		_, cond := markOf(g, ns, name)
+		g.Expect(cond).NotTo(BeNil())
+		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue))
+	}, eventually, poll).Should(Succeed())
 }
 
 // setPhase sets a MachineRemediation's phase as a remediator would; the remediators running in the
