@@ -87,20 +87,29 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 	}
 	cps := s.mr.Status.ControlPlane
+	surged := cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst
 	if !m.DeletionTimestamp.IsZero() {
-		// Being deleted, possibly by someone else (a rollout, a person): the surge still has to go.
+		// Being deleted: by this step before a crash (held by the replicas-back hook until the
+		// replicas are back), or by someone else (a rollout, a person). The surge still has to go.
 		note := ""
-		if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
+		if surged {
 			var err error
 			if note, err = r.replicasBack(ctx, s); err != nil {
 				return stepResult{}, err
 			}
 		}
+		if err := r.releaseReplicasBackHook(ctx, s); err != nil {
+			return stepResult{}, err
+		}
 		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s", m.Name, note), Requeue: waitShort}}, nil
 	}
-	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
+	want := map[string]string{clusterv1.DeleteMachineAnnotation: "capr"}
+	if surged {
+		want[caprv1.ReplicasBackHookAnnotation] = s.mr.Name
+	}
+	if missing := missingAnnotations(m, want); len(missing) > 0 {
 		base := m.DeepCopy()
-		annotations.AddAnnotations(m, map[string]string{clusterv1.DeleteMachineAnnotation: "capr"})
+		annotations.AddAnnotations(m, missing)
 		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
@@ -118,11 +127,14 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	// (two informers), and would then delete a healthy Machine, taking a voting member out of the
 	// failure margin and leaving the victim in place (the fault suite saw it). While the victim is
 	// being deleted neither KCP nor the sandbox's provider scales (KCP's preflight waits for deleting
-	// Machines), and the replicas are back to N before it is gone.
+	// Machines), and the replicas-back hook keeps it deleting, not gone, until the replicas are
+	// back to N, even if this controller dies between the two writes (TestCrashSafety's "victim
+	// deleted" point): gone at the surged replicas, the provider would replace it, then scale a healthy
+	// Machine down, unfenced, when the replicas came back.
 	if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
 		return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
 	}
-	if cps.Order == caprv1.ControlPlaneOrderReplace || cps.Order == caprv1.ControlPlaneOrderDeleteFirst {
+	if !surged {
 		// Nothing was scaled (Replace: not initialized; DeleteFirst: the provider would not scale
 		// down): the provider creates a new Machine.
 		return stepResult{StepResult: remediation.StepResult{Message: "deleted the Machine; the provider creates a new one", Requeue: waitShort}}, nil
@@ -131,11 +143,44 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	if err != nil {
 		return stepResult{}, err
 	}
+	if err := r.releaseReplicasBackHook(ctx, s); err != nil {
+		return stepResult{}, err
+	}
 	if note != "" {
 		return stepResult{StepResult: remediation.StepResult{Message: "deleting Machine " + m.Name + note, Requeue: waitShort}}, nil
 	}
 	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
 		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
+}
+
+// missingAnnotations returns those of want that m does not carry.
+func missingAnnotations(m *clusterv1.Machine, want map[string]string) map[string]string {
+	missing := map[string]string{}
+	for k, v := range want {
+		if _, ok := m.Annotations[k]; !ok {
+			missing[k] = v
+		}
+	}
+	return missing
+}
+
+// releaseReplicasBackHook takes caprv1.ReplicasBackHookAnnotation off the victim once the replicas
+// are back (or left to whoever changed them): CAPI may then drain and delete it. The Machine is read
+// live, as the hook may have been added a moment ago by a controller that has since died.
+func (r *Reconciler) releaseReplicasBackHook(ctx context.Context, s *scope) error {
+	m := &clusterv1.Machine{}
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if _, ok := m.Annotations[caprv1.ReplicasBackHookAnnotation]; !ok {
+		return nil
+	}
+	base := m.DeepCopy()
+	delete(m.Annotations, caprv1.ReplicasBackHookAnnotation)
+	if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("removing the replicas-back hook from Machine %s: %w", m.Name, err)
+	}
+	return nil
 }
 
 // replicasBack returns the control plane's replicas to what they were before the surge, when they

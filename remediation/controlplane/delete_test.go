@@ -1,6 +1,8 @@
 package controlplane
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -9,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/fencing"
@@ -89,6 +93,7 @@ func TestStepDelete(t *testing.T) {
 				m := w.machine(g, "m-b")
 				g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is being deleted")
 				g.Expect(m.Annotations).To(HaveKey(clusterv1.DeleteMachineAnnotation), "the provider's first choice, should it scale down first")
+				g.Expect(m.Annotations).NotTo(HaveKey(caprv1.ReplicasBackHookAnnotation), "released once the replicas are back")
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 				for _, other := range []string{"m-a", "m-c", "m-d"} {
 					o := w.machine(g, other)
@@ -112,6 +117,15 @@ func TestStepDelete(t *testing.T) {
 			}},
 		// Deleted by someone else (a rollout, a person) while the surge is still there: the surge must
 		// go too, or the provider would replace the victim and stay at 4.
+		// The controller died between its delete and the replicas' write: the hook held the victim.
+		{name: "Machine being deleted, held by the replicas-back hook: replicas back, then the hook released",
+			world: []worldOption{withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b", beingDeleted(), withMachineAnnotation(caprv1.ReplicasBackHookAnnotation, "m-b")), cpMachine("m-c")),
+				withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+				g.Expect(w.machine(g, "m-b").Annotations).NotTo(HaveKey(caprv1.ReplicasBackHookAnnotation))
+			}},
 		{name: "Machine being deleted: replicas back, waits",
 			world: []worldOption{withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b", beingDeleted()), cpMachine("m-c")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
 			check: func(g Gomega, w *world, res stepResult, err error) {
@@ -119,6 +133,38 @@ func TestStepDelete(t *testing.T) {
 				g.Expect(res.Message).To(ContainSubstring("is being deleted"))
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
+	})
+
+	// What the hook is for: the replicas' write fails (as if the controller died after the delete),
+	// and the victim stays, being deleted, instead of going while the replicas still ask for 4.
+	t.Run("the replicas' write fails after the delete: the victim is held, deleting, until a later pass", func(t *testing.T) {
+		g := NewWithT(t)
+		w := newWorld(t, withMachines(cpMachine("m-a"), cpMachine("m-b", withFinalizer()), cpMachine("m-c")), withReplicas(4),
+			withReplacement(cpMachine("m-d")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, ""))
+		healthy := w.r.Client
+		w.r.Client = interceptor.NewClient(w.client.(client.WithWatch), interceptor.Funcs{
+			Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+				if _, machine := obj.(*clusterv1.Machine); !machine {
+					return errors.New("the controller is gone")
+				}
+				return c.Patch(ctx, obj, patch, opts...)
+			},
+		})
+		_, err := w.run(caprv1.StepDelete)
+		g.Expect(err).To(HaveOccurred())
+		m := w.machine(g, "m-b")
+		g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is being deleted")
+		g.Expect(m.Annotations).To(HaveKeyWithValue(caprv1.ReplicasBackHookAnnotation, "m-b"))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
+
+		// The next reconcile (a new controller) starts from what the API holds.
+		w.r.Client = healthy
+		w.s.machine = m
+		g.Expect(w.client.Get(t.Context(), client.ObjectKeyFromObject(w.s.cp), w.s.cp)).To(Succeed())
+		res, err := w.run(caprv1.StepDelete)
+		expectIssued(g, res, err)
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+		g.Expect(w.machine(g, "m-b").Annotations).NotTo(HaveKey(caprv1.ReplicasBackHookAnnotation))
 	})
 
 	t.Run("Machine gone after a surge of two, the provider still at 4: waits for the second scale-down", func(t *testing.T) {

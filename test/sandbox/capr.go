@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -38,6 +39,9 @@ type CAPROptions struct {
 	controllers.Options
 	// CrashAfterWrites, when > 0, trips the crash switch after that many API writes.
 	CrashAfterWrites int64
+	// CrashAfterDeleting, when set, trips the crash switch right after the manager's delete of the
+	// Machine of that name has succeeded: the process dies before its next call.
+	CrashAfterDeleting string
 	// Namespace, when set, is the only namespace the manager watches (main.go's --namespace), so
 	// that several managers can each own the clusters of one namespace on one API server.
 	Namespace string
@@ -47,7 +51,7 @@ type CAPROptions struct {
 
 // StartCAPR starts CAPR's manager with short etcd timeouts suited to the sandbox.
 func (s *Sandbox) StartCAPR(ctx context.Context, opts CAPROptions) (*CAPR, error) {
-	crash := &CrashSwitch{after: opts.CrashAfterWrites}
+	crash := &CrashSwitch{after: opts.CrashAfterWrites, afterDeleting: opts.CrashAfterDeleting}
 	mgr, err := ctrl.NewManager(s.Env.ManagerConfig, ctrl.Options{
 		Scheme:                  s.Env.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: cmp.Or(opts.MetricsBindAddress, "0")},
@@ -106,11 +110,12 @@ func (c *CAPR) Stopped() bool {
 
 // CrashSwitch kills a manager's API access: after it trips, every call fails and the manager stops.
 type CrashSwitch struct {
-	after   int64
-	writes  atomic.Int64
-	tripped atomic.Bool
-	onTrip  context.CancelFunc
-	once    sync.Once
+	after         int64
+	afterDeleting string
+	writes        atomic.Int64
+	tripped       atomic.Bool
+	onTrip        context.CancelFunc
+	once          sync.Once
 }
 
 // Trip simulates the process dying now.
@@ -175,7 +180,11 @@ func (c *crashingClient) Delete(ctx context.Context, obj client.Object, opts ...
 	if err := c.crash.check(true); err != nil {
 		return err
 	}
-	return c.Client.Delete(ctx, obj, opts...)
+	err := c.Client.Delete(ctx, obj, opts...)
+	if _, machine := obj.(*clusterv1.Machine); err == nil && machine && c.crash.afterDeleting != "" && obj.GetName() == c.crash.afterDeleting {
+		c.crash.Trip()
+	}
+	return err
 }
 
 func (c *crashingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {

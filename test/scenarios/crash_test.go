@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/test/sandbox"
@@ -26,6 +27,9 @@ type crashPoint struct {
 	afterStepEvent int64
 	// afterWrites > 0: after that many API writes (any point between two API calls).
 	afterWrites int64
+	// afterVictimDelete: right after the Delete step's delete of the victim, before the replicas
+	// come back (a window no step boundary and few random writes hit).
+	afterVictimDelete bool
 	// variant is the order the remediation takes and how (crashorders_test.go).
 	variant crashVariant
 }
@@ -78,6 +82,9 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 	setOrderPolicy(g, wc, p.variant.order)
 	setKCPPreflight(g, wc, p.variant.kcpPreflight)
 	opts := sandbox.CAPROptions{CrashAfterWrites: p.afterWrites, Options: controllers.Options{ControlPlaneAdapter: p.variant.adapter}}
+	if p.afterVictimDelete {
+		opts.CrashAfterDeleting = victim.Name
+	}
 	if p.afterStepEvent > 0 {
 		opts.StepObserver = func(e controlplane.StepEvent) {
 			if e.Remediation.Name == victim.Name && events.Add(1) == p.afterStepEvent {
@@ -95,6 +102,9 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 
 	g.Eventually(func() bool { return c1.Stopped() }, remediationTimeout, 100*time.Millisecond).Should(BeTrue(), "the first controller never reached its crash point")
 	c1.Stop()
+	if p.afterVictimDelete {
+		waitVictimHeldOrReplaced(g, wc, victim.Name)
+	}
 	c2, err := sb.StartCAPR(ctx, sandbox.CAPROptions{Options: controllers.Options{ControlPlaneAdapter: p.variant.adapter}})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c2.Stop()
@@ -138,4 +148,28 @@ func crashRun(t *testing.T, wc *sandbox.WorkloadCluster, victimIndex int, p cras
 	}
 	g.Expect(controlPlaneObject(g, wc).Annotations).NotTo(HaveKey(controlplanev1.RemediationInProgressAnnotation))
 	g.Expect(ptr.Deref(mr.Status.ControlPlane.DesiredReplicas, 0)).To(BeEquivalentTo(3))
+}
+
+// waitVictimHeldOrReplaced waits, with no controller running, until the victim deleted at the crash is
+// either held (being deleted, with the replicas-back hook) or gone with the provider back at the
+// surged replicas: what the provider does in the window between the victim's delete and the
+// replicas' return, before the next controller can close it.
+func waitVictimHeldOrReplaced(g Gomega, wc *sandbox.WorkloadCluster, victim string) {
+	g.Eventually(func(g Gomega) string {
+		live := 0
+		for _, m := range controlPlane(g, wc) {
+			if m.Name == victim {
+				g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim was deleted before the crash")
+				if _, held := m.Annotations[caprv1.ReplicasBackHookAnnotation]; held {
+					return "held"
+				}
+			}
+			if m.DeletionTimestamp.IsZero() {
+				live++
+			}
+		}
+		replicas := ptr.Deref(controlPlaneObject(g, wc).Spec.Replicas, 0)
+		g.Expect(live).To(BeEquivalentTo(replicas), "the provider has not caught up with the replicas")
+		return "replaced"
+	}, remediationTimeout, 100*time.Millisecond).Should(Or(Equal("held"), Equal("replaced")))
 }

@@ -105,6 +105,18 @@ func crashPointsFor(t *testing.T, rng *rand.Rand) []crashPoint {
 			points = append(points, crashPoint{name: fmt.Sprintf("%s random write", v.name), variant: v, afterWrites: 1 + rng.Int64N(30)})
 		}
 	}
+	// Right after the victim's delete, in an order that then returns the replicas (the surge orders).
+	var surged []crashVariant
+	for _, v := range variants {
+		if v.order != caprv1.ControlPlaneOrderDeleteFirst && v.replacements == 0 {
+			surged = append(surged, v)
+		}
+	}
+	if len(surged) > 0 {
+		for _, v := range pick(surged) {
+			points = append(points, crashPoint{name: fmt.Sprintf("%s victim deleted", v.name), variant: v, afterVictimDelete: true})
+		}
+	}
 	return points
 }
 
