@@ -35,14 +35,18 @@ const (
 	// before the hook is removed. Its value is the name of the MachineRemediation.
 	FenceBeforeDeleteHookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/capr-fence-before-delete"
 
-	// ReplicasBackHookAnnotation is a CAPI pre-drain deletion hook
-	// (clusterv1.PreDrainDeleteHookAnnotationPrefix + "/capr-replicas-back") that a control-plane
+	// ReplicasBackHookAnnotation is a CAPI pre-terminate deletion hook
+	// (clusterv1.PreTerminateDeleteHookAnnotationPrefix + "/capr-replicas-back") that a control-plane
 	// remediation puts on its victim just before deleting it, after a surge, and removes once the
-	// control plane's replicas are back to what they were. While it holds, the victim stays (deleting),
-	// so the provider neither replaces it at the surged replicas nor, when they come back, scales down
-	// a healthy Machine instead; a crash between the delete and the replicas' write cannot open that
-	// window. Its value is the name of the MachineRemediation.
-	ReplicasBackHookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/capr-replicas-back"
+	// control plane's replicas are back to what they were (as the provider sees them). While it holds,
+	// the victim stays (deleting), so the provider neither replaces it at the surged replicas nor, when
+	// they come back, scales down a healthy Machine instead; a crash between the delete and the
+	// replicas' write cannot open that window. Pre-terminate, not pre-drain: CAPI's Machine controller
+	// honours pre-drain hooks only on a Machine whose Node it may delete (one with a nodeRef), and a
+	// victim that never got a Node is removed member-first after a surge too. KCP runs its own
+	// pre-terminate hook (the etcd member's removal) only after the others are gone. Its value is the
+	// name of the MachineRemediation.
+	ReplicasBackHookAnnotation = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/capr-replicas-back"
 
 	// EtcdLearnerJoinsAnnotation on a cluster's control-plane object, "true", says that its provider
 	// joins new etcd members as learners and promotes them once caught up (kubeadm's EtcdLearnerMode,

@@ -98,10 +98,11 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 				return stepResult{}, err
 			}
 		}
-		if err := r.releaseReplicasBackHook(ctx, s); err != nil {
+		held, err := r.releaseReplicasBackHook(ctx, s, note != "")
+		if err != nil {
 			return stepResult{}, err
 		}
-		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s", m.Name, note), Requeue: waitShort}}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s%s", m.Name, note, held), Requeue: waitShort}}, nil
 	}
 	want := map[string]string{clusterv1.DeleteMachineAnnotation: "capr"}
 	if surged {
@@ -143,14 +144,15 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	if err != nil {
 		return stepResult{}, err
 	}
-	if err := r.releaseReplicasBackHook(ctx, s); err != nil {
+	held, err := r.releaseReplicasBackHook(ctx, s, note != "")
+	if err != nil {
 		return stepResult{}, err
 	}
 	if note != "" {
 		return stepResult{StepResult: remediation.StepResult{Message: "deleting Machine " + m.Name + note, Requeue: waitShort}}, nil
 	}
-	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s",
-		m.Name, ptr.Deref(cps.DesiredReplicas, 0), s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
+	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s%s",
+		m.Name, ptr.Deref(cps.DesiredReplicas, 0), held, s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
 }
 
 // missingAnnotations returns those of want that m does not carry.
@@ -164,23 +166,38 @@ func missingAnnotations(m *clusterv1.Machine, want map[string]string) map[string
 	return missing
 }
 
-// releaseReplicasBackHook takes caprv1.ReplicasBackHookAnnotation off the victim once the replicas
-// are back (or left to whoever changed them): CAPI may then drain and delete it. The Machine is read
-// live, as the hook may have been added a moment ago by a controller that has since died.
-func (r *Reconciler) releaseReplicasBackHook(ctx context.Context, s *scope) error {
+// releaseReplicasBackHook takes caprv1.ReplicasBackHookAnnotation off the victim once the provider
+// sees the replicas back (or left is true: they were left to whoever changed them): CAPI may then
+// finish deleting it. With the Cluster topology's field, replicasBack wrote the Cluster and the
+// topology controller brings the value to the control-plane object later; until the live object no
+// longer asks for the surge the victim stays held, and held says so for the step's message. The
+// Machine is read live, as the hook may have been added a moment ago by a controller that has since
+// died.
+func (r *Reconciler) releaseReplicasBackHook(ctx context.Context, s *scope, left bool) (held string, err error) {
 	m := &clusterv1.Machine{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
-		return client.IgnoreNotFound(err)
+		return "", client.IgnoreNotFound(err)
 	}
 	if _, ok := m.Annotations[caprv1.ReplicasBackHookAnnotation]; !ok {
-		return nil
+		return "", nil
+	}
+	if !left && s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+		cp := s.cp.DeepCopy()
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
+			return "", fmt.Errorf("reading %s %s: %w", cp.GetKind(), cp.GetName(), err)
+		}
+		surged := ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0) + surge(s)
+		if n, err := Replicas(cp); err != nil || n == surged {
+			return fmt.Sprintf("; held by %s until the Cluster topology brings the replicas to %s %s (%d now)",
+				caprv1.ReplicasBackHookAnnotation, cp.GetKind(), cp.GetName(), n), err
+		}
 	}
 	base := m.DeepCopy()
 	delete(m.Annotations, caprv1.ReplicasBackHookAnnotation)
 	if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("removing the replicas-back hook from Machine %s: %w", m.Name, err)
+		return "", fmt.Errorf("removing the replicas-back hook from Machine %s: %w", m.Name, err)
 	}
-	return nil
+	return "", nil
 }
 
 // replicasBack returns the control plane's replicas to what they were before the surge, when they

@@ -115,8 +115,6 @@ func TestStepDelete(t *testing.T) {
 				g.Expect(w.machine(g, "m-b")).To(BeNil())
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
-		// Deleted by someone else (a rollout, a person) while the surge is still there: the surge must
-		// go too, or the provider would replace the victim and stay at 4.
 		// The controller died between its delete and the replicas' write: the hook held the victim.
 		{name: "Machine being deleted, held by the replicas-back hook: replicas back, then the hook released",
 			world: []worldOption{withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b", beingDeleted(), withMachineAnnotation(caprv1.ReplicasBackHookAnnotation, "m-b")), cpMachine("m-c")),
@@ -126,6 +124,8 @@ func TestStepDelete(t *testing.T) {
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 				g.Expect(w.machine(g, "m-b").Annotations).NotTo(HaveKey(caprv1.ReplicasBackHookAnnotation))
 			}},
+		// Deleted by someone else (a rollout, a person) while the surge is still there: the surge must
+		// go too, or the provider would replace the victim and stay at 4.
 		{name: "Machine being deleted: replicas back, waits",
 			world: []worldOption{withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b", beingDeleted()), cpMachine("m-c")), withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")},
 			check: func(g Gomega, w *world, res stepResult, err error) {

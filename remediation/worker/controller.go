@@ -230,17 +230,26 @@ func (r *Reconciler) readRequest(ctx context.Context, key client.ObjectKey) (*ca
 	}
 }
 
-// releaseOrphanedHook removes a fence-before-delete hook whose MachineRemediation no longer exists
-// (its finalizer removed by hand, or CAPR stopped mid-way and the request deleted): nothing would
-// ever fence the Machine, and the hook would hold its deletion forever. Requests are named after
-// their Machine, which the hook's value names. The request is confirmed gone live before the hook
-// is removed: the cache may not have it yet.
+// releaseOrphanedHook removes CAPR's deletion hooks (remediation.DeletionHooks) whose
+// MachineRemediation no longer exists (its finalizer removed by hand, or CAPR stopped mid-way and the
+// request deleted): nothing would ever remove them, and they would hold the Machine's deletion
+// forever (the provider, KCP included, does nothing while a Machine is deleting). Requests are named
+// after their Machine, which a hook's value names. The request is confirmed gone live before a hook is
+// removed: the cache may not have it yet. An orphaned replicas-back hook is logged as such: the
+// control plane's replicas may still include the remediation's surge, and its provider may now
+// replace the victim at them (docs/operations/runbook.md).
 func (r *Reconciler) releaseOrphanedHook(ctx context.Context, key client.ObjectKey) error {
 	m := &clusterv1.Machine{}
 	if err := r.Client.Get(ctx, key, m); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation] != key.Name {
+	var orphaned []string
+	for _, hook := range remediation.DeletionHooks {
+		if m.Annotations[hook] == key.Name {
+			orphaned = append(orphaned, hook)
+		}
+	}
+	if len(orphaned) == 0 {
 		return nil
 	}
 	if err := r.APIReader.Get(ctx, key, &caprv1.MachineRemediation{}); !apierrors.IsNotFound(err) {
@@ -249,11 +258,19 @@ func (r *Reconciler) releaseOrphanedHook(ctx context.Context, key client.ObjectK
 		}
 		return nil // it exists: its create event reconciles it
 	}
-	_, removed, err := fencing.RemoveHook(ctx, r.Client, r.APIReader, key)
-	if removed {
-		ctrl.LoggerFrom(ctx).Info("Removed the fence-before-delete hook of a MachineRemediation that no longer exists", "Machine", klog.KObj(m))
+	live := &clusterv1.Machine{}
+	if err := r.APIReader.Get(ctx, key, live); err != nil {
+		return client.IgnoreNotFound(err)
 	}
-	return err
+	base := live.DeepCopy()
+	for _, hook := range orphaned {
+		delete(live.Annotations, hook)
+	}
+	if err := r.Client.Patch(ctx, live, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("removing the hooks %v of a MachineRemediation that no longer exists from Machine %s: %w", orphaned, live.Name, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Removed the deletion hooks of a MachineRemediation that no longer exists", "Machine", klog.KObj(live), "hooks", orphaned)
+	return nil
 }
 
 // readMachine reads the request's Machine. "Not found" in the cache is confirmed live: a Machine

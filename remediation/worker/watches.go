@@ -22,13 +22,13 @@ func notControlPlane() predicate.Funcs {
 }
 
 // machineToRemediation maps a Machine to its request (same name and namespace), when there is one
-// or the Machine carries the fence-before-delete hook (releaseOrphanedHook). Every other Machine's
+// or the Machine carries one of CAPR's deletion hooks (releaseOrphanedHook). Every other Machine's
 // event would cost a live read that only finds no request: at start-up and on every resync, that is
 // one per Machine. Skipping them is safe: a request the cache does not show yet brings its own
 // create event, and one deleted brings its delete event (both through For).
 func (r *Reconciler) machineToRemediation(ctx context.Context, o client.Object) []reconcile.Request {
 	key := client.ObjectKeyFromObject(o)
-	if _, hooked := o.GetAnnotations()[caprv1.FenceBeforeDeleteHookAnnotation]; !hooked {
+	if !remediation.HasDeletionHook(o) {
 		if err := r.Client.Get(ctx, key, &caprv1.MachineRemediation{}); apierrors.IsNotFound(err) {
 			return nil
 		}

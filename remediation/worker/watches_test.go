@@ -16,7 +16,7 @@ import (
 )
 
 // TestMachineEventsEnqueueOnlyRequestsOrHooks: a Machine event wakes its request only when the request
-// exists, or when the Machine carries the fence-before-delete hook (an orphaned hook is released);
+// exists, or when the Machine carries one of CAPR's deletion hooks (an orphaned hook is released);
 // any other Machine's event would only cost a live read that finds nothing.
 func TestMachineEventsEnqueueOnlyRequestsOrHooks(t *testing.T) {
 	sch := runtime.NewScheme()
@@ -35,6 +35,7 @@ func TestMachineEventsEnqueueOnlyRequestsOrHooks(t *testing.T) {
 		{machine("requested", nil), 1},
 		{machine("healthy", nil), 0},
 		{machine("hooked", map[string]string{caprv1.FenceBeforeDeleteHookAnnotation: "hooked"}), 1},
+		{machine("held", map[string]string{caprv1.ReplicasBackHookAnnotation: "held"}), 1},
 	} {
 		got := r.machineToRemediation(context.Background(), tt.machine)
 		if len(got) != tt.want || (tt.want == 1 && got[0].Name != tt.machine.Name) {

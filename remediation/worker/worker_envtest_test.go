@@ -168,6 +168,33 @@ func TestOrphanedHookIsReleased(t *testing.T) {
 	}, eventually, poll).Should(Succeed())
 }
 
+// TestOrphanedReplicasBackHookIsReleased: the control-plane remediator's replicas-back hook on a
+// deleting Machine whose MachineRemediation is gone (CAPR stopped after its delete, the request
+// deleted without it) would hold the Machine, and with it the control-plane provider, forever; it is
+// removed, and a hook whose request exists is left to that request.
+func TestOrphanedReplicasBackHookIsReleased(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, g, nil)
+	controlPlane := func(m *clusterv1.Machine) {
+		m.Labels[clusterv1.MachineControlPlaneLabel] = ""
+		m.Finalizers = []string{"test.capr.io/hold"} // CAPI's Machine controller's, in the real thing
+	}
+	orphan := f.machine(g, "orphan", controlPlane, func(m *clusterv1.Machine) {
+		m.Annotations = map[string]string{caprv1.ReplicasBackHookAnnotation: "orphan"}
+	})
+	// As the control-plane remediator does: the request exists before its hook is added.
+	owned := f.machine(g, "owned", controlPlane)
+	f.request(g, owned, nil, caprv1.MachineRemediationSourceHealthCheck)
+	base := owned.DeepCopy()
+	owned.Annotations = map[string]string{caprv1.ReplicasBackHookAnnotation: "owned"}
+	g.Expect(k8sClient.Patch(ctx, owned, client.MergeFrom(base))).To(Succeed())
+	g.Expect(k8sClient.Delete(ctx, orphan)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(getMachine(g, f.ns, "orphan").Annotations).NotTo(HaveKey(caprv1.ReplicasBackHookAnnotation))
+	}, eventually, poll).Should(Succeed())
+	g.Expect(getMachine(g, f.ns, "owned").Annotations).To(HaveKeyWithValue(caprv1.ReplicasBackHookAnnotation, "owned"))
+}
+
 // TestMachineWithoutReplacingOwnerIsNeverDeleted: a Machine without a MachineSet owner, and one of a
 // MachinePool, are never deleted, and the request says why (condition and event).
 func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {

@@ -133,9 +133,10 @@ const (
 	// MachineDeleting: the API server has the Machine's deletionTimestamp (a delete was issued).
 	MachineDeleting = "deleting"
 	// MachineReleased: deleting and not held by CAPR's fence-before-delete hook, so CAPI's Machine
-	// controller may drain and delete it (a pre-drain hook holds it: CAPI's Machine deletion
-	// contract, docs/proposals/20200602-machine-deletion-phase-hooks.md). This is when a deletion
-	// takes effect, whoever issued it.
+	// controller may drain it (a pre-drain hook holds it: CAPI's Machine deletion contract,
+	// docs/proposals/20200602-machine-deletion-phase-hooks.md). This is when a deletion takes effect,
+	// whoever issued it, as far as fence before delete is concerned: a pre-terminate hook (CAPR's
+	// replicas-back) holds only the Machine's termination, after its drain.
 	MachineReleased = "released"
 )
 

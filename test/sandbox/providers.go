@@ -465,10 +465,14 @@ func (r *machineReconciler) teardown(ctx context.Context, wc *WorkloadCluster, m
 	if _, seen := r.deleting.LoadOrStore(m.UID, true); !seen {
 		r.s.Log.Add(wc.LogKey(), "Machine %s is being deleted", m.Name)
 	}
-	// As CAPI's Machine controller: nothing is drained or deleted while a pre-drain hook remains (its
-	// removal is an update of the Machine, which reconciles it again).
+	// As CAPI's Machine controller (core/reconcilers/machine reconcileDelete): nothing is drained or
+	// deleted while a pre-drain hook remains, but pre-drain hooks count only for a Machine whose Node
+	// it may delete (isDeleteNodeAllowed: a nodeRef, among others); then nothing is terminated while a
+	// pre-terminate hook remains, whatever the Node. A hook's removal is an update of the Machine,
+	// which reconciles it again.
 	for k := range m.Annotations {
-		if strings.HasPrefix(k, clusterv1.PreDrainDeleteHookAnnotationPrefix+"/") {
+		if strings.HasPrefix(k, clusterv1.PreDrainDeleteHookAnnotationPrefix+"/") && m.Status.NodeRef.IsDefined() ||
+			strings.HasPrefix(k, clusterv1.PreTerminateDeleteHookAnnotationPrefix+"/") {
 			return nil
 		}
 	}
