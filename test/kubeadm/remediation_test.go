@@ -36,6 +36,32 @@ func TestKCPNodeNotReadyMemberHealthyCreatesOneMachine(t *testing.T) {
 	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
 }
 
+// TestKCPSingleMachineIsReplaced: a control plane of one Machine (issue 33 item 4), which KCP's own
+// remediation refuses (CAPI #4554). Its Node reports NotReady (container network down) while its
+// kubelet, static pods and etcd member keep running, so KCP's scale-up preflight still sees one
+// Machine with every control-plane component healthy. KCP joins members as learners (kubeadm ≥ 1.29)
+// and the KCP says so (caprv1.EtcdLearnerJoinsAnnotation). CAPR surges 1 → 3 and returns to 1 at the
+// first replacement: one Machine created, learner, promoted, then the victim's member removed, so
+// etcd never has fewer running voters than a quorum nor fewer than the one it had.
+func TestKCPSingleMachineIsReplaced(t *testing.T) {
+	var victim string
+	res := kubeadm.RunScenario(ctx, t, sb, "kcp-single", kubeadm.Scenario{ControlPlane: 1,
+		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
+			if err := sb.AnnotateControlPlane(ctx, wc, caprv1.EtcdLearnerJoinsAnnotation, "true"); err != nil {
+				return nil, err
+			}
+			victim = machines[0].Name
+			return []string{victim}, sb.ReportNotReady(ctx, wc, machines[0].Status.NodeRef.Name)
+		}})
+	g := NewWithT(t)
+	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "fewer running voters than a quorum at %s", res.MinMarginAt)
+	mr := res.Remediations[victim]
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
+	g.Expect(mr.Status.ControlPlane.Replacements).To(Equal(int32(1)), mr.Status.ControlPlane.SurgeReason)
+	g.Expect(res.Created).To(ConsistOf(mr.Status.ControlPlane.Replacement), "control-plane Machines created")
+	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
+}
+
 // TestKCPExternalEtcdSurgesByOne: the cluster's etcd runs outside the control-plane Machines (KCP's
 // etcd.external), and a control-plane Node stops renewing its Lease. KCP's admission accepts an even
 // replica count with external etcd, so CAPR surges 3 → 4 → 3; it reads no etcd and has no membership

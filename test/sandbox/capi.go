@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.etcd.io/etcd/client/pkg/v3/logutil"
 	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -86,6 +87,9 @@ type CAPIOptions struct {
 	// ClusterClasses and Cluster.spec.topology. Clusters are then built from a ClusterClass with
 	// ClusterSpec.Topology.
 	Topology bool
+	// KCPLogger, when it has a sink, is the KubeadmControlPlane manager's logger (its reconcilers log
+	// through it); otherwise KCP logs as the process does (ctrl.SetLogger).
+	KCPLogger logr.Logger
 }
 
 // AddCAPIToScheme registers the types CAPI's managers use beyond the sandbox's scheme.
@@ -110,8 +114,9 @@ type capiManager struct {
 	mgr  manager.Manager
 }
 
-func (s *Sandbox) newCAPIManager(name string, cache ctrlcache.Options, clientOpts client.Options, withWebhooks bool) (manager.Manager, error) {
+func (s *Sandbox) newCAPIManager(name string, cache ctrlcache.Options, clientOpts client.Options, withWebhooks bool, logger logr.Logger) (manager.Manager, error) {
 	opts := ctrl.Options{
+		Logger:                  logger,
 		Scheme:                  s.Env.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		Cache:                   cache,
@@ -147,7 +152,7 @@ func (s *Sandbox) startCAPI(ctx context.Context, opts CAPIOptions) error {
 	if err != nil {
 		return err
 	}
-	kcp, err := s.setupKCP(ctx)
+	kcp, err := s.setupKCP(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -172,7 +177,7 @@ func (s *Sandbox) startCAPI(ctx context.Context, opts CAPIOptions) error {
 }
 
 func (s *Sandbox) setupCore(ctx context.Context, opts CAPIOptions) (manager.Manager, error) {
-	mgr, err := s.newCAPIManager("core", coresetup.ManagerCacheOptions(s.Env.Scheme, coreControllerName, "", capiSyncPeriod), coresetup.ManagerClientOptions(), true)
+	mgr, err := s.newCAPIManager("core", coresetup.ManagerCacheOptions(s.Env.Scheme, coreControllerName, "", capiSyncPeriod), coresetup.ManagerClientOptions(), true, logr.Logger{})
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +251,7 @@ func (s *Sandbox) setupCore(ctx context.Context, opts CAPIOptions) (manager.Mana
 }
 
 func (s *Sandbox) setupBootstrap(ctx context.Context) (manager.Manager, error) {
-	mgr, err := s.newCAPIManager("kubeadm bootstrap", bootstrapsetup.ManagerCacheOptions(s.Env.Scheme, bootstrapControllerName, "", capiSyncPeriod), bootstrapsetup.ManagerClientOptions(), false)
+	mgr, err := s.newCAPIManager("kubeadm bootstrap", bootstrapsetup.ManagerCacheOptions(s.Env.Scheme, bootstrapControllerName, "", capiSyncPeriod), bootstrapsetup.ManagerClientOptions(), false, logr.Logger{})
 	if err != nil {
 		return nil, err
 	}
@@ -271,8 +276,8 @@ func (s *Sandbox) setupBootstrap(ctx context.Context) (manager.Manager, error) {
 	return mgr, nil
 }
 
-func (s *Sandbox) setupKCP(ctx context.Context) (manager.Manager, error) {
-	mgr, err := s.newCAPIManager("KubeadmControlPlane", kcpsetup.ManagerCacheOptions(s.Env.Scheme, kcpControllerName, "", capiSyncPeriod), kcpsetup.ManagerClientOptions(), false)
+func (s *Sandbox) setupKCP(ctx context.Context, opts CAPIOptions) (manager.Manager, error) {
+	mgr, err := s.newCAPIManager("KubeadmControlPlane", kcpsetup.ManagerCacheOptions(s.Env.Scheme, kcpControllerName, "", capiSyncPeriod), kcpsetup.ManagerClientOptions(), false, opts.KCPLogger)
 	if err != nil {
 		return nil, err
 	}

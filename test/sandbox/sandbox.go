@@ -699,6 +699,34 @@ func (s *Sandbox) StopHeartbeat(ctx context.Context, wc *WorkloadCluster, node s
 	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
 }
 
+// EtcdMachine returns the first of machines whose Node hosts etcd's current leader (leader) or a
+// follower (!leader), as etcd itself says (EtcdState).
+func (s *Sandbox) EtcdMachine(ctx context.Context, wc *WorkloadCluster, machines []clusterv1.Machine, leader bool) (*clusterv1.Machine, error) {
+	state, err := s.EtcdState(ctx, wc)
+	if err != nil {
+		return nil, err
+	}
+	l := state.ByID(state.LeaderID)
+	if l == nil {
+		return nil, errors.New("no etcd leader")
+	}
+	for i := range machines {
+		if (machines[i].Status.NodeRef.Name == l.Name) == leader {
+			return &machines[i], nil
+		}
+	}
+	return nil, fmt.Errorf("no Machine for a member with leader=%t (leader %s)", leader, l.Name)
+}
+
+// ReportNotReady makes a Node's kubelet report Ready=False, as a kubelet whose container network
+// plugin is down does, while it keeps running: its Lease renewed, its static pods reported running,
+// its etcd member healthy. The node lifecycle controller sees a live kubelet and leaves the condition
+// as posted (no unreachable taint), so KCP still sees the Machine's control-plane components healthy.
+func (s *Sandbox) ReportNotReady(ctx context.Context, wc *WorkloadCluster, node string) error {
+	s.Log.Add(wc.LogKey(), "FAULT: node %s reports NotReady (container network down); its kubelet, static pods and etcd member keep running", node)
+	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionFalse)
+}
+
 // ResumeHeartbeat undoes StopHeartbeat: the node reports again (its Lease renewed and Ready=True, as
 // a kubelet posts it), so health checks see it recover.
 func (s *Sandbox) ResumeHeartbeat(ctx context.Context, wc *WorkloadCluster, node string) error {

@@ -2,7 +2,6 @@ package more_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"testing"
@@ -55,21 +54,12 @@ func TestKCPLeaderKubeletDead(t *testing.T) {
 	var victim string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-leader", kubeadm.Scenario{ControlPlane: 3,
 		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
-			state, err := sb.EtcdState(ctx, wc)
+			m, err := sb.EtcdMachine(ctx, wc, machines, true)
 			if err != nil {
 				return nil, err
 			}
-			leader := state.ByID(state.LeaderID)
-			if leader == nil {
-				return nil, errors.New("no etcd leader")
-			}
-			for _, m := range machines {
-				if m.Status.NodeRef.Name == leader.Name {
-					victim = m.Name
-					return []string{victim}, sb.StopKubelet(ctx, wc, leader.Name)
-				}
-			}
-			return nil, errors.New("no Machine for the leader")
+			victim = m.Name
+			return []string{victim}, sb.StopKubelet(ctx, wc, m.Status.NodeRef.Name)
 		}})
 	g := NewWithT(t)
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 1), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)

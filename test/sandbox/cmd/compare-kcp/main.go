@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/capr-io/capr/test/sandbox"
 )
@@ -30,6 +32,7 @@ type options struct {
 	runs    int
 	results string
 	docs    string
+	kcpLog  string
 }
 
 func main() {
@@ -43,6 +46,7 @@ func parseFlags() (options, error) {
 	flag.IntVar(&o.runs, "runs", 3, "Runs of each scenario per system; tables show the median and the range (min–max).")
 	flag.StringVar(&o.results, "results", "test/bench/results", "Directory to write the results file to (<date>-<cores>cpu-<commit>-compare-kcp.md); empty: none.")
 	flag.StringVar(&o.docs, "docs", "", "Markdown file whose generated compare-kcp section (between "+summaryBegin+"…"+" and "+summaryEnd+") is rewritten with this run's tables; needs --results.")
+	flag.StringVar(&o.kcpLog, "kcp-log", "", "File to write KubeadmControlPlane's own log to (JSON lines, info level; each line names its KubeadmControlPlane, whose namespace names the run): what KCP did in a run that stalled.")
 	flag.Parse()
 	switch {
 	case o.runs < 1:
@@ -62,7 +66,17 @@ func compare() int {
 	ctrl.SetLogger(logr.Discard())
 	ctx := context.Background()
 	env := describeEnvironment(o)
-	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: sandbox.CAPIOptions{MachineHealthCheck: true, Topology: true}})
+	capi := sandbox.CAPIOptions{MachineHealthCheck: true, Topology: true}
+	if o.kcpLog != "" {
+		f, err := os.Create(o.kcpLog)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "--kcp-log: %v\n", err)
+			return 2
+		}
+		defer func() { _ = f.Close() }()
+		capi.KCPLogger = zap.New(zap.WriteTo(f), zap.JSONEncoder(), zap.Level(zapcore.InfoLevel))
+	}
+	sb, err := sandbox.StartWithOptions(ctx, sandbox.Options{Provider: sandbox.ProviderKubeadm, CAPI: capi})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the full stack: %v\n", err)
 		return 1

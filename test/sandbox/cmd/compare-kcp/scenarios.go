@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 // scenario is one fault.
@@ -53,6 +53,16 @@ var scenarios = []scenario{
 	{name: "external etcd, node not Ready", controlPlane: 3, externalEtcd: true, inject: stopHeartbeat},
 	{name: "topology, node not Ready, member healthy", controlPlane: 3, topology: true, inject: stopHeartbeat},
 	{name: "topology, member dead", controlPlane: 3, topology: true, inject: killMember},
+	// One control-plane Machine, its Node NotReady while its kubelet and member run (KCP's preflight
+	// then sees its components healthy). KCP's remediation refuses a single Machine (CAPI #4554);
+	// CAPR replaces it with learner joins, which the KCP declares for it.
+	{name: "single Machine, node NotReady, member healthy", controlPlane: 1, inject: func(ctx context.Context, r *run) ([]string, error) {
+		if err := r.sb.AnnotateControlPlane(ctx, r.wc, caprv1.EtcdLearnerJoinsAnnotation, "true"); err != nil {
+			return nil, err
+		}
+		m := r.initial[0]
+		return []string{m.Name}, r.sb.ReportNotReady(ctx, r.wc, m.Status.NodeRef.Name)
+	}},
 	{name: "two of five unhealthy", controlPlane: 5, inject: func(_ context.Context, r *run) ([]string, error) {
 		a, b := r.initial[0], r.initial[3]
 		r.sb.KillEtcdMember(r.wc, a.Status.NodeRef.Name)
@@ -81,18 +91,5 @@ func killMember(ctx context.Context, r *run) ([]string, error) {
 // etcdMachine is the first initial Machine (by name) whose Node hosts etcd's current leader
 // (leader) or a follower (!leader), read from etcd.
 func (r *run) etcdMachine(ctx context.Context, leader bool) (*clusterv1.Machine, error) {
-	state, err := r.sb.EtcdState(ctx, r.wc)
-	if err != nil {
-		return nil, err
-	}
-	l := state.ByID(state.LeaderID)
-	if l == nil {
-		return nil, errors.New("no etcd leader")
-	}
-	for i := range r.initial {
-		if (r.initial[i].Status.NodeRef.Name == l.Name) == leader {
-			return &r.initial[i], nil
-		}
-	}
-	return nil, fmt.Errorf("no Machine for a member with leader=%t (leader %s)", leader, l.Name)
+	return r.sb.EtcdMachine(ctx, r.wc, r.initial, leader)
 }

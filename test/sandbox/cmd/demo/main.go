@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -67,20 +66,11 @@ var scenarios = map[string]scenario{
 		description:  "the kubelet on the etcd leader's Node dies: the leader runs but cannot be reached through the API server (the case that stalls KCP)",
 		controlPlane: 3,
 		inject: func(ctx context.Context, d *demo) ([]string, error) {
-			state, err := d.sb.EtcdState(ctx, d.wc)
+			m, err := d.sb.EtcdMachine(ctx, d.wc, d.machines, true)
 			if err != nil {
 				return nil, err
 			}
-			leader := state.ByID(state.LeaderID)
-			if leader == nil {
-				return nil, errors.New("no etcd leader")
-			}
-			for _, m := range d.machines {
-				if m.Status.NodeRef.Name == leader.Name {
-					return []string{m.Name}, d.sb.StopKubelet(ctx, d.wc, leader.Name)
-				}
-			}
-			return nil, errors.New("no Machine for the leader")
+			return []string{m.Name}, d.sb.StopKubelet(ctx, d.wc, m.Status.NodeRef.Name)
 		},
 	},
 	"two-of-five": {
@@ -94,7 +84,7 @@ var scenarios = map[string]scenario{
 		},
 	},
 	"single": {
-		description:  "the only control-plane Machine's Node stops reporting while its etcd member stays healthy: it is replaced scale-up-first, the replacement joining as an etcd learner",
+		description:  "the only control-plane Machine's Node reports NotReady (its container network is down) while its kubelet, static pods and etcd member keep running: it is replaced scale-up-first, the replacement joining as an etcd learner (KCP's own remediation refuses a single Machine)",
 		controlPlane: 1,
 		inject: func(ctx context.Context, d *demo) ([]string, error) {
 			// The provider joins members as learners (kubeadm ≥ 1.29 does; so does the sandbox's) and
@@ -103,8 +93,10 @@ var scenarios = map[string]scenario{
 				return nil, err
 			}
 			d.say("Control-plane object annotated %s=true", caprv1.EtcdLearnerJoinsAnnotation)
+			// Not a stopped heartbeat: KCP creates a replacement only while one Machine has every
+			// control-plane component healthy, which an unreachable Node's cannot show.
 			m := d.machines[0]
-			return []string{m.Name}, d.sb.StopHeartbeat(ctx, d.wc, m.Status.NodeRef.Name)
+			return []string{m.Name}, d.sb.ReportNotReady(ctx, d.wc, m.Status.NodeRef.Name)
 		},
 	},
 	"topology": {
