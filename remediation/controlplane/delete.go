@@ -108,9 +108,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	if surged {
 		want[caprv1.ReplicasBackHookAnnotation] = s.mr.Name
 	}
-	if missing := missingAnnotations(m, want); len(missing) > 0 {
-		base := m.DeepCopy()
-		annotations.AddAnnotations(m, missing)
+	if base := m.DeepCopy(); annotations.AddAnnotations(m, want) {
 		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
@@ -155,17 +153,6 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		m.Name, ptr.Deref(cps.DesiredReplicas, 0), held, s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
 }
 
-// missingAnnotations returns those of want that m does not carry.
-func missingAnnotations(m *clusterv1.Machine, want map[string]string) map[string]string {
-	missing := map[string]string{}
-	for k, v := range want {
-		if _, ok := m.Annotations[k]; !ok {
-			missing[k] = v
-		}
-	}
-	return missing
-}
-
 // releaseReplicasBackHook takes caprv1.ReplicasBackHookAnnotation off the victim once the provider
 // sees the replicas back (or left is true: they were left to whoever changed them): CAPI may then
 // finish deleting it. With the Cluster topology's field, replicasBack wrote the Cluster and the
@@ -174,14 +161,15 @@ func missingAnnotations(m *clusterv1.Machine, want map[string]string) map[string
 // Machine is read live, as the hook may have been added a moment ago by a controller that has since
 // died.
 func (r *Reconciler) releaseReplicasBackHook(ctx context.Context, s *scope, left bool) (held string, err error) {
-	m := &clusterv1.Machine{}
-	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}, m); err != nil {
-		return "", client.IgnoreNotFound(err)
-	}
-	if _, ok := m.Annotations[caprv1.ReplicasBackHookAnnotation]; !ok {
-		return "", nil
-	}
+	key := client.ObjectKey{Namespace: s.mr.Namespace, Name: s.mr.Name}
 	if !left && s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+		m := &clusterv1.Machine{}
+		if err := r.APIReader.Get(ctx, key, m); err != nil {
+			return "", client.IgnoreNotFound(err)
+		}
+		if _, ok := m.Annotations[caprv1.ReplicasBackHookAnnotation]; !ok {
+			return "", nil
+		}
 		cp := s.cp.DeepCopy()
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cp), cp); err != nil {
 			return "", fmt.Errorf("reading %s %s: %w", cp.GetKind(), cp.GetName(), err)
@@ -192,12 +180,8 @@ func (r *Reconciler) releaseReplicasBackHook(ctx context.Context, s *scope, left
 				caprv1.ReplicasBackHookAnnotation, cp.GetKind(), cp.GetName(), n), err
 		}
 	}
-	base := m.DeepCopy()
-	delete(m.Annotations, caprv1.ReplicasBackHookAnnotation)
-	if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
-		return "", fmt.Errorf("removing the replicas-back hook from Machine %s: %w", m.Name, err)
-	}
-	return "", nil
+	_, _, err = remediation.RemoveMachineAnnotations(ctx, r.Client, r.APIReader, key, caprv1.ReplicasBackHookAnnotation)
+	return "", err
 }
 
 // replicasBack returns the control plane's replicas to what they were before the surge, when they

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 )
 
 // Fence before delete, whoever deletes. A running remediation keeps CAPI's pre-drain deletion hook
@@ -39,19 +40,8 @@ func EnsureHook(ctx context.Context, c client.Client, m *clusterv1.Machine, owne
 // moment ago (e.g. again, after a restart). It returns the Machine as it is now (nil when it is gone)
 // and whether this call removed the hook.
 func RemoveHook(ctx context.Context, c client.Client, live client.Reader, key client.ObjectKey) (*clusterv1.Machine, bool, error) {
-	m := &clusterv1.Machine{}
-	if err := live.Get(ctx, key, m); err != nil {
-		return nil, false, client.IgnoreNotFound(err)
-	}
-	if _, ok := m.Annotations[caprv1.FenceBeforeDeleteHookAnnotation]; !ok {
-		return m, false, nil
-	}
-	base := m.DeepCopy()
-	delete(m.Annotations, caprv1.FenceBeforeDeleteHookAnnotation)
-	if err := c.Patch(ctx, m, client.MergeFrom(base)); err != nil {
-		return nil, false, fmt.Errorf("removing the fence-before-delete hook from Machine %s: %w", m.Name, err)
-	}
-	return m, true, nil
+	m, removed, err := remediation.RemoveMachineAnnotations(ctx, c, live, key, caprv1.FenceBeforeDeleteHookAnnotation)
+	return m, len(removed) > 0, err
 }
 
 // HookNeeded is false when fencing can only be skipped (policy Disabled or unset, or no Node to

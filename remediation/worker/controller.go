@@ -258,18 +258,11 @@ func (r *Reconciler) releaseOrphanedHook(ctx context.Context, key client.ObjectK
 		}
 		return nil // it exists: its create event reconciles it
 	}
-	live := &clusterv1.Machine{}
-	if err := r.APIReader.Get(ctx, key, live); err != nil {
-		return client.IgnoreNotFound(err)
+	live, removed, err := remediation.RemoveMachineAnnotations(ctx, r.Client, r.APIReader, key, orphaned...)
+	if err != nil || len(removed) == 0 {
+		return err
 	}
-	base := live.DeepCopy()
-	for _, hook := range orphaned {
-		delete(live.Annotations, hook)
-	}
-	if err := r.Client.Patch(ctx, live, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("removing the hooks %v of a MachineRemediation that no longer exists from Machine %s: %w", orphaned, live.Name, err)
-	}
-	ctrl.LoggerFrom(ctx).Info("Removed the deletion hooks of a MachineRemediation that no longer exists", "Machine", klog.KObj(live), "hooks", orphaned)
+	ctrl.LoggerFrom(ctx).Info("Removed the deletion hooks of a MachineRemediation that no longer exists", "Machine", klog.KObj(live), "hooks", removed)
 	return nil
 }
 
