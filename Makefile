@@ -34,6 +34,10 @@ APISERVER_STAMP := $(ENVTEST_DIR)/.versions-$(KUBERNETES_VERSION)-$(ETCD_VERSION
 KCM_STAMP := $(ENVTEST_DIR)/.versions-kcm-$(KUBERNETES_VERSION)
 CSI_ATTACHER := $(ENVTEST_DIR)/csi-attacher-$(EXTERNAL_ATTACHER_VERSION)
 CSI_ADDONS := $(ENVTEST_DIR)/csi-addons-manager-$(CSI_ADDONS_VERSION)
+TEST_ASSETS_STAMP := $(ENVTEST_DIR)/.versions-all-$(KUBERNETES_VERSION)-$(ETCD_VERSION)-$(EXTERNAL_ATTACHER_VERSION)-$(CSI_ADDONS_VERSION)
+K8S_VERSION_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
+	-X k8s.io/component-base/version.gitTreeState=clean
 
 # Release: the manager image and the clusterctl components (out/ is git-ignored).
 IMG ?= ghcr.io/capr-io/capr:dev
@@ -80,11 +84,14 @@ CHAOS_TESTS ?= ^TestChaos$$
 
 # Every package's tests run in two lanes side by side (hack/test-levels.sh): the heavy packages that
 # start workload clusters or the full stack one at a time, everything else beside them, then the
-# fault suite in the same lane as everything else.
+# fault suite in the same lane as everything else; a third lane at low priority builds the fuzz
+# binaries and runs golangci-lint and verify-tools beside them. Generated files are checked before
+# (make generate rewrites the CRDs that the envtest suites load).
 .PHONY: test
-test: envtest-assets storage-assets lint verify-generate ## Lint, check generated files, run every test (envtest and real etcd) and the fault suite.
+test: test-assets vet verify-generate ## Lint, check generated files, run every test (envtest and real etcd) and the fault suite.
 	TEST_CHAOS_RUNS=$(TEST_CHAOS_RUNS) TEST_CHAOS_SEED=$(TEST_CHAOS_SEED) TEST_CHAOS_PARALLEL=$(TEST_CHAOS_PARALLEL) \
-		TEST_FUZZTIME=$(TEST_FUZZTIME) hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+		TEST_FUZZTIME=$(TEST_FUZZTIME) TEST_CHECKS='$(MAKE) --no-print-directory lint-golangci' \
+		hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: chaos
 chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
@@ -163,11 +170,21 @@ verify-generate: generate ## Fail if generated files are not up to date.
 # so a second checkout of the same code replays the first one's findings (and stale ones); each
 # checkout keeps its own cache.
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## gofmt, go vet and golangci-lint (pinned).
+lint: vet lint-golangci ## gofmt, go vet and golangci-lint (pinned).
+
+.PHONY: vet
+vet: ## gofmt and go vet (make test runs them first: go vet compiles what every test package imports).
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed on: $$unformatted"; exit 1; fi
 	go vet -tags envtest ./...
+
+.PHONY: lint-golangci
+lint-golangci: $(GOLANGCI_LINT) ## golangci-lint (pinned; make test runs it beside the tests, at low priority).
 	GOLANGCI_LINT_CACHE=$(CURDIR)/.cache/golangci-lint $(GOLANGCI_LINT) run ./...
+
+.PHONY: verify-tools
+verify-tools: ## Fail if hack/tools and CAPR's module compile different versions of a module they share.
+	hack/verify-tools.sh
 
 .PHONY: build
 build: ## Build the manager binary into bin/capr.
@@ -215,27 +232,43 @@ docker-push: ## Push the manager image IMG.
 .PHONY: envtest-assets
 envtest-assets: apiserver-assets $(KCM_STAMP) ## Build kube-apiserver, kube-controller-manager and etcd for envtest into bin/k8s.
 
+.PHONY: test-assets
+test-assets: $(TEST_ASSETS_STAMP) ## Build every binary make test runs (envtest-assets and storage-assets) into bin/k8s, in one go build.
+
+# One go build for all five, as make test needs them: one build graph keeps both cores busy where
+# five builds one after another left one idle for most of their time (the chains of
+# k8s.io/kubernetes' packages, the links), and compiles what they share once.
+$(TEST_ASSETS_STAMP): hack/tools/go.mod hack/tools/etcd/main.go
+	@mkdir -p $(ENVTEST_DIR)/.build
+	@echo "Building kube-apiserver and kube-controller-manager $(KUBERNETES_VERSION), etcd $(ETCD_VERSION), the CSI external-attacher $(EXTERNAL_ATTACHER_VERSION) and csi-addons $(CSI_ADDONS_VERSION) (several minutes the first time)"
+	cd hack/tools && go build -o $(ENVTEST_DIR)/.build/ -ldflags "-s -w $(K8S_VERSION_LDFLAGS)" \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager ./etcd \
+		github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher github.com/csi-addons/kubernetes-csi-addons/cmd/manager
+	mv $(ENVTEST_DIR)/.build/kube-apiserver $(KUBE_APISERVER)
+	mv $(ENVTEST_DIR)/.build/kube-controller-manager $(KUBE_CONTROLLER_MANAGER)
+	mv $(ENVTEST_DIR)/.build/etcd $(ETCD)
+	mv $(ENVTEST_DIR)/.build/csi-attacher $(CSI_ATTACHER)
+	mv $(ENVTEST_DIR)/.build/manager $(CSI_ADDONS)
+	ln -sf $(notdir $(CSI_ATTACHER)) $(ENVTEST_DIR)/csi-attacher
+	ln -sf $(notdir $(CSI_ADDONS)) $(ENVTEST_DIR)/csi-addons-manager
+	@touch $(APISERVER_STAMP) $(KCM_STAMP) $(CSI_ATTACHER) $(CSI_ADDONS) $@
+
 .PHONY: apiserver-assets
 apiserver-assets: $(APISERVER_STAMP) ## Build kube-apiserver and etcd only (what make bench needs) into bin/k8s.
 
-$(APISERVER_STAMP): hack/tools/kube-apiserver/go.mod hack/tools/etcd/go.mod hack/tools/etcd/main.go
+# hack/tools is one module for every binary below (its go.mod says why).
+$(APISERVER_STAMP): hack/tools/go.mod hack/tools/etcd/main.go
 	@mkdir -p $(ENVTEST_DIR)
 	@echo "Building kube-apiserver $(KUBERNETES_VERSION) from the k8s.io/kubernetes module (a few minutes the first time)"
-	cd hack/tools/kube-apiserver && go build -o $(KUBE_APISERVER) -ldflags "-s -w \
-		-X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
-		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
-		-X k8s.io/component-base/version.gitTreeState=clean" k8s.io/kubernetes/cmd/kube-apiserver
+	cd hack/tools && go build -o $(KUBE_APISERVER) -ldflags "-s -w $(K8S_VERSION_LDFLAGS)" k8s.io/kubernetes/cmd/kube-apiserver
 	@echo "Building etcd $(ETCD_VERSION) from go.etcd.io/etcd/server/v3"
-	cd hack/tools/etcd && go build -o $(ETCD) -ldflags "-s -w" .
+	cd hack/tools && go build -o $(ETCD) -ldflags "-s -w" ./etcd
 	@touch $@
 
-$(KCM_STAMP): hack/tools/kube-apiserver/go.mod
+$(KCM_STAMP): hack/tools/go.mod
 	@mkdir -p $(ENVTEST_DIR)
 	@echo "Building kube-controller-manager $(KUBERNETES_VERSION) from the k8s.io/kubernetes module"
-	cd hack/tools/kube-apiserver && go build -o $(KUBE_CONTROLLER_MANAGER) -ldflags "-s -w \
-		-X k8s.io/component-base/version.gitVersion=$(KUBERNETES_VERSION) \
-		-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
-		-X k8s.io/component-base/version.gitTreeState=clean" k8s.io/kubernetes/cmd/kube-controller-manager
+	cd hack/tools && go build -o $(KUBE_CONTROLLER_MANAGER) -ldflags "-s -w $(K8S_VERSION_LDFLAGS)" k8s.io/kubernetes/cmd/kube-controller-manager
 	@touch $@
 
 .PHONY: compare-storage
@@ -245,16 +278,16 @@ compare-storage: envtest-assets storage-assets ## One storage failover on the re
 .PHONY: storage-assets
 storage-assets: $(CSI_ATTACHER) $(CSI_ADDONS) ## Build the CSI external-attacher and csi-addons' controller for the storage-failover tests (test/storage) into bin/k8s.
 
-$(CSI_ATTACHER): hack/tools/external-attacher/go.mod
+$(CSI_ATTACHER): hack/tools/go.mod
 	@mkdir -p $(ENVTEST_DIR)
 	@echo "Building the CSI external-attacher $(EXTERNAL_ATTACHER_VERSION) from its Go module"
-	cd hack/tools/external-attacher && go build -o $(CSI_ATTACHER) -ldflags "-s -w" github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
+	cd hack/tools && go build -o $(CSI_ATTACHER) -ldflags "-s -w" github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher
 	ln -sf $(notdir $(CSI_ATTACHER)) $(ENVTEST_DIR)/csi-attacher
 
-$(CSI_ADDONS): hack/tools/csi-addons/go.mod
+$(CSI_ADDONS): hack/tools/go.mod
 	@mkdir -p $(ENVTEST_DIR)
-	@echo "Building csi-addons' controller manager $(CSI_ADDONS_VERSION) from its Go module (a few minutes the first time)"
-	cd hack/tools/csi-addons && go build -o $(CSI_ADDONS) -ldflags "-s -w" github.com/csi-addons/kubernetes-csi-addons/cmd/manager
+	@echo "Building csi-addons' controller manager $(CSI_ADDONS_VERSION) from its Go module"
+	cd hack/tools && go build -o $(CSI_ADDONS) -ldflags "-s -w" github.com/csi-addons/kubernetes-csi-addons/cmd/manager
 	ln -sf $(notdir $(CSI_ADDONS)) $(ENVTEST_DIR)/csi-addons-manager
 
 $(CONTROLLER_GEN):

@@ -16,10 +16,17 @@
 #          TEST_CHAOS_SEED, TEST_CHAOS_PARALLEL at a time, and the known seeds). Before the fault
 #          suite moved here the light lane idled for about 15 minutes while the heavy lane finished,
 #          and the fault suite ran alone after both (issue 31).
+#   checks: at the lowest CPU priority (nice 19), what needs CPU but no test waits for: the fuzz
+#          targets' instrumented test binaries (every dependency compiled again, about 450 s of both
+#          cores from empty caches), which the heavy lane's fuzz step waits for; then golangci-lint
+#          (TEST_CHECKS, a command) and hack/verify-tools.sh. The tests mostly wait (etcd joins,
+#          remediations), so this lane fills their idle CPU instead of delaying them (issue 31's
+#          budget from empty caches); nice 19 keeps it from slowing the tests' own processes, which
+#          a loaded machine made miss etcd's dial timeouts (issue 35).
 #
-# Usage: [TEST_CHAOS_RUNS=n TEST_CHAOS_SEED=s TEST_CHAOS_PARALLEL=p TEST_FUZZTIME=t]
+# Usage: [TEST_CHAOS_RUNS=n TEST_CHAOS_SEED=s TEST_CHAOS_PARALLEL=p TEST_FUZZTIME=t TEST_CHECKS=cmd]
 # hack/test-levels.sh <timeout> [go test flags...]; TEST_CHAOS_RUNS unset or 0 runs no fault suite,
-# TEST_FUZZTIME unset or 0 no fuzzing. Prints each step's and each lane's time at the end (also into
+# TEST_FUZZTIME unset or 0 no fuzzing, TEST_CHECKS unset no golangci-lint. Prints each step's and each lane's time at the end (also into
 # the file TEST_LANES_SUMMARY names, if set, for .ci/run); exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -82,10 +89,9 @@ heavy_lane() {
 	step heavy "go test (full stack, sandbox)" gotest "${heavy[@]}" -skip "$skip" || rc=1
 	if [ "${TEST_FUZZTIME:-0}" != 0 ]; then
 		# make fuzz, briefly: a crash fails the step and leaves its input in the package's
-		# testdata/fuzz/, which go test replays from then on. Here, not in the light lane: the
-		# heavy lane ends about ten minutes before the light one, and the step is mostly the
-		# instrumented builds and links (688 s in the light lane on a fresh clone, 2026-11-28).
-		step heavy "fuzz (${TEST_FUZZTIME} per target)" env FUZZTIME="$TEST_FUZZTIME" FUZZPARALLEL=1 hack/fuzz.sh || rc=1
+		# testdata/fuzz/, which go test replays from then on. With the binaries the checks lane
+		# built: the instrumented builds are most of make fuzz's time from empty caches.
+		step heavy "fuzz (${TEST_FUZZTIME} per target)" fuzz_prebuilt || rc=1
 	fi
 	return "$rc"
 }
@@ -102,6 +108,31 @@ light_lane() {
 	return "$rc"
 }
 
+# fuzz_prebuilt waits for the checks lane's instrumented binaries (it writes fuzzbins.rc when done,
+# whether or not the build failed) and fuzzes with them at normal priority.
+fuzz_prebuilt() {
+	local waited=$SECONDS
+	until [ -e "$tmp/fuzzbins.rc" ] || ! kill -0 "$checks_pid" 2>/dev/null; do sleep 1; done
+	echo "fuzz: waited $((SECONDS - waited)) s for the checks lane's test binaries"
+	[ "$(cat "$tmp/fuzzbins.rc" 2>/dev/null)" = 0 ] || { echo "fuzz: the checks lane could not build the test binaries"; return 1; }
+	FUZZ_BINS="$tmp/fuzzbins" FUZZTIME="$TEST_FUZZTIME" FUZZPARALLEL=1 hack/fuzz.sh
+}
+
+checks_lane() {
+	local rc=0
+	if [ "${TEST_FUZZTIME:-0}" != 0 ]; then
+		step checks "fuzz test binaries (instrumented)" env FUZZ_BINS="$tmp/fuzzbins" FUZZ_BUILD_ONLY=1 hack/fuzz.sh
+		local frc=$?
+		echo "$frc" >"$tmp/fuzzbins.rc"
+		[ "$frc" = 0 ] || rc=1
+	fi
+	if [ -n "${TEST_CHECKS:-}" ]; then
+		step checks "$TEST_CHECKS" bash -c "$TEST_CHECKS" || rc=1
+	fi
+	step checks "hack/verify-tools.sh" hack/verify-tools.sh || rc=1
+	return "$rc"
+}
+
 lane() { # name: runs <name>_lane and records the lane's time
 	local name=$1 start=$SECONDS
 	echo "== $(stamp) lane $name: start"
@@ -114,21 +145,28 @@ lane() { # name: runs <name>_lane and records the lane's time
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# The checks lane first, so that its fuzz binaries are ready as early as its priority allows.
+(
+	renice -n 19 -p "$BASHPID" >/dev/null || echo "hack/test-levels.sh: the checks lane runs at normal priority" >&2
+	lane checks
+) &
+checks_pid=$!
 lane heavy &
 heavy_pid=$!
 lane light
 wait "$heavy_pid"
+wait "$checks_pid"
 
 rc=0
 {
 	echo "== test lanes (seconds):"
-	for name in heavy light; do
+	for name in heavy light checks; do
 		read -r lrc secs <"$tmp/$name" || { lrc=1; secs=?; }
 		echo "   $name: $secs s, exit $lrc"
 		sed 's/^/     /' "$tmp/$name.steps" 2>/dev/null
 	done
 } | tee ${TEST_LANES_SUMMARY:+"$TEST_LANES_SUMMARY"}
-for name in heavy light; do
+for name in heavy light checks; do
 	read -r lrc _ <"$tmp/$name" || lrc=1
 	[ "$lrc" = 0 ] || rc=1
 done
