@@ -462,19 +462,41 @@ func TestRequeuesAtTimeoutExpiry(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	f := newFixture(t, g, 0)
+	const timeout = 10 * time.Second
 	f.machine(g, "m", nodeReady(corev1.ConditionFalse, time.Now()))
-	f.healthCheck(g, nil) // Ready=False for 5s
-	start := time.Now()
+	f.healthCheck(g, func(mhc *caprv1.MachineHealthCheck) {
+		for i := range mhc.Spec.Checks.UnhealthyNodeConditions {
+			mhc.Spec.Checks.UnhealthyNodeConditions[i].TimeoutSeconds = ptr.To(int32(timeout / time.Second))
+		}
+	})
+	// The timeout runs from the Node condition's lastTransitionTime as the API stores it, in whole
+	// seconds (up to a second before the Node was written), and a loaded machine may take seconds to
+	// get here: the expiry is taken from the stored time, not from this test's clock (a 3.97 s mark
+	// after a start taken here failed a 4 s bound on a loaded machine, 2026-11-28).
+	node := &corev1.Node{}
+	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: f.ns + "-m"}, node)).To(Succeed())
+	var expiry time.Time
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			expiry = c.LastTransitionTime.Add(timeout)
+		}
+	}
+	g.Expect(expiry.IsZero()).To(BeFalse(), "the Node has a Ready condition")
 	// Nothing changes in the API after this point: only the requeue at expiry can mark the Machine.
+	window := time.Until(expiry) - time.Second
+	g.Expect(window).To(BeNumerically(">=", 2*time.Second), "too little of the timeout left to see an early mark")
 	g.Consistently(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "m")
 		g.Expect(rec).To(BeNil())
-	}, 3*time.Second, poll).Should(Succeed())
+	}, window, poll).Should(Succeed())
+	var marked metav1.Time
 	g.Eventually(func(g Gomega) {
 		rec, _ := markOf(g, f.ns, "m")
 		g.Expect(rec).NotTo(BeNil())
+		marked = rec.Since
 	}, eventually, poll).Should(Succeed())
-	g.Expect(time.Since(start)).To(BeNumerically(">=", 4*time.Second), "marked before the timeout expired")
+	// Whole seconds both, and the expiry a whole second: a mark before it has an earlier time.
+	g.Expect(marked.Time).To(BeTemporally(">=", expiry), "marked before the timeout expired")
 }
 
 func TestNodeStartupTimeoutAndMissingNode(t *testing.T) {
