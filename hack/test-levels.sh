@@ -49,6 +49,7 @@ heavy_elsewhere=(
 	TestTopologyCAPIHealthChecksDriveCAPR # make test-kcp
 	TestTopologyCAPIHealthCheckRecoveryWithdrawsCAPR # make test-kcp
 	TestTopologyGitOpsRevertIsLeftAlone # make test-kcp
+	TestTopologyReplicasRemovedMidRemediationIsLeftAlone # make test-kcp
 	TestLostLockNeverAllowsTwoRunning # make test-scenarios
 )
 single_sandbox=(./test/storage ./test/e2e ./test/binary)

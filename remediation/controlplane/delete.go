@@ -202,6 +202,15 @@ func (r *Reconciler) replicasBack(ctx context.Context, s *scope) (note string, e
 		theirs = src.theirs && src.current != desired
 		return desired, src.current == desired+surge(s) && !theirs
 	}, nil)
+	if left, ok := topologyReplicasLeft(s, err); ok {
+		// Past the point of no return the victim is deleted whatever the replicas: they are the
+		// provider's now, and the hook holding the victim goes (releaseReplicasBackHook, left).
+		note = "; " + left
+		if rec := findStep(s.mr, caprv1.StepDelete); rec == nil || !strings.Contains(rec.Message, replicasChangedElsewhere) {
+			r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, left)
+		}
+		return note, nil
+	}
 	if err != nil || current == desired || (current == desired+surge(s) && !theirs) {
 		return "", err
 	}
@@ -226,7 +235,7 @@ const replicasChangedElsewhere = "changed by someone else during the remediation
 func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (stepResult, error) {
 	cps := s.mr.Status.ControlPlane
 	desired := ptr.Deref(cps.DesiredReplicas, 0)
-	if current, err := Replicas(s.cp); err == nil && current != desired && current != desired+surge(s) {
+	if current, err := Replicas(s.cp); err == nil && current != desired && (current != desired+surge(s) || topologyReplicasRemoved(s)) {
 		desired = current // changed by someone else (replicasBack left them): the provider scales to theirs
 	}
 	if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {

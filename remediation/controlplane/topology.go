@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -225,9 +226,46 @@ func (r *Reconciler) readReplicas(ctx context.Context, s *scope) (replicasSource
 	}
 	n := topologyReplicas(s.liveCluster)
 	if n == nil {
-		return replicasSource{}, fmt.Errorf("cluster %s has no spec.topology.controlPlane.replicas (the remediation recorded that the topology owns the replicas)", s.cluster.Name)
+		return replicasSource{}, fmt.Errorf("cluster %s: %w (the remediation recorded that the topology owns the replicas)", s.cluster.Name, errTopologyReplicasRemoved)
 	}
 	return replicasSource{current: *n, theirs: !ownsTopologyReplicas(s.liveCluster)}, nil
+}
+
+// errTopologyReplicasRemoved says that Cluster spec.topology.controlPlane.replicas, which the
+// remediation recorded as the field it changes, is gone: someone removed it during the remediation,
+// and the topology no longer sets the control-plane object's replicas. CAPR never adds it back (that
+// would take the replicas back from whoever removed them). Steps before the point of no return wait
+// with it until their timeout undoes them; the Delete step and the undo leave the replicas to the
+// provider (topologyReplicasLeft).
+var errTopologyReplicasRemoved = errors.New("spec.topology.controlPlane.replicas was removed during the remediation")
+
+// topologyReplicasLeft is what replicasBack and the undo do when err is errTopologyReplicasRemoved:
+// nothing is written, and the note says so with the control-plane object's replicas of now (what its
+// provider scales to from here on). ok is false for any other error.
+func topologyReplicasLeft(s *scope, err error) (note string, ok bool) {
+	if !errors.Is(err, errTopologyReplicasRemoved) {
+		return "", false
+	}
+	n, rerr := Replicas(s.cp)
+	now := fmt.Sprintf("%d", n)
+	if rerr != nil {
+		now = "unset"
+	}
+	return fmt.Sprintf("Cluster %s spec.topology.controlPlane.replicas was removed (%s), so CAPR leaves the replicas to the %s (%s %s spec.replicas %s now)",
+		s.cluster.Name, replicasChangedElsewhere, s.adapter.Name(), s.cp.GetKind(), s.cp.GetName(), now), true
+}
+
+// topologyReplicasRemoved reports whether the remediation changes the Cluster topology's replicas
+// and the Cluster, as last read, no longer has them.
+func topologyReplicasRemoved(s *scope) bool {
+	if s.replicasField() != caprv1.ReplicasFieldClusterTopology {
+		return false
+	}
+	cluster := s.cluster
+	if s.liveCluster != nil {
+		cluster = s.liveCluster
+	}
+	return topologyReplicas(cluster) == nil
 }
 
 // setTopologyReplicas writes Cluster spec.topology.controlPlane.replicas, from the value from, to n with a

@@ -147,6 +147,10 @@ func (r *Reconciler) undoReplicas(ctx context.Context, s *scope) ([]string, erro
 		cleared = s.adapter.ClearScaleUp(u, s.mr.Name)
 		return nil
 	})
+	if left, ok := topologyReplicasLeft(s, err); ok {
+		// Nothing to set back: the provider's annotations go with the lock (releaseLock).
+		return append(did, left), nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +309,7 @@ func (r *Reconciler) continueUndo(ctx context.Context, s *scope) (bool, ctrl.Res
 func (r *Reconciler) waitForProvider(s *scope, u *caprv1.ControlPlaneUndo) (wait, note string) {
 	desired := ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0)
 	pending := providerObserved(s.cp)
-	if s.replicasField() == caprv1.ReplicasFieldClusterTopology {
+	if s.replicasField() == caprv1.ReplicasFieldClusterTopology && !topologyReplicasRemoved(s) {
 		// The undo set the Cluster's field back; the topology controller writes it to the control
 		// plane later, and until it has, the provider has nothing new to observe.
 		if replicas, found, err := unstructured.NestedInt64(s.cp.Object, "spec", "replicas"); err == nil && found && replicas == int64(desired+surge(s)) {

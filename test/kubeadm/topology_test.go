@@ -12,8 +12,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -369,4 +371,68 @@ func topologyReplicasManagers(g Gomega, cluster *clusterv1.Cluster) []string {
 		}
 	}
 	return out
+}
+
+// TestTopologyReplicasRemovedMidRemediationIsLeftAlone: a person removes Cluster
+// spec.topology.controlPlane.replicas (the field CAPR surged through) while the remediation waits at
+// its Fence step, past the surge. CAPR never adds the field back, deletes the victim once fenced,
+// releases its replicas-back hook and ends, leaving the replicas to KCP, and says so. Before the fix
+// the Delete step failed on every pass reading the missing field, with the victim held by the hook
+// for ever. What KCP does with its own replicas once the topology stops setting them is CAPI's: the
+// test only asks that KCP end with as many Machines as its replicas. `make test-kcp` runs it; `make
+// test` leaves it out (hack/test-levels.sh).
+func TestTopologyReplicasRemovedMidRemediationIsLeftAlone(t *testing.T) {
+	g := NewWithT(t)
+	gate := &sandbox.GateBackend{}
+	wc := topologyHealthCheckCluster(t, "topo-removed", 0, sandbox.ExternalFencing("power"), gate.Fencer())
+	machines, err := sb.ControlPlaneMachines(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	victim := machines[0]
+	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
+	mrKey := client.ObjectKey{Namespace: wc.Namespace, Name: victim.Name}
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(sb.Client.Get(ctx, mrKey, mr)).To(Succeed())
+		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.StepFence))
+		g.Expect(mr.Status.ControlPlane.ReplicasField).To(Equal(caprv1.ReplicasFieldClusterTopology))
+	}, 5*time.Minute, time.Second).Should(Succeed())
+
+	// As `kubectl patch cluster wc --type=json -p '[...]'`. CAPI's CRD refuses an empty
+	// spec.topology.controlPlane (minProperties 1), so the field can go only beside another one: here
+	// a label for the control plane's objects.
+	cluster := &clusterv1.Cluster{}
+	g.Expect(sb.Client.Get(ctx, wc.Key(), cluster)).To(Succeed())
+	remove := client.RawPatch(types.JSONPatchType, []byte(`[{"op":"add","path":"/spec/topology/controlPlane/metadata","value":{"labels":{"example.com/team":"platform"}}},`+
+		`{"op":"remove","path":"/spec/topology/controlPlane/replicas"}]`))
+	g.Expect(sb.Client.Patch(ctx, cluster, remove)).To(Succeed())
+	gate.Open()
+
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(sb.Client.Get(ctx, mrKey, mr)).To(Succeed())
+		if mr.Status.Phase == caprv1.MachineRemediationPhaseFailed {
+			StopTrying(fmt.Sprintf("remediation failed: %v", mr.Status.Conditions)).Now()
+		}
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
+		g.Expect(mr.Status.Steps).To(ContainElement(And(HaveField("Name", caprv1.StepDelete),
+			HaveField("Message", ContainSubstring("spec.topology.controlPlane.replicas was removed")))))
+	}, 10*time.Minute, time.Second).Should(Succeed())
+	g.Expect(apierrors.IsNotFound(sb.Client.Get(ctx, client.ObjectKeyFromObject(&victim), &clusterv1.Machine{}))).To(BeTrue(), "the victim is gone")
+	g.Expect(gate.FencedAtFor(victim.Name).IsZero()).To(BeFalse(), "the victim was never fenced")
+
+	g.Expect(sb.Client.Get(ctx, wc.Key(), cluster)).To(Succeed())
+	g.Expect(cluster.Spec.Topology.ControlPlane.Replicas).To(BeNil(), "CAPR added the removed field back")
+	g.Expect(topologyReplicasManagers(g, cluster)).To(BeEmpty())
+	g.Eventually(func(g Gomega) {
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "wc-cp"}, kcp)).To(Succeed())
+		g.Expect(kcp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+		now, err := sb.ControlPlaneMachines(ctx, wc)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(now).To(HaveLen(int(ptr.Deref(kcp.Spec.Replicas, 0))), "KCP at rest at its own replicas")
+		for _, m := range now {
+			g.Expect(m.Annotations).NotTo(HaveKey(caprv1.ReplicasBackHookAnnotation), m.Name)
+		}
+		t.Logf("KCP at rest: spec.replicas %d, %d Machines", ptr.Deref(kcp.Spec.Replicas, 0), len(now))
+	}, 5*time.Minute, time.Second).Should(Succeed())
 }
