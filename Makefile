@@ -66,7 +66,8 @@ demo: apiserver-assets $(if $(filter kubeadm,$(PROVIDER))$(filter worker-statefu
 
 # The randomized fault suite: `make chaos RUNS=n SEED=s` runs n scenarios with seeds s, s+1, ...
 # (default seed: the clock); PARALLEL=p runs p at a time; PROVIDER=kubeadm runs them on the full stack
-# (CAPI's core, KCP, kubeadm bootstrap, webhooks, kube-controller-manager). `make test` runs
+# (CAPI's core, KCP, kubeadm bootstrap, webhooks, kube-controller-manager), and with TOPOLOGY=1 builds
+# every cluster from a ClusterClass (CAPI's topology controllers run too). `make test` runs
 # TEST_CHAOS_RUNS of them on the lightweight providers from a fixed seed, beside the heavy test
 # packages: 9 runs (three waves of three, about 3 minutes) keep make test within its 30 minutes on
 # 2 cores (issue 31); `make chaos` keeps 20 (`make chaos SEED=1`: seeds 1-20, what make test ran before).
@@ -94,8 +95,8 @@ test: test-assets vet verify-generate ## Lint, check generated files, run every 
 		hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: chaos
-chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP); prints the seed of any violation.
-	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_SEEDS=$(SEEDS) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
+chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP; with TOPOLOGY=1 every cluster built from a ClusterClass); prints the seed of any violation.
+	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_SEEDS=$(SEEDS) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) CHAOS_TOPOLOGY=$(TOPOLOGY) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
 
 # Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) are either a package's
 # envtest suite, next to its code in *_envtest_test.go files behind the build tag envtest (which

@@ -42,8 +42,19 @@ var (
 
 // TestMain starts the sandbox with the providers CHAOS_PROVIDER names (`make chaos PROVIDER=kubeadm`:
 // CAPI's core, KCP and kubeadm bootstrap with their webhooks, kube-controller-manager).
+// With CHAOS_TOPOLOGY (`make chaos PROVIDER=kubeadm TOPOLOGY=1`) it also runs CAPI's ClusterClass and
+// Cluster topology controllers, and every cluster is built from a ClusterClass.
 func TestMain(m *testing.M) {
-	os.Exit(sandbox.RunTestsWithOptions(m, sandbox.Options{Provider: sandbox.Provider(os.Getenv(providerEnv))}, func(s *sandbox.Sandbox) { sb = s }))
+	opts := sandbox.Options{Provider: sandbox.Provider(os.Getenv(providerEnv))}
+	if os.Getenv(topologyEnv) != "" {
+		if opts.Provider != sandbox.ProviderKubeadm {
+			fmt.Fprintf(os.Stderr, "%s is set but %s=%q: topology clusters need the full stack (make chaos PROVIDER=kubeadm TOPOLOGY=1)\n",
+				topologyEnv, providerEnv, opts.Provider)
+			os.Exit(2)
+		}
+		opts.CAPI.Topology = true
+	}
+	os.Exit(sandbox.RunTestsWithOptions(m, opts, func(s *sandbox.Sandbox) { sb = s }))
 }
 
 // Environment variables set by `make chaos`.
@@ -53,7 +64,13 @@ const (
 	seedsEnv    = "CHAOS_SEEDS"
 	parallelEnv = "CHAOS_PARALLEL"
 	providerEnv = "CHAOS_PROVIDER"
+	topologyEnv = "CHAOS_TOPOLOGY"
 )
+
+// topology says whether every cluster is built from a ClusterClass (CHAOS_TOPOLOGY): CAPR then
+// surges through Cluster spec.topology.controlPlane.replicas, which the topology controller brings to
+// the KubeadmControlPlane (docs/user/topology.md).
+func topology() bool { return os.Getenv(topologyEnv) != "" }
 
 func envInt(t *testing.T, name string, def int64) int64 {
 	v := os.Getenv(name)
@@ -276,11 +293,16 @@ func runScenario(t *testing.T, seed int64) {
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6361707263686173)) //nolint:gosec // reproducible test randomness
 	p := newPlan(rng, sb.Provider() != sandbox.ProviderKubeadm && singleDrawn(seed))
-	t.Logf("seed %d: %s", seed, p)
+	spec, built := sandbox.ClusterSpec{Name: "wc", ControlPlane: p.size}, ""
+	if topology() {
+		spec.Topology, built = &sandbox.TopologySpec{}, " built from a ClusterClass"
+	}
+	t.Logf("seed %d: %s%s", seed, p, built)
 
 	ns, err := capienv.CreateNamespace(ctx, sb.Client, "chaos")
 	g.Expect(err).NotTo(HaveOccurred())
-	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: p.size})
+	spec.Namespace = ns
+	wc, err := sb.CreateCluster(ctx, spec)
 	g.Expect(err).NotTo(HaveOccurred())
 	defer sb.DestroyCluster(ctx, wc)
 	if p.size == 1 {
@@ -457,6 +479,13 @@ func runScenario(t *testing.T, seed int64) {
 	g.Expect(cp.GetAnnotations()).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "seed %d: lock %q left at rest (%s)", seed, cp.GetAnnotations()[caprv1.ControlPlaneLockAnnotation], requestsSummary(wc))
 	if sb.Provider() == sandbox.ProviderKubeadm {
 		g.Expect(cp.GetAnnotations()).NotTo(HaveKey(kcpv1.RemediationInProgressAnnotation), "seed %d: KCP's remediation-in-progress left at rest", seed)
+	}
+	if topology() {
+		// The field CAPR surged through is back at N too: the KubeadmControlPlane's value alone
+		// would not show a surge the topology controller has not brought to it yet.
+		cluster := &clusterv1.Cluster{}
+		g.Expect(sb.Client.Get(ctx, wc.Key(), cluster)).To(Succeed())
+		g.Expect(cluster.Spec.Topology.ControlPlane.Replicas).To(HaveValue(Equal(p.size)), "seed %d: Cluster spec.topology.controlPlane.replicas at rest", seed)
 	}
 	now, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
