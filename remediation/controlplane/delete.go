@@ -202,28 +202,25 @@ func (r *Reconciler) replicasBack(ctx context.Context, s *scope) (note string, e
 		theirs = src.theirs && src.current != desired
 		return desired, src.current == desired+surge(s) && !theirs
 	}, nil)
-	if left, ok := topologyReplicasLeft(s, err); ok {
+	left, removed := topologyReplicasLeft(s, err)
+	switch {
+	case removed:
 		// Past the point of no return the victim is deleted whatever the replicas: they are the
 		// provider's now, and the hook holding the victim goes (releaseReplicasBackHook, left).
-		note = "; " + left
-		if rec := findStep(s.mr, caprv1.StepDelete); rec == nil || !strings.Contains(rec.Message, replicasChangedElsewhere) {
-			r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, left)
-		}
-		return note, nil
-	}
-	if err != nil || current == desired || (current == desired+surge(s) && !theirs) {
+	case err != nil || current == desired || (current == desired+surge(s) && !theirs):
 		return "", err
+	default:
+		owners := ""
+		if s.replicasField() == caprv1.ReplicasFieldClusterTopology && s.liveCluster != nil {
+			owners = " by " + topologyReplicasOwners(s.liveCluster)
+		}
+		left = fmt.Sprintf("%s replicas are %d, %s%s (it set %d, from %d), so CAPR leaves them",
+			replicasFieldName(s), current, replicasChangedElsewhere, owners, desired+surge(s), desired)
 	}
-	owners := ""
-	if s.replicasField() == caprv1.ReplicasFieldClusterTopology && s.liveCluster != nil {
-		owners = " by " + topologyReplicasOwners(s.liveCluster)
-	}
-	note = fmt.Sprintf("; %s replicas are %d, %s%s (it set %d, from %d), so CAPR leaves them",
-		replicasFieldName(s), current, replicasChangedElsewhere, owners, desired+surge(s), desired)
 	if rec := findStep(s.mr, caprv1.StepDelete); rec == nil || !strings.Contains(rec.Message, replicasChangedElsewhere) {
-		r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, strings.TrimPrefix(note, "; "))
+		r.event(s.mr, corev1.EventTypeWarning, EventReplicasChangedElsewhere, left)
 	}
-	return note, nil
+	return "; " + left, nil
 }
 
 // replicasChangedElsewhere is how a step's message says that the replicas were changed by someone
