@@ -28,6 +28,11 @@ type Adapter interface {
 	// ScaleDownRefusal says why the provider would not remove a Machine other than the victim now
 	// ("" when it would): the surge orders end with a scale-down.
 	ScaleDownRefusal(view ProviderView) string
+	// SurgeRefusal says why CAPR does not raise the replicas for this victim at all, although the
+	// provider would scale up ("" when it may): the replicas are someone else's to change (the
+	// Cluster topology's) and the surge is not worth it or not allowed. No surge order is taken
+	// then, and a victim whose member is removed first is deleted first (DeleteFirst).
+	SurgeRefusal(view ProviderView) string
 	// Explain returns the provider's own words on what it is doing or waiting for (e.g. KCP's
 	// ScalingUp and ScalingDown condition messages), appended to CAPR's messages while a step waits on
 	// the provider; "" when it has none.
@@ -108,6 +113,9 @@ func (Generic) Busy(ProviderView) string { return "" }
 
 // ScaleDownRefusal implements Adapter.
 func (Generic) ScaleDownRefusal(ProviderView) string { return "" }
+
+// SurgeRefusal implements Adapter: the replicas are the remediation's to raise.
+func (Generic) SurgeRefusal(ProviderView) string { return "" }
 
 // Explain implements Adapter.
 func (Generic) Explain(*unstructured.Unstructured) string { return "" }

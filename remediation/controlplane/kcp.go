@@ -109,6 +109,10 @@ func (KCP) Busy(view ProviderView) string {
 	return ""
 }
 
+// SurgeRefusal implements Adapter: a hand-built KubeadmControlPlane's replicas are the remediation's
+// to raise (its lock, KCP's remediation-in-progress).
+func (KCP) SurgeRefusal(ProviderView) string { return "" }
+
 // ScaleDownRefusal implements Adapter with KCP's scale-down preflight (kubeadmcontrolplane scale.go
 // scaleDownControlPlane → preflightChecks with the Machine to delete excluded): every other Machine
 // must pass the strict health check, and there is no relaxed path. With another unhealthy Machine a

@@ -219,6 +219,7 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 		in.ProviderRefusesScaleUpNow = s.adapter.ScaleUpRefusal(view, false)
 		in.ProviderRefusesScaleUpAfterRemoval = s.adapter.ScaleUpRefusal(view, true)
 		in.ProviderRefusesScaleDown = s.adapter.ScaleDownRefusal(view)
+		in.SurgeRefused = s.adapter.SurgeRefusal(view)
 		in.SurgeMachines = s.adapter.Surge(s.cp).Machines
 	}
 	decision := ChooseOrder(in)

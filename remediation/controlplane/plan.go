@@ -114,6 +114,11 @@ type OrderInput struct {
 	// (SurgeMachines > 1): no surge order is taken then. (With one replacement CAPR deletes the victim
 	// itself and the provider has nothing to remove.)
 	ProviderRefusesScaleDown string
+	// SurgeRefused is why CAPR does not raise the replicas for this victim although the provider
+	// would scale up (Adapter.SurgeRefusal: the Cluster topology owns them). No surge order
+	// (ScaleUpFirst, RemoveMemberFirst) is taken then; a victim whose member is removed first is
+	// deleted first (DeleteFirst), and the provider replaces it at the replicas it has.
+	SurgeRefused string
 	// SurgeMachines is how many Machines the orders that surge (ScaleUpFirst, RemoveMemberFirst) have
 	// the provider create (Adapter.Surge, SurgePlan.Machines; 0 is taken as 1). It is their cost:
 	// with more than one, DeleteFirst creates fewer.
@@ -185,6 +190,8 @@ func ChooseOrder(in OrderInput) OrderDecision {
 			how, c.Healthy, c.Voting, quorum.Of(c.Voting+1))
 	case in.ProviderRefusesScaleUpNow != "":
 		upFirstWhy = "the control-plane provider would not scale up now: " + in.ProviderRefusesScaleUpNow
+	case in.SurgeRefused != "":
+		upFirstWhy = in.SurgeRefused
 	case machines > 1 && in.ProviderRefusesScaleDown != "":
 		// A surge of two ends with the provider scaling the surplus Machine down again.
 		upFirstWhy = fmt.Sprintf("a surge creates %d Machines and the control-plane provider would not scale the surplus one down (%s)", machines, in.ProviderRefusesScaleDown)
@@ -200,7 +207,7 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		removeFirstWhy = "after removing the victim's member the control-plane provider would not create a replacement: " + in.ProviderRefusesScaleUpAfterRemoval
 	}
 
-	removeOrder := removeFirst("", machines).Order
+	removeOrder := removeFirst("", in).Order
 	switch {
 	case in.Victim == VictimHealthy && upFirstWhy == "" && removeFirstWhy == "" && in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst &&
 		valueOf(in, removeOrder).better(valueOf(in, caprv1.ControlPlaneOrderScaleUpFirst)):
@@ -208,7 +215,7 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		// add none while they catch up: where the surge would create two Machines, removing first is
 		// as safe and cheaper.
 		return removeFirst(fmt.Sprintf("the victim's etcd member %s, but removing it first keeps the failure margin (%d/%d healthy after, adding %s) and the surge would create %d Machines",
-			in.victimVotes(), after.Healthy, after.Voting, how, machines), machines)
+			in.victimVotes(), after.Healthy, after.Voting, how, machines), in)
 	case in.Victim == VictimHealthy && upFirstWhy == "":
 		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
 			"the victim's etcd member %s: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)%s",
@@ -218,7 +225,7 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		if upFirstWhy != "" {
 			why += ", and " + upFirstWhy
 		}
-		return removeFirst(why, machines)
+		return removeFirst(why, in)
 	case upFirstWhy == "":
 		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
 			"the victim's etcd member is %s and %s, but adding the replacement %s first is quorum-safe (%d/%d healthy)%s",
@@ -234,7 +241,7 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	if in.Victim == VictimHealthy {
 		member = in.victimVotes()
 	}
-	return removeFirst(fmt.Sprintf("the victim's etcd member %s and %s: it is removed first (%d/%d healthy after)", member, upFirstWhy, after.Healthy, after.Voting), machines)
+	return removeFirst(fmt.Sprintf("the victim's etcd member %s and %s: it is removed first (%d/%d healthy after)", member, upFirstWhy, after.Healthy, after.Voting), in)
 }
 
 // victimVotes says how the VictimHealthy member of in stands: healthy, or voting although it is
@@ -323,11 +330,19 @@ func (in OrderInput) surgeMachines() int32 { return max(in.SurgeMachines, 1) }
 
 // removeFirst is the order that removes the victim's member first: RemoveMemberFirst, whose
 // replacement is created before the victim is fenced and deleted and provisioned meanwhile, when the
-// surge creates one Machine; DeleteFirst when it would create more (the provider then creates one, no surplus to scale
-// down again; fault → full strength costs the victim's deletion before the provisioning instead of a
-// second Machine and its removal).
-func removeFirst(why string, machines int32) OrderDecision {
-	if machines > 1 {
+// surge creates one Machine; DeleteFirst when it would create more (the provider then creates one, no
+// surplus to scale down again; fault → full strength costs the victim's deletion before the
+// provisioning instead of a second Machine and its removal), or when no surge may be taken at all
+// (OrderInput.SurgeRefused: DeleteFirst changes no replicas).
+func removeFirst(why string, in OrderInput) OrderDecision {
+	switch machines := in.surgeMachines(); {
+	case in.SurgeRefused != "":
+		if !strings.Contains(why, in.SurgeRefused) {
+			why += "; " + in.SurgeRefused
+		}
+		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: why +
+			"; the victim is deleted after its member and the control-plane provider creates the replacement at the replicas it has"}
+	case machines > 1:
 		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
 			"%s; a surge would create %d Machines, so the victim is deleted after its member and the control-plane provider creates the one replacement", why, machines)}
 	}
@@ -353,7 +368,15 @@ func chooseExternalEtcdOrder(in OrderInput) OrderDecision {
 	if in.Policy == caprv1.ControlPlaneOrderRemoveMemberFirst {
 		policy = "; the RemoveMemberFirst policy has no member to remove"
 	}
-	if in.ProviderRefusesScaleDown == "" {
+	// Why no surge is taken: the provider would not scale back down, or CAPR may not raise the replicas.
+	noSurge := ""
+	switch {
+	case in.ProviderRefusesScaleDown != "":
+		noSurge = fmt.Sprintf("the control-plane provider would not scale down (%s)", in.ProviderRefusesScaleDown)
+	case in.SurgeRefused != "":
+		noSurge = fmt.Sprintf("no surge is taken (%s)", in.SurgeRefused)
+	}
+	if noSurge == "" {
 		switch {
 		case in.ServingOthers == 0 && !in.VictimServes:
 			return OrderDecision{WaitReason: caprv1.MachineRemediationNoServingControlPlaneReason, WaitMessage: "etcd is external and no control-plane Machine serves the API: a replacement could not join; nothing is done until one does"}
@@ -367,14 +390,14 @@ func chooseExternalEtcdOrder(in OrderInput) OrderDecision {
 	switch {
 	case in.ServingOthers == 0:
 		return OrderDecision{WaitReason: caprv1.MachineRemediationNoServingControlPlaneReason, WaitMessage: fmt.Sprintf(
-			"etcd is external, the control-plane provider would not scale down (%s), and no other control-plane Machine serves the API: deleting the victim first would leave none", in.ProviderRefusesScaleDown)}
+			"etcd is external, %s, and no other control-plane Machine serves the API: deleting the victim first would leave none", noSurge)}
 	case in.ProviderRefusesScaleUpAfterRemoval != "":
 		return OrderDecision{WaitReason: caprv1.MachineRemediationWaitingForPreconditionsReason, WaitMessage: fmt.Sprintf(
-			"etcd is external; the control-plane provider would not scale down (%s), and after the victim is deleted it would not create a replacement: %s", in.ProviderRefusesScaleDown, in.ProviderRefusesScaleUpAfterRemoval)}
+			"etcd is external; %s, and after the victim is deleted the control-plane provider would not create a replacement: %s", noSurge, in.ProviderRefusesScaleUpAfterRemoval)}
 	}
 	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
-		"etcd is external and the control-plane provider would not scale down (%s): the victim is fenced and deleted (%d other control-plane Machines serve the API) and the provider creates the replacement without a surge%s",
-		in.ProviderRefusesScaleDown, in.ServingOthers, policy)}
+		"etcd is external and %s: the victim is fenced and deleted (%d other control-plane Machines serve the API) and the provider creates the replacement without a surge%s",
+		noSurge, in.ServingOthers, policy)}
 }
 
 // marginWait refuses to remove a healthy member first when that takes the failure margin from one to

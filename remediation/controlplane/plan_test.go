@@ -228,7 +228,7 @@ func singleMemberExpectations(g Gomega, in OrderInput, d OrderDecision) {
 		g.Expect(d.WaitMessage).To(ContainSubstring(caprv1.EtcdLearnerJoinsAnnotation))
 		return
 	}
-	if in.ProviderRefusesScaleUpNow == "" && (in.ProviderRefusesScaleDown == "" || in.SurgeMachines < 2) {
+	if in.ProviderRefusesScaleUpNow == "" && in.SurgeRefused == "" && (in.ProviderRefusesScaleDown == "" || in.SurgeMachines < 2) {
 		g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), d.WaitMessage)
 	}
 }
@@ -348,11 +348,12 @@ type orderCase struct {
 	addsLearners                           bool
 	surge                                  int
 	refuseUpNow, refuseDown, refuseUpAfter bool
+	refuseSurge                            bool
 }
 
 func (oc orderCase) String() string {
-	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t",
-		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter)
+	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t",
+		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge)
 }
 
 func (oc orderCase) input() OrderInput {
@@ -369,6 +370,7 @@ func (oc orderCase) input() OrderInput {
 		ProviderRefusesScaleUpNow:          refuse(oc.refuseUpNow, "preflight"),
 		ProviderRefusesScaleDown:           refuse(oc.refuseDown, "another Machine is unhealthy"),
 		ProviderRefusesScaleUpAfterRemoval: refuse(oc.refuseUpAfter, "no capacity"),
+		SurgeRefused:                       refuse(oc.refuseSurge, "the Cluster topology owns the replicas"),
 		SurgeMachines:                      int32(oc.surge),
 	}
 }
@@ -398,10 +400,10 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 								if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v || victim == VictimLearner && learners == 0 {
 									continue
 								}
-								for bits := range 1 << 5 {
+								for bits := range 1 << 6 {
 									oc := orderCase{policy: policy, v: v, h: h, u: u, learners: learners, proven: flags[0], serializable: flags[1],
 										victim: victim, addsLearners: bits&1 != 0, surge: 1 + bits>>1&1,
-										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0}
+										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0, refuseSurge: bits&32 != 0}
 									cases++
 									if msg := checkChosenOrder(oc); msg != "" {
 										failures++
@@ -653,6 +655,10 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		remove("new2")
 	}
 	surge := func(afterRemoval bool) {
+		if err == "" && oc.refuseSurge {
+			err = "CAPR may not raise the replicas"
+			return
+		}
 		add("new1", afterRemoval)
 		if oc.surge == 2 {
 			add("new2", afterRemoval)

@@ -56,6 +56,9 @@ func chooseSingleMemberOrder(in OrderInput) (d OrderDecision, ok bool) {
 	case in.ProviderRefusesScaleUpNow != "":
 		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
 			"cannot proceed: %s, so the replacement must join before it is removed, and the control-plane provider would not create one now: %s", only, in.ProviderRefusesScaleUpNow)}, true
+	case in.SurgeRefused != "":
+		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
+			"cannot proceed: %s, so the replacement must join before it is removed, and CAPR may not raise the replicas: %s", only, in.SurgeRefused)}, true
 	case in.ProviderRefusesScaleDown != "" && in.surgeMachines() > 1:
 		return OrderDecision{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, WaitMessage: fmt.Sprintf(
 			"cannot proceed: %s, so the replacement must join before it is removed, and the control-plane provider would not scale the surplus Machine of its surge back down afterwards (%s)", only, in.ProviderRefusesScaleDown)}, true

@@ -123,22 +123,20 @@ func (t Topology) Busy(view ProviderView) string {
 	return ""
 }
 
-// Surge implements Adapter: the provider's surge, with as many Machines as replicas. Returning the
-// replicas at the first replacement (firstreplacement.go) would be a second apply of the Cluster's
-// field while the remediation runs, which a GitOps tool sees, and it has not been run with the
-// Cluster topology controller between CAPR and KCP; so a surge of two creates two Machines here
-// (docs/user/known-limits.md).
+// Surge implements Adapter: the provider's surge, through Cluster spec.topology.controlPlane.replicas.
+// A surge of two still creates one Machine: the replicas return to N through the Cluster's field as
+// soon as the first replacement exists (firstreplacement.go), and the topology controller applies
+// that to the control-plane object within a reconcile, long before KCP would create a second Machine
+// (only once the first passes its preflight). A GitOps tool sees the field differ from Git from the
+// surge to the first replacement's creation (docs/user/topology.md).
 func (t Topology) Surge(cp *unstructured.Unstructured) SurgePlan {
 	plan := t.Adapter.Surge(cp)
-	if plan.Machines < plan.Replicas {
-		plan.Machines = plan.Replicas
-		plan.Reason = fmt.Sprintf("replicas raised by %d through Cluster %s spec.topology.controlPlane.replicas, one Machine each", plan.Replicas, t.cluster.Name)
-	}
+	plan.Reason = fmt.Sprintf("through Cluster %s spec.topology.controlPlane.replicas: %s", t.cluster.Name, plan.Reason)
 	return plan
 }
 
-// ScaleDownRefusal implements Adapter. Besides the provider's own refusal, it says why a surge is
-// not to be used, which makes ChooseOrder delete the victim first without changing any replicas:
+// SurgeRefusal implements Adapter: why a surge through the Cluster's replicas is not to be used, which
+// makes ChooseOrder delete the victim first without changing any replicas:
 //   - the victim's etcd member is down, unreachable, missing or a learner: removing it loses no
 //     failure margin, so nothing the topology owns needs to change (member-aware delete-first);
 //   - spec.controlPlane.topologyReplicas is Leave: CAPR may not write the Cluster;
@@ -146,8 +144,8 @@ func (t Topology) Surge(cp *unstructured.Unstructured) SurgePlan {
 //
 // With the victim's member healthy the last two leave only orders that lose the margin, so
 // ChooseOrder waits (WouldLoseFailureMargin) until a person sets order RemoveMemberFirst.
-func (t Topology) ScaleDownRefusal(view ProviderView) string {
-	if refusal := t.Adapter.ScaleDownRefusal(view); refusal != "" {
+func (t Topology) SurgeRefusal(view ProviderView) string {
+	if refusal := t.Adapter.SurgeRefusal(view); refusal != "" {
 		return refusal
 	}
 	if view.Etcd != nil && view.Victim != nil && view.Victim.Status.NodeRef.IsDefined() {

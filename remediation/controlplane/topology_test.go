@@ -62,16 +62,17 @@ func TestTopologyAdapterOnlyForReplicasTheTopologyOwns(t *testing.T) {
 	g.Expect(topologyAdapter(KCP{}, topologyCluster(ptr.To(int32(3)), metav1.ConditionTrue), kcpObject(), mr)).To(Equal(KCP{}))
 }
 
-// TestTopologySurgeCreatesAMachinePerReplica: where the topology owns the replicas, the replicas do
-// not return at the first replacement (firstreplacement.go), so a surge of two costs two Machines,
-// the cost ChooseOrder weighs; KCP's own surge of two costs one.
-func TestTopologySurgeCreatesAMachinePerReplica(t *testing.T) {
+// TestTopologySurgeCreatesOneMachine: where the topology owns the replicas, a surge of two still
+// costs one Machine, as KCP's own surge does: the replicas return through the Cluster's field at the
+// first replacement (firstreplacement.go), so ChooseOrder weighs the same cost as on a hand-built KCP.
+func TestTopologySurgeCreatesOneMachine(t *testing.T) {
 	g := NewWithT(t)
 	cp := topologyKCP(t)
 	g.Expect(KCP{}.Surge(cp)).To(HaveField("Machines", int32(1)))
 	plan := Topology{Adapter: KCP{}, cluster: topologyCluster(ptr.To(int32(3)), metav1.ConditionTrue)}.Surge(cp)
 	g.Expect(plan.Replicas).To(Equal(int32(2)))
-	g.Expect(plan.Machines).To(Equal(int32(2)))
+	g.Expect(plan.Machines).To(Equal(int32(1)))
+	g.Expect(plan.Reason).To(HavePrefix("through Cluster"))
 	g.Expect(plan.Reason).To(ContainSubstring("spec.topology.controlPlane.replicas"))
 }
 
@@ -106,7 +107,7 @@ func TestTopologyOrder(t *testing.T) {
 		{name: "member dead, policy Leave: delete first", down: []string{"c"}, policy: caprv1.TopologyReplicasLeave, want: caprv1.ControlPlaneOrderDeleteFirst},
 		{name: "member healthy, policy Leave: wait for consent", policy: caprv1.TopologyReplicasLeave, wait: caprv1.MachineRemediationWouldLoseFailureMarginReason},
 		{name: "member healthy, policy Leave, consent given: delete first", policy: caprv1.TopologyReplicasLeave, order: caprv1.ControlPlaneOrderRemoveMemberFirst,
-			want: caprv1.ControlPlaneOrderDeleteFirst},
+			want: caprv1.ControlPlaneOrderDeleteFirst, reason: "topologyReplicas is Leave"},
 		{name: "member healthy, topology not reconciled: wait for consent", reconciled: metav1.ConditionFalse, wait: caprv1.MachineRemediationWouldLoseFailureMarginReason},
 	}
 	for _, tt := range tests {
@@ -138,6 +139,7 @@ func TestTopologyOrder(t *testing.T) {
 				ProviderRefusesScaleUpNow:          adapter.ScaleUpRefusal(view, false),
 				ProviderRefusesScaleUpAfterRemoval: adapter.ScaleUpRefusal(view, true),
 				ProviderRefusesScaleDown:           adapter.ScaleDownRefusal(view),
+				SurgeRefused:                       adapter.SurgeRefusal(view),
 				SurgeMachines:                      adapter.Surge(view.ControlPlane).Machines})
 			g.Expect(d.WaitReason).To(Equal(tt.wait), d.WaitMessage)
 			g.Expect(d.Order).To(Equal(tt.want), d.Reason)

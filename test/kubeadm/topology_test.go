@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,10 +36,11 @@ import (
 // (CAPI's Cluster topology controller owns KCP's spec.replicas), a control-plane Node stops renewing
 // its Lease while its etcd member stays healthy. CAPR surges through Cluster
 // spec.topology.controlPlane.replicas (3 → 5 → 3, server-side applied by its own field manager),
-// never through KCP's field: both fields take exactly the values 3, 5, 3 (no flapping, nothing
-// reverted by the topology controller), the failure margin never drops below one, and only the two
-// replacements are created (no rollout). KCP's own remediation deletes first on the same cluster,
-// margin 0 (docs/user/topology.md).
+// never through KCP's field, and returns them as soon as KCP created the first replacement: both
+// fields take exactly the values 3, 5, 3 (no flapping, nothing reverted by the topology controller),
+// the failure margin never drops below one, and the API server's watch sees exactly one control-plane
+// Machine created (no second replacement, no rollout). KCP's own remediation deletes first on the
+// same cluster, margin 0 (docs/user/topology.md).
 func TestTopologyNodeNotReadyMemberHealthySurgesThroughCluster(t *testing.T) {
 	var victim string
 	var history *sandbox.ReplicasHistory
@@ -63,7 +66,8 @@ func TestTopologyNodeNotReadyMemberHealthySurgesThroughCluster(t *testing.T) {
 	g.Expect(mr.Status.Steps[0].Message).To(ContainSubstring("Cluster wc spec.topology.controlPlane replicas 3 → 5, applied by field manager " + controlplane.TopologyFieldManager))
 	g.Expect(values["Cluster"]).To(Equal([]int32{3, 5, 3}), "Cluster spec.topology.controlPlane.replicas over time")
 	g.Expect(values["KubeadmControlPlane"]).To(Equal([]int32{3, 5, 3}), "KCP spec.replicas over time")
-	g.Expect(res.Created).To(HaveLen(2), "the two replacements and no rollout: %v", res.Created)
+	g.Expect(cps.Replacements).To(Equal(int32(1)), cps.SurgeReason)
+	g.Expect(res.Created).To(ConsistOf(cps.Replacement), "control-plane Machines created")
 
 	// What a GitOps tool sees afterwards: the value it had, with CAPR's field manager as its owner.
 	cluster := &clusterv1.Cluster{}
@@ -302,12 +306,14 @@ func expectTopologyReplicas(g Gomega, wc *sandbox.WorkloadCluster, n int32) {
 	g.Expect(cluster.Spec.Topology.ControlPlane.Replicas).To(HaveValue(Equal(n)))
 }
 
-// TestTopologyGitOpsRevertIsLeftAlone: CAPR surges through the Cluster's replicas (the replacements
-// cannot come up), and a GitOps tool applies Git's 3 back during the surge with its own field
-// manager, forced, as Flux's kustomize-controller does. CAPR never raises them again, and when CAPI's
-// health check deletes the request (the Node reports again) the undo removes the replacements
-// without writing the Cluster: the field stays the GitOps tool's. `make test-kcp` runs it; `make
-// test` leaves it out (hack/test-levels.sh).
+// TestTopologyGitOpsRevertIsLeftAlone: CAPR surges through the Cluster's replicas while KCP cannot
+// create Machines (an admission policy refuses them, as a quota would), and a GitOps tool applies
+// Git's 3 back during the surge with its own field manager, forced, as Flux's kustomize-controller
+// does. CAPR never raises them again, and when CAPI's health check deletes the request (the Node
+// reports again) the undo writes nothing to the Cluster: the field stays the GitOps tool's. (With
+// Machines created, CAPR returns the replicas itself at the first replacement, within a second of the
+// surge, which leaves a GitOps tool almost no window.) `make test-kcp` runs it; `make test` leaves it
+// out (hack/test-levels.sh).
 func TestTopologyGitOpsRevertIsLeftAlone(t *testing.T) {
 	g := NewWithT(t)
 	wc := topologyHealthCheckCluster(t, "topo-gitops", 0, &caprv1.FencingSpec{Policy: caprv1.FencingDisabled}, nil)
@@ -316,7 +322,7 @@ func TestTopologyGitOpsRevertIsLeftAlone(t *testing.T) {
 	history, err := sb.WatchTopologyReplicas(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
 	victim := machines[0]
-	sb.HoldProvisioning(wc, true)
+	allowMachines := refuseMachineCreation(t, g, wc.Namespace)
 	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
 	mrKey := client.ObjectKey{Namespace: wc.Namespace, Name: victim.Name}
 	g.Eventually(func(g Gomega) {
@@ -340,12 +346,17 @@ func TestTopologyGitOpsRevertIsLeftAlone(t *testing.T) {
 		g.Expect(sb.Client.Get(ctx, mrKey, mr)).To(Succeed())
 		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
 	}, 10*time.Second, 250*time.Millisecond).Should(Succeed(), "CAPR raised the replicas again")
+	g.Eventually(func(g Gomega) {
+		kcp := &controlplanev1.KubeadmControlPlane{}
+		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: "wc-cp"}, kcp)).To(Succeed())
+		g.Expect(kcp.Spec.Replicas).To(HaveValue(Equal(int32(3))), "the topology applied Git's replicas to KCP")
+	}, time.Minute, 250*time.Millisecond).Should(Succeed())
+	allowMachines()
 
 	g.Expect(sb.ResumeHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(apierrors.IsNotFound(sb.Client.Get(ctx, mrKey, &caprv1.MachineRemediation{}))).To(BeTrue(), "the request is still there")
 	}, 3*time.Minute, time.Second).Should(Succeed())
-	sb.HoldProvisioning(wc, false)
 	expectKCPAtRest(g, wc)
 	values, err := history.Stop()
 	g.Expect(err).NotTo(HaveOccurred())
@@ -356,6 +367,60 @@ func TestTopologyGitOpsRevertIsLeftAlone(t *testing.T) {
 	now, err := sb.ControlPlaneMachines(ctx, wc)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(now).To(ConsistOf(HaveField("Name", machines[0].Name), HaveField("Name", machines[1].Name), HaveField("Name", machines[2].Name)))
+}
+
+// refuseMachineCreation makes the API server refuse new Machines in namespace ns (a
+// ValidatingAdmissionPolicy and its binding, as a platform team's quota or policy might) and waits
+// until it does (a server-side dry-run create is refused). It returns the function that lifts it;
+// the test's cleanup lifts it too.
+func refuseMachineCreation(t *testing.T, g Gomega, ns string) (allow func()) {
+	name := "refuse-machines-" + ns
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{clusterv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"machines"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "the test refuses new Machines"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: ns}}},
+		},
+	}
+	g.Expect(sb.Client.Create(ctx, policy)).To(Succeed())
+	g.Expect(sb.Client.Create(ctx, binding)).To(Succeed())
+	allow = func() {
+		for _, obj := range []client.Object{binding, policy} {
+			g.Expect(client.IgnoreNotFound(sb.Client.Delete(ctx, obj))).To(Succeed())
+		}
+	}
+	t.Cleanup(allow)
+	probe := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "probe-"},
+		Spec: clusterv1.MachineSpec{ClusterName: "wc", Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("none")},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine", Name: "none"}},
+	}
+	g.Eventually(func() error {
+		err := sb.Client.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		if err == nil {
+			return fmt.Errorf("a Machine is still admitted")
+		}
+		if !strings.Contains(err.Error(), "the test refuses new Machines") {
+			return err // not refused by the policy yet (a webhook's own refusal is not it)
+		}
+		return nil
+	}, time.Minute, 100*time.Millisecond).Should(Succeed())
+	return allow
 }
 
 // topologyReplicasManagers returns the field managers of Cluster spec.topology.controlPlane.replicas
