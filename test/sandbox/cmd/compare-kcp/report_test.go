@@ -103,3 +103,30 @@ func cells(rs []*run) map[string]string {
 	}
 	return got
 }
+
+// TestSelected: a word selects every scenario whose name contains it; a word starting with = only the
+// scenario of that name ("member dead" is part of three names). Words are separated by a comma
+// without a space after it, as names contain ", ".
+func TestSelected(t *testing.T) {
+	g := NewWithT(t)
+	var names []string
+	for _, sc := range scenarios {
+		names = append(names, sc.name)
+	}
+	pick := func(only string) []string {
+		var out []string
+		for _, n := range names {
+			if selected(n, only) {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	g.Expect(pick("member dead")).To(ConsistOf("member dead", "leader's member dead", "topology, member dead"))
+	g.Expect(pick("=member dead")).To(ConsistOf("member dead"))
+	g.Expect(pick("=member dead,NOSPACE")).To(ConsistOf("member dead", "etcd member degraded (alarm NOSPACE)"))
+	g.Expect(pick("topology, node not Ready")).To(ConsistOf("topology, node not Ready, member healthy"), "a comma and a space are part of a word")
+	g.Expect(pick("=node not Ready, member healthy,=member dead")).To(ConsistOf("node not Ready, member healthy", "member dead"))
+	g.Expect(pick("topology,single")).To(ConsistOf("topology, node not Ready, member healthy", "topology, member dead", "single Machine, node NotReady, member healthy"))
+	g.Expect(pick("")).To(HaveLen(len(names)))
+}
