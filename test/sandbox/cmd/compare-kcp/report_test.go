@@ -109,7 +109,7 @@ func cells(rs []*run) map[string]string {
 // without a space after it, as names contain ", ".
 func TestSelected(t *testing.T) {
 	g := NewWithT(t)
-	var names []string
+	names := make([]string, 0, len(scenarios))
 	for _, sc := range scenarios {
 		names = append(names, sc.name)
 	}
