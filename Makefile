@@ -145,9 +145,13 @@ BENCH_SHAPES ?= one
 bench: apiserver-assets ## Side-by-side health-check benchmark, CAPR vs CAPI's MachineHealthCheck (BENCH_SIZES, BENCH_SHAPES); writes test/bench/results/.
 	cd test/bench && BENCH_SIZES=$(BENCH_SIZES) BENCH_SHAPES=$(BENCH_SHAPES) go test . -run '^$$' -bench '^BenchmarkHealthCheck$$' -benchtime 1x -count 1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
+# make bench-steps: RUNS=n remediations, each reported on its own line (default 1 on the sandbox, 3 on
+# the full stack, where one takes about two minutes).
 .PHONY: bench-steps
-bench-steps: envtest-assets ## The control-plane remediator's own latency per step on the sandbox (what make bench ran before).
-	go test ./test/scenarios -run '^$$' -bench '^BenchmarkControlPlaneStepLatency$$' -benchtime 1x -count 1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+bench-steps: envtest-assets ## The control-plane remediator's own latency per step, RUNS times: on the sandbox, or with PROVIDER=kubeadm on the full stack (KCP).
+	go test $(if $(filter kubeadm,$(PROVIDER)),./test/kubeadm,./test/scenarios) -run '^$$' \
+		-bench '^$(if $(filter kubeadm,$(PROVIDER)),BenchmarkKCPStepLatency,BenchmarkControlPlaneStepLatency)$$' \
+		-benchtime 1x -count $(if $(filter command line,$(origin RUNS)),$(RUNS),$(if $(filter kubeadm,$(PROVIDER)),3,1)) -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 ##@ Development
 
