@@ -132,19 +132,51 @@ func newClient(ctx context.Context, endpoint string, tlsConfig *tls.Config, dial
 	return cli, nil
 }
 
-// waitReady waits until the client's connection is ready, at most timeout.
+// refusedGrace is how long waitReady keeps retrying a member whose connection attempts fail before it
+// gives up on it, well within any dial timeout.
+const refusedGrace = time.Second
+
+// retryTick is how often waitReady asks gRPC to retry a failed connection at once.
+const retryTick = 100 * time.Millisecond
+
+// errRefused is the cause of a dial given up because every connection attempt failed.
+var errRefused = errors.New("every connection attempt failed")
+
+// waitReady waits until the client's connection is ready, at most timeout. A member whose connection
+// attempts fail (its etcd process is dead: the node, or the kubelet behind the port-forward, refuses
+// the connection at once) is given up after refusedGrace instead of the whole dial timeout: the
+// health check's and the order decision's inspections waited that long for a dead member (issue 32:
+// 3 s on the sandbox, 10 s by default, before each order decision with a dead member). gRPC reports
+// a failed attempt as TRANSIENT_FAILURE and keeps the connection in that state until an attempt
+// succeeds, retrying after a backoff of 1 s and more; here a failing connection is retried at once
+// every retryTick (ResetConnectBackoff), so a member that comes back within refusedGrace, or that
+// failed one attempt by chance, is still reached. A member that does not answer at all (its node is
+// down, a black hole) still takes the dial timeout: no attempt fails then.
 func waitReady(ctx context.Context, cli *clientv3.Client, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, errors.New("etcd dial timeout expired"))
 	defer cancel()
 	conn := cli.ActiveConnection()
 	conn.Connect()
+	var failingSince time.Time
 	for {
 		state := conn.GetState()
-		if state == connectivity.Ready {
+		switch state {
+		case connectivity.Ready:
 			return nil
+		case connectivity.TransientFailure:
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) >= refusedGrace {
+				return fmt.Errorf("connection %s for %s: %w", state, refusedGrace, errRefused)
+			}
+			conn.ResetConnectBackoff()
 		}
-		if !conn.WaitForStateChange(ctx, state) {
-			return fmt.Errorf("connection %s: %w", state, context.Cause(ctx))
+		tick, stop := context.WithTimeout(ctx, retryTick)
+		conn.WaitForStateChange(tick, state)
+		stop()
+		if ctx.Err() != nil {
+			return fmt.Errorf("connection %s: %w", conn.GetState(), context.Cause(ctx))
 		}
 	}
 }

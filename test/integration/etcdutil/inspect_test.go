@@ -2,6 +2,7 @@ package etcdutil_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -185,4 +186,101 @@ func TestInspectDoesNotWaitForANodeItDoesNotNeed(t *testing.T) {
 	g.Expect(res.err).NotTo(HaveOccurred())
 	g.Expect(res.state.Counts()).To(Equal(etcdutil.Counts{Voting: 2, Healthy: 2, QuorumProven: true}))
 	g.Eventually(hanging.dialEnded, time.Minute).Should(BeClosed(), "the pending dial is ended once Inspect returned")
+}
+
+// TestDeadMemberIsGivenUpWithoutTheDialTimeout: a member whose etcd process is dead refuses every
+// connection; the dial gives up on it after a second of failed attempts, not at the dial timeout (10
+// minutes here), so an Inspect of a cluster with a dead member returns with it unreachable (issue 32:
+// the order decision of every remediation with a dead member waited 3 s on the sandbox, 10 s by
+// default, for that dial). Before, both calls below ran into the test's minute.
+func TestDeadMemberIsGivenUpWithoutTheDialTimeout(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	c.Kill("n2")
+	direct := c.Direct()
+	direct.DialTimeout = 10 * time.Minute
+
+	dialed := make(chan error, 1)
+	go func() {
+		cli, err := direct.Connect(context.Background(), "n2")
+		if cli != nil {
+			_ = cli.Close()
+		}
+		dialed <- err
+	}()
+	var err error
+	g.Eventually(dialed, time.Minute).Should(Receive(&err), "the dial of a dead member waited for its timeout")
+	g.Expect(err).To(MatchError(ContainSubstring("every connection attempt failed")))
+
+	ec := &etcdutil.Cluster{Connector: direct, CallTimeout: 2 * time.Second, InspectTimeout: 10 * time.Minute}
+	inspected := make(chan *etcdutil.State, 1)
+	go func() {
+		state, err := ec.Inspect(context.Background(), []string{"n1", "n2", "n3"})
+		if err != nil {
+			t.Errorf("Inspect: %v", err)
+		}
+		inspected <- state
+	}()
+	var state *etcdutil.State
+	g.Eventually(inspected, time.Minute).Should(Receive(&state), "Inspect waited for the dead member's dial timeout")
+	g.Expect(state).NotTo(BeNil())
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}))
+	g.Expect(state.ByName("n2").Problem).To(Equal("unreachable"))
+}
+
+// TestFailedConnectionAttemptIsRetriedAtOnce: a member whose first connection attempts fail (a blip
+// in the path to it) but then answers is reached, without gRPC's backoff of a second and more: the
+// dial gives up on a member only when its attempts keep failing (refusedGrace in etcdutil/client.go),
+// and retries at once meanwhile. Each of the first two connections to the proxy in front of the member
+// is closed on accept.
+func TestFailedConnectionAttemptIsRetriedAtOnce(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1")
+	direct := c.Direct()
+	direct.Endpoints["n1"] = flakyProxy(t, direct.Endpoints["n1"], 2)
+	direct.DialTimeout = 10 * time.Minute
+
+	cli, err := direct.Connect(context.Background(), "n1")
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = cli.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = cli.Status(ctx, cli.Endpoints()[0])
+	g.Expect(err).NotTo(HaveOccurred())
+}
+
+// flakyProxy forwards TCP connections to target, closing the first fail ones as soon as they are
+// accepted.
+func flakyProxy(t *testing.T, target string, fail int) string {
+	t.Helper()
+	l, err := capienv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for n := 0; ; n++ {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if n < fail {
+				_ = conn.Close()
+				continue
+			}
+			go func() {
+				defer func() { _ = conn.Close() }()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer func() { _ = up.Close() }()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(up, conn); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(conn, up); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
+	return l.Addr().String()
 }
