@@ -69,6 +69,10 @@ type SurgePlan struct {
 	// the cost of a surge order that ChooseOrder weighs (OrderInput.SurgeMachines).
 	Machines int32
 	Reason   string
+	// WaitsForDeletion says why the provider creates no replacement while a control-plane Machine is
+	// deleting ("" when it does): a replacement asked for before the victim is deleted is then
+	// provisioned after its deletion all the same (OrderInput.SurgeWaitsForDeletion).
+	WaitsForDeletion string
 }
 
 // ProviderView is what a provider's preflight checks look at.

@@ -74,12 +74,24 @@ func (d *kcpRemediationData) marshal() (string, error) {
 // KCP's scale-down, should it come before CAPR's Delete step, takes the victim, which is marked
 // cluster.x-k8s.io/delete-machine before the replicas were raised (scale.go
 // selectMachineForInPlaceUpdateOrScaleDown). External etcd accepts any count.
+//
+// KCP creates no Machine while one is deleting (preflight.go: HasDeletingMachine, before any health
+// check), so a replacement asked for right before the victim's Delete is provisioned after the
+// victim is gone all the same (SurgePlan.WaitsForDeletion). Measured on the full stack
+// (BenchmarkKCPStepLatency, docs/performance.md): with RemoveMemberFirst KCP created the replacement
+// only once the victim was gone, and the raised replicas made KCP reconcile while the victim's dead
+// member was still listed; KCP's etcd client then tries the Nodes in the order of its
+// EtcdMemberHealthy condition, True for a dead member that is listed and raises no alarm
+// (pkg/workload_cluster_conditions.go getNodeNamesSortedByLastKnownEtcdHealth), and a call to the
+// dead one waits out KCP's 15 s call timeout, during which the victim's kcp-cleanup hook waits too.
+// A deleting Machine is left out of that read.
 func (KCP) Surge(cp *unstructured.Unstructured) SurgePlan {
+	const waits = "KCP creates no Machine while another is deleting"
 	if kcpEtcdManaged(cp) {
-		return SurgePlan{Replicas: 2, Machines: 1, Reason: "replicas raised by two (KubeadmControlPlane with stacked etcd accepts only an odd number) " +
+		return SurgePlan{Replicas: 2, Machines: 1, WaitsForDeletion: waits, Reason: "replicas raised by two (KubeadmControlPlane with stacked etcd accepts only an odd number) " +
 			"and back as soon as the first replacement exists: KCP creates one Machine at a time, so only one is created"}
 	}
-	return SurgePlan{Replicas: 1, Machines: 1, Reason: "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"}
+	return SurgePlan{Replicas: 1, Machines: 1, WaitsForDeletion: waits, Reason: "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"}
 }
 
 // Busy implements Adapter: KCP must be quiet before CAPR changes its replicas, because KCP acts on

@@ -199,17 +199,19 @@ func TestKCPRemediationDataIsReadByKCP(t *testing.T) {
 
 // TestKCPSurge: KCP's admission refuses even replicas with stacked etcd (probed against KCP's own
 // webhook in test/kubeadm), so the replicas are raised by two, but KCP creates one Machine at a time
-// and the replicas return at the first: one Machine. External etcd takes any count.
+// and the replicas return at the first: one Machine. External etcd takes any count. KCP creates no
+// Machine while one is deleting (preflight.go), with either; a generic provider does.
 func TestKCPSurge(t *testing.T) {
 	g := NewWithT(t)
+	const waits = "KCP creates no Machine while another is deleting"
 	plan := KCP{}.Surge(kcpObject())
-	g.Expect(plan).To(Equal(SurgePlan{Replicas: 2, Machines: 1, Reason: plan.Reason}))
+	g.Expect(plan).To(Equal(SurgePlan{Replicas: 2, Machines: 1, WaitsForDeletion: waits, Reason: plan.Reason}))
 	g.Expect(plan.Reason).To(ContainSubstring("odd"))
 	external := kcpObject()
 	g.Expect(unstructured.SetNestedMap(external.Object, map[string]interface{}{"endpoints": []interface{}{"https://etcd:2379"}},
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "external")).To(Succeed())
 	plan = KCP{}.Surge(external)
-	g.Expect(plan).To(Equal(SurgePlan{Replicas: 1, Machines: 1, Reason: plan.Reason}))
+	g.Expect(plan).To(Equal(SurgePlan{Replicas: 1, Machines: 1, WaitsForDeletion: waits, Reason: plan.Reason}))
 	plan = Generic{}.Surge(kcpObject())
 	g.Expect(plan).To(Equal(SurgePlan{Replicas: 1, Machines: 1, Reason: plan.Reason}))
 }
@@ -369,4 +371,46 @@ func TestKCPExplain(t *testing.T) {
 	g.Expect(got).NotTo(ContainSubstring("not scaling down"))
 	g.Expect(got).NotTo(ContainSubstring("\n"), "one line in a condition message")
 	g.Expect(Generic{}.Explain(cp)).To(BeEmpty())
+}
+
+// TestKCPOrderWithADeadMember: a hand-built KCP of three whose victim's member is dead gets
+// DeleteFirst, as KCP's own remediation does, not RemoveMemberFirst, whose surge KCP would provision
+// only after the victim's deletion anyway (measured on the full stack: BenchmarkKCPStepLatency); a
+// generic provider, which provisions while the victim is deleted, keeps RemoveMemberFirst. A healthy
+// member still surges first on both.
+func TestKCPOrderWithADeadMember(t *testing.T) {
+	nodes := []string{"a", "b", "c"}
+	tests := []struct {
+		name    string
+		adapter Adapter
+		down    []string
+		want    caprv1.ControlPlaneOrder
+		reason  string
+	}{
+		{name: "KCP, member dead", adapter: KCP{}, down: []string{"c"}, want: caprv1.ControlPlaneOrderDeleteFirst, reason: "KCP creates no Machine while another is deleting"},
+		{name: "KCP, member healthy", adapter: KCP{}, want: caprv1.ControlPlaneOrderScaleUpFirst},
+		{name: "generic, member dead", adapter: Generic{}, down: []string{"c"}, want: caprv1.ControlPlaneOrderRemoveMemberFirst, reason: "removing it first costs no failure margin"},
+		{name: "generic, member healthy", adapter: Generic{}, want: caprv1.ControlPlaneOrderScaleUpFirst},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			var machines []*clusterv1.Machine
+			for _, n := range nodes {
+				if len(tt.down) > 0 && n == tt.down[0] {
+					machines = append(machines, kcpMachine(n, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition))
+				} else {
+					machines = append(machines, kcpMachine(n))
+				}
+			}
+			state := reachableState(nodes, tt.down...)
+			view := ProviderView{ControlPlane: kcpObject(), Machines: machines, Victim: machines[2], Etcd: state}
+			in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: state.Counts(), Victim: victimMember(state, "c")}
+			in.setProvider(tt.adapter, view)
+			d := ChooseOrder(in)
+			g.Expect(d.WaitReason).To(BeEmpty(), d.WaitMessage)
+			g.Expect(d.Order).To(Equal(tt.want), d.Reason)
+			g.Expect(d.Reason).To(ContainSubstring(tt.reason))
+		})
+	}
 }

@@ -216,11 +216,7 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 		if busy := s.adapter.Busy(view); busy != "" && !holdsLock(s) {
 			return startPlan{}, &waiting{reason: caprv1.MachineRemediationWaitingForPreconditionsReason, requeue: waitShort, message: busy}, nil
 		}
-		in.ProviderRefusesScaleUpNow = s.adapter.ScaleUpRefusal(view, false)
-		in.ProviderRefusesScaleUpAfterRemoval = s.adapter.ScaleUpRefusal(view, true)
-		in.ProviderRefusesScaleDown = s.adapter.ScaleDownRefusal(view)
-		in.SurgeRefused = s.adapter.SurgeRefusal(view)
-		in.SurgeMachines = s.adapter.Surge(s.cp).Machines
+		in.setProvider(s.adapter, view)
 	}
 	decision := ChooseOrder(in)
 	if decision.WaitReason != "" {

@@ -123,6 +123,12 @@ type OrderInput struct {
 	// the provider create (Adapter.Surge, SurgePlan.Machines; 0 is taken as 1). It is their cost:
 	// with more than one, DeleteFirst creates fewer.
 	SurgeMachines int32
+	// SurgeWaitsForDeletion is why the provider creates no replacement while the victim is deleting
+	// (SurgePlan.WaitsForDeletion; "" when it does). RemoveMemberFirst raises the replicas before the
+	// victim is fenced and deleted so that the replacement is provisioned meanwhile; such a provider
+	// provisions it only after the deletion, as with DeleteFirst, which is then taken instead: the
+	// same margin and Machines without two replicas changes.
+	SurgeWaitsForDeletion string
 	// ExternalEtcd is true when etcd runs outside the control-plane Machines: Counts, Unreachable,
 	// Victim and AddsLearners are then unused, and ServingOthers and VictimServes decide.
 	ExternalEtcd bool
@@ -130,6 +136,16 @@ type OrderInput struct {
 	// (Adapter.ServesAPI), and VictimServes whether the victim does.
 	ServingOthers int
 	VictimServes  bool
+}
+
+// setProvider fills in what the control-plane provider would do, from its adapter.
+func (in *OrderInput) setProvider(adapter Adapter, view ProviderView) {
+	in.ProviderRefusesScaleUpNow = adapter.ScaleUpRefusal(view, false)
+	in.ProviderRefusesScaleUpAfterRemoval = adapter.ScaleUpRefusal(view, true)
+	in.ProviderRefusesScaleDown = adapter.ScaleDownRefusal(view)
+	in.SurgeRefused = adapter.SurgeRefusal(view)
+	surge := adapter.Surge(view.ControlPlane)
+	in.SurgeMachines, in.SurgeWaitsForDeletion = surge.Machines, surge.WaitsForDeletion
 }
 
 // OrderDecision is the chosen order, or why none can be taken now.
@@ -220,6 +236,14 @@ func ChooseOrder(in OrderInput) OrderDecision {
 		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
 			"the victim's etcd member %s: the replacement joins and votes before it is removed (%d/%d healthy, adding %s is quorum-safe)%s",
 			in.victimVotes(), c.Healthy, c.Voting, how, machinesNote(machines))}
+	case in.Victim != VictimHealthy && upFirstWhy == "" && removeFirstWhy == "" &&
+		valueOf(in, caprv1.ControlPlaneOrderScaleUpFirst).better(valueOf(in, removeOrder)):
+		// A victim without a voting member (missing, a learner) loses no margin to a surge either;
+		// where the provider would provision the replacement only after the victim's deletion, the
+		// surge that comes first is sooner.
+		return OrderDecision{Order: caprv1.ControlPlaneOrderScaleUpFirst, Reason: fmt.Sprintf(
+			"the victim's etcd member is %s, so adding the replacement first costs no failure margin (%d/%d healthy), and %s: the replacement is created before the victim is deleted%s",
+			in.Victim, c.Healthy, c.Voting, in.SurgeWaitsForDeletion, machinesNote(machines))}
 	case in.Victim != VictimHealthy && in.Policy != caprv1.ControlPlaneOrderRemoveMemberFirst && removeFirstWhy == "":
 		why := fmt.Sprintf("the victim's etcd member is %s, so removing it first costs no failure margin (%d/%d healthy after)", in.Victim, after.Healthy, after.Voting)
 		if upFirstWhy != "" {
@@ -259,10 +283,17 @@ func (in OrderInput) victimVotes() string {
 // started: etcd counts it in the quorum at once), and the Machines it has the provider create.
 type orderValue struct {
 	settled, transient, machines int
+	// afterDeletion is 1 when the replacement is provisioned only once the victim is deleted
+	// (DeleteFirst; RemoveMemberFirst when OrderInput.SurgeWaitsForDeletion), which costs the
+	// deletion's time before full strength.
+	afterDeletion int
+	// replicasChanges counts the writes to the replicas (a surge raises them and returns them).
+	replicasChanges int
 }
 
 // better reports whether v beats w: a higher settled margin, then a higher transient one, then fewer
-// Machines.
+// Machines, then a replacement provisioned while the victim is deleted rather than after, then fewer
+// replicas changes.
 func (v orderValue) better(w orderValue) bool {
 	if v.settled != w.settled {
 		return v.settled > w.settled
@@ -270,7 +301,13 @@ func (v orderValue) better(w orderValue) bool {
 	if v.transient != w.transient {
 		return v.transient > w.transient
 	}
-	return v.machines < w.machines
+	if v.machines != w.machines {
+		return v.machines < w.machines
+	}
+	if v.afterDeletion != w.afterDeletion {
+		return v.afterDeletion < w.afterDeletion
+	}
+	return v.replicasChanges < w.replicasChanges
 }
 
 // valueOf is an order's orderValue for in: ScaleUpFirst adds the surge's Machines then removes the
@@ -315,12 +352,18 @@ func valueOf(in OrderInput, order caprv1.ControlPlaneOrder) orderValue {
 	case caprv1.ControlPlaneOrderScaleUpFirst:
 		surge()
 		removeVictim()
+		v.replicasChanges = 2
 	case caprv1.ControlPlaneOrderRemoveMemberFirst:
 		removeVictim()
 		surge()
+		v.replicasChanges = 2
+		if in.SurgeWaitsForDeletion != "" {
+			v.afterDeletion = 1
+		}
 	case caprv1.ControlPlaneOrderDeleteFirst:
 		removeVictim()
 		add()
+		v.afterDeletion = 1
 	}
 	return v
 }
@@ -333,7 +376,8 @@ func (in OrderInput) surgeMachines() int32 { return max(in.SurgeMachines, 1) }
 // surge creates one Machine; DeleteFirst when it would create more (the provider then creates one, no
 // surplus to scale down again; fault → full strength costs the victim's deletion before the
 // provisioning instead of a second Machine and its removal), or when no surge may be taken at all
-// (OrderInput.SurgeRefused: DeleteFirst changes no replicas).
+// (OrderInput.SurgeRefused: DeleteFirst changes no replicas), or when the provider would provision the
+// replacement only after the victim's deletion anyway (OrderInput.SurgeWaitsForDeletion).
 func removeFirst(why string, in OrderInput) OrderDecision {
 	switch machines := in.surgeMachines(); {
 	case in.SurgeRefused != "":
@@ -345,6 +389,9 @@ func removeFirst(why string, in OrderInput) OrderDecision {
 	case machines > 1:
 		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
 			"%s; a surge would create %d Machines, so the victim is deleted after its member and the control-plane provider creates the one replacement", why, machines)}
+	case in.SurgeWaitsForDeletion != "":
+		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: why + "; " + in.SurgeWaitsForDeletion +
+			", so the victim is deleted after its member and the control-plane provider creates the replacement at the replicas it has"}
 	}
 	return OrderDecision{Order: caprv1.ControlPlaneOrderRemoveMemberFirst, Reason: why + "; then the replacement is added"}
 }

@@ -349,11 +349,12 @@ type orderCase struct {
 	surge                                  int
 	refuseUpNow, refuseDown, refuseUpAfter bool
 	refuseSurge                            bool
+	waitsForDeletion                       bool
 }
 
 func (oc orderCase) String() string {
-	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t",
-		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge)
+	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t waitsForDeletion=%t",
+		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge, oc.waitsForDeletion)
 }
 
 func (oc orderCase) input() OrderInput {
@@ -372,6 +373,7 @@ func (oc orderCase) input() OrderInput {
 		ProviderRefusesScaleUpAfterRemoval: refuse(oc.refuseUpAfter, "no capacity"),
 		SurgeRefused:                       refuse(oc.refuseSurge, "the Cluster topology owns the replicas"),
 		SurgeMachines:                      int32(oc.surge),
+		SurgeWaitsForDeletion:              refuse(oc.waitsForDeletion, "KCP creates no Machine while another is deleting"),
 	}
 }
 
@@ -400,10 +402,10 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 								if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v || victim == VictimLearner && learners == 0 {
 									continue
 								}
-								for bits := range 1 << 6 {
+								for bits := range 1 << 7 {
 									oc := orderCase{policy: policy, v: v, h: h, u: u, learners: learners, proven: flags[0], serializable: flags[1],
 										victim: victim, addsLearners: bits&1 != 0, surge: 1 + bits>>1&1,
-										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0, refuseSurge: bits&32 != 0}
+										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0, refuseSurge: bits&32 != 0, waitsForDeletion: bits&64 != 0}
 									cases++
 									if msg := checkChosenOrder(oc); msg != "" {
 										failures++
@@ -501,10 +503,17 @@ func runInEveryWorld(oc orderCase, order caprv1.ControlPlaneOrder, victimName st
 // (also while a voter was added and has not started), and the Machines it has the provider create.
 type simValue struct {
 	settled, transient, machines int
+	// afterDeletion is 1 when the replacement is provisioned only after the victim's deletion
+	// (DeleteFirst; RemoveMemberFirst with a provider that creates no Machine while one is deleting),
+	// 0 when meanwhile: the order restores full strength later by the deletion's time.
+	afterDeletion int
+	// replicasChanges counts the writes to the replicas (a surge raises them and returns them).
+	replicasChanges int
 }
 
 // better reports whether v is better than w: a higher settled margin, then a higher transient one,
-// then fewer Machines.
+// then fewer Machines, then a replacement provisioned during the victim's deletion rather than after,
+// then fewer replicas changes.
 func (v simValue) better(w simValue) bool {
 	if v.settled != w.settled {
 		return v.settled > w.settled
@@ -512,14 +521,20 @@ func (v simValue) better(w simValue) bool {
 	if v.transient != w.transient {
 		return v.transient > w.transient
 	}
-	return v.machines < w.machines
+	if v.machines != w.machines {
+		return v.machines < w.machines
+	}
+	if v.afterDeletion != w.afterDeletion {
+		return v.afterDeletion < w.afterDeletion
+	}
+	return v.replicasChanges < w.replicasChanges
 }
 
 // bestOrderProblem says what is wrong when ChooseOrder's order under the Auto policy is not the best
 // of the orders that run in every world of oc (item 1 of issue 32: keep the margin first, then create
-// the fewest Machines). Orders of equal value are equally good: which of them restores full strength
-// soonest (RemoveMemberFirst provisions before the victim is deleted, DeleteFirst after) is
-// TestChooseOrder's.
+// the fewest Machines, then provision the replacement while the victim is deleted rather than after,
+// which RemoveMemberFirst does unless the provider creates no Machine while one is deleting, then
+// change the replicas least). Orders of equal value are equally good.
 func bestOrderProblem(oc orderCase, chosen caprv1.ControlPlaneOrder, victimName string) string {
 	value := func(order caprv1.ControlPlaneOrder) (simValue, bool) {
 		if runInEveryWorld(oc, order, victimName) != "" {
@@ -669,13 +684,19 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		surge(false)
 		remove(victimName)
 		scaleDown()
+		value.replicasChanges = 2
 	case caprv1.ControlPlaneOrderRemoveMemberFirst:
 		remove(victimName)
 		surge(true)
 		scaleDown()
+		value.replicasChanges = 2
+		if oc.waitsForDeletion {
+			value.afterDeletion = 1
+		}
 	case caprv1.ControlPlaneOrderDeleteFirst:
 		remove(victimName)
 		add("new1", true)
+		value.afterDeletion = 1
 	default:
 		return fmt.Sprintf("unexpected order %q", order), value
 	}

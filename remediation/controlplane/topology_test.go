@@ -135,12 +135,9 @@ func TestTopologyOrder(t *testing.T) {
 			if tt.order != "" {
 				policy = tt.order
 			}
-			d := ChooseOrder(OrderInput{Policy: policy, Initialized: true, Counts: state.Counts(), Victim: victimMember(state, "c"),
-				ProviderRefusesScaleUpNow:          adapter.ScaleUpRefusal(view, false),
-				ProviderRefusesScaleUpAfterRemoval: adapter.ScaleUpRefusal(view, true),
-				ProviderRefusesScaleDown:           adapter.ScaleDownRefusal(view),
-				SurgeRefused:                       adapter.SurgeRefusal(view),
-				SurgeMachines:                      adapter.Surge(view.ControlPlane).Machines})
+			in := OrderInput{Policy: policy, Initialized: true, Counts: state.Counts(), Victim: victimMember(state, "c")}
+			in.setProvider(adapter, view)
+			d := ChooseOrder(in)
 			g.Expect(d.WaitReason).To(Equal(tt.wait), d.WaitMessage)
 			g.Expect(d.Order).To(Equal(tt.want), d.Reason)
 			g.Expect(d.Reason).To(ContainSubstring(tt.reason))

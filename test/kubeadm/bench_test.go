@@ -24,7 +24,7 @@ import (
 // where the time of a control-plane remediation goes, per step, on a three-Machine
 // KubeadmControlPlane (issue 32 item 3: `make bench-steps PROVIDER=kubeadm`), for two faults:
 // "member healthy" (a Node stops renewing its Lease: ScaleUpFirst) and "member dead" (a follower's
-// etcd process is killed: RemoveMemberFirst). Times are taken from CAPR's StepObserver (when each step
+// etcd process is killed: DeleteFirst). Times are taken from CAPR's StepObserver (when each step
 // started and was seen done) and from the world as the benchmark sees it through the API and etcd
 // every 50 ms. Reported, in ms, per step S of the order:
 //
@@ -32,7 +32,7 @@ import (
 //	took/S                S started → S seen done: what S waited for (etcd, KCP, the fencing), CAPR's polling included
 //	seen/WaitForReplacement  replacement with a Node and a healthy voting member → the step seen done
 //	seen/Delete           victim Machine gone → the step seen done
-//	provider/replacement  ScaleUp started → replacement up (KCP, CABPK, the stand-in kubelet, etcd)
+//	provider/replacement  ScaleUp started (without one: victim gone) → replacement up (KCP, CABPK, the stand-in kubelet, etcd)
 //	provider/delete       Delete started → victim Machine gone
 //	detect                fault → the MachineRemediation seen (the health check's timeouts: 2 s, 10 s)
 //	total                 fault → the remediation Succeeded
@@ -44,7 +44,7 @@ func BenchmarkKCPStepLatency(b *testing.B) {
 		{name: "member healthy", order: caprv1.ControlPlaneOrderScaleUpFirst, inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, m clusterv1.Machine) error {
 			return sb.StopHeartbeat(ctx, wc, m.Status.NodeRef.Name)
 		}},
-		{name: "member dead", order: caprv1.ControlPlaneOrderRemoveMemberFirst, follower: true, inject: func(_ context.Context, wc *sandbox.WorkloadCluster, m clusterv1.Machine) error {
+		{name: "member dead", order: caprv1.ControlPlaneOrderDeleteFirst, follower: true, inject: func(_ context.Context, wc *sandbox.WorkloadCluster, m clusterv1.Machine) error {
 			sb.KillEtcdMember(wc, m.Status.NodeRef.Name)
 			return nil
 		}},
@@ -183,7 +183,7 @@ func kcpStepLatencyRun(b *testing.B, f kcpBenchFault, run int) map[string]time.D
 		"total":                   succeeded.Sub(fault),
 		"seen/WaitForReplacement": st.done[caprv1.StepWaitForReplacement].Sub(latest(st.replacementUp, st.issued[caprv1.StepWaitForReplacement])),
 		"seen/Delete":             st.done[caprv1.StepDelete].Sub(latest(st.victimGone, st.issued[caprv1.StepDelete])),
-		"provider/replacement":    st.replacementUp.Sub(st.issued[caprv1.StepScaleUp]),
+		"provider/replacement":    st.replacementUp.Sub(replacementAsked(st)),
 		"provider/delete":         st.victimGone.Sub(st.issued[caprv1.StepDelete]),
 	}
 	previous := st.requested
@@ -194,6 +194,15 @@ func kcpStepLatencyRun(b *testing.B, f kcpBenchFault, run int) map[string]time.D
 	}
 	b.Logf("%s, run %d: %v", f.name, run, out)
 	return out
+}
+
+// replacementAsked is when the provider was asked for the replacement: ScaleUp started, or, in an
+// order without it (DeleteFirst), the victim gone (the provider replaces it at the replicas it has).
+func replacementAsked(st *stepTimes) time.Time {
+	if at, ok := st.issued[caprv1.StepScaleUp]; ok {
+		return at
+	}
+	return st.victimGone
 }
 
 // latest returns the later of two times.

@@ -107,11 +107,13 @@ func TestKCPTwoOfFiveDeadNeverDeadlocks(t *testing.T) {
 	g := NewWithT(t)
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 	// Both members are down in etcd before the first remediation starts, whatever KCP's conditions say
-	// yet: each victim's dead member is removed first, and no surge leaves a surplus for KCP to scale
-	// down (issue 35: a surge when KCP's conditions lagged threw a Machine away).
+	// yet: each victim's dead member is removed first and its Machine deleted before KCP creates the
+	// replacement, as KCP does (issue 32: KCP creates no Machine while one is deleting), and no surge
+	// leaves a surplus for KCP to scale down (issue 35: a surge when KCP's conditions lagged threw a
+	// Machine away).
 	for _, v := range victims {
 		cps := res.Remediations[v].Status.ControlPlane
-		g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), cps.OrderReason)
+		g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), cps.OrderReason)
 		g.Expect(cps.Replacements).To(Equal(int32(1)), cps.SurgeReason)
 	}
 	g.Expect(res.Created).To(HaveLen(2), "control-plane Machines created: one per victim")
