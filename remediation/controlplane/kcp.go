@@ -285,7 +285,14 @@ func (KCP) ScaleUpRefusal(view ProviderView, afterRemoval bool) string {
 	return ""
 }
 
-// kcpEtcdProjection is KCP's targetEtcdClusterHealthy with addEtcdMember=true.
+// kcpEtcdProjection is KCP's targetEtcdClusterHealthy with addEtcdMember=true. A member counts as
+// healthy when KCP's EtcdMemberHealthy condition on its Machine is True, or when CAPR's inspection
+// just found it healthy (it answered through its Node, votes and raises no alarm): KCP's condition
+// says no more than that (membership, learner, alarms; pkg/workload_cluster_conditions.go) and is
+// refreshed only when KCP reconciles, so such a member passes KCP's check at KCP's next reconcile.
+// Without that, a Machine that joined moments before (KCP's condition not True yet, or KCP's
+// reconcile held up by a dead member's 15 s call timeout) made a remediation wait for KCP
+// (compare-kcp "member dead": 5 s between the mark and the start).
 func kcpEtcdProjection(view ProviderView, removed string) string {
 	byNode := map[string]*clusterv1.Machine{}
 	for _, m := range view.Machines {
@@ -311,7 +318,8 @@ func kcpEtcdProjection(view ProviderView, removed string) string {
 			voting++
 		}
 		if m, ok := byNode[member.Name]; ok {
-			if !conditions.IsTrue(m, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition) {
+			answered := member.Reachable && member.Healthy && !member.IsLearner
+			if !conditions.IsTrue(m, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition) && !answered {
 				unhealthy = append(unhealthy, member.Name)
 			}
 		} else if len(member.Alarms) > 0 {
