@@ -407,16 +407,20 @@ func TestKCPExplain(t *testing.T) {
 // DeleteFirst, as KCP's own remediation does, not RemoveMemberFirst, whose surge KCP would provision
 // only after the victim's deletion anyway (measured on the full stack: BenchmarkKCPStepLatency); a
 // generic provider, which provisions while the victim is deleted, keeps RemoveMemberFirst. A healthy
-// member still surges first on both.
+// member still surges first on both. A victim without a member loses no margin to a surge, so on KCP
+// it surges first (the replacement comes before the deletion, not after it).
 func TestKCPOrderWithADeadMember(t *testing.T) {
 	nodes := []string{"a", "b", "c"}
 	tests := []struct {
 		name    string
 		adapter Adapter
 		down    []string
+		missing bool // c has no member in the list
 		want    caprv1.ControlPlaneOrder
 		reason  string
 	}{
+		{name: "KCP, member missing", adapter: KCP{}, missing: true, want: caprv1.ControlPlaneOrderScaleUpFirst, reason: "the replacement is created before the victim is deleted"},
+		{name: "generic, member missing", adapter: Generic{}, missing: true, want: caprv1.ControlPlaneOrderRemoveMemberFirst},
 		{name: "KCP, member dead", adapter: KCP{}, down: []string{"c"}, want: caprv1.ControlPlaneOrderDeleteFirst, reason: "KCP creates no Machine while another is deleting"},
 		{name: "KCP, member healthy", adapter: KCP{}, want: caprv1.ControlPlaneOrderScaleUpFirst},
 		{name: "generic, member dead", adapter: Generic{}, down: []string{"c"}, want: caprv1.ControlPlaneOrderRemoveMemberFirst, reason: "removing it first costs no failure margin"},
@@ -433,7 +437,11 @@ func TestKCPOrderWithADeadMember(t *testing.T) {
 					machines = append(machines, kcpMachine(n))
 				}
 			}
-			state := reachableState(nodes, tt.down...)
+			members := nodes
+			if tt.missing {
+				members = nodes[:2]
+			}
+			state := reachableState(members, tt.down...)
 			view := ProviderView{ControlPlane: kcpObject(), Machines: machines, Victim: machines[2], Etcd: state}
 			in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: state.Counts(), Victim: victimMember(state, "c")}
 			in.setProvider(tt.adapter, view)
