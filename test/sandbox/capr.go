@@ -294,11 +294,11 @@ func (s *Sandbox) WatchQuorum(ctx context.Context, wc *WorkloadCluster) *QuorumW
 			sort.Strings(names)
 			// Which processes run is read before the member list: a member removed and then
 			// stopped between the two reads must not count as a voting member that is down.
-			running, joining := map[string]bool{}, map[string]bool{}
+			running := map[string]bool{}
 			for _, n := range names {
-				running[n], joining[n] = wc.Etcd.Running(n), wc.Etcd.Joining(n)
+				running[n] = wc.Etcd.Running(n)
 			}
-			members, err := clients.memberList(wctx, names, endpoints, running, joining)
+			members, err := clients.memberList(wctx, names, endpoints, running)
 			if wctx.Err() != nil {
 				return
 			}
@@ -359,13 +359,12 @@ type rawMemberClient struct {
 
 // memberList reads etcd's member list through the running members: linearizable through any of
 // them (served only with a quorum), else the first member's own (serializable) view, so that a
-// cluster that lost quorum is still counted. It fails only when no running member answers. A member
-// that is joining is not asked (EtcdCluster.Joining): the watcher must not slow its start.
-func (c *rawMemberClients) memberList(ctx context.Context, names []string, endpoints map[string]string, running, joining map[string]bool) ([]*etcdserverpb.Member, error) {
+// cluster that lost quorum is still counted. It fails only when no running member answers.
+func (c *rawMemberClients) memberList(ctx context.Context, names []string, endpoints map[string]string, running map[string]bool) ([]*etcdserverpb.Member, error) {
 	var errs []error
 	for _, serializable := range []bool{false, true} {
 		for _, n := range names {
-			if !running[n] || joining[n] {
+			if !running[n] {
 				continue
 			}
 			cli, err := c.get(n, endpoints[n])

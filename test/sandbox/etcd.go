@@ -47,11 +47,6 @@ type EtcdCluster struct {
 
 	mu      sync.Mutex
 	members map[string]*etcdProcess
-	// joining names the members whose Join has started them and not yet promoted them (Joining).
-	joining map[string]bool
-
-	// beforePromote, when set (tests), is called by Join between starting the learner and promoting it.
-	beforePromote func(name string)
 
 	// provisioning serialises Provision: deciding "first member or join" and acting on it is one step,
 	// so two Machines provisioned at once never both start a new cluster.
@@ -71,7 +66,7 @@ func NewEtcdCluster(dir, binary string) (*EtcdCluster, error) {
 	if _, err := os.Stat(binary); err != nil {
 		return nil, fmt.Errorf("etcd binary %s is missing: run `make envtest-assets`", binary)
 	}
-	c := &EtcdCluster{dir: dir, binary: binary, members: map[string]*etcdProcess{}, joining: map[string]bool{}}
+	c := &EtcdCluster{dir: dir, binary: binary, members: map[string]*etcdProcess{}}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -170,17 +165,6 @@ func (c *EtcdCluster) Endpoints() map[string]string {
 // independent of kubelets and port-forwarding).
 func (c *EtcdCluster) Direct() *etcdutil.Direct {
 	return &etcdutil.Direct{Endpoints: c.Endpoints(), TLS: c.clientTLS, DialTimeout: 2 * time.Second}
-}
-
-// Joining reports whether the member is in a Join that started its process and has not promoted it
-// yet. The sandbox's own observers (EtcdState, WatchQuorum) do not connect to such a member: a client
-// connection that reaches a member before it serves can hold its start back by etcd's request timeout
-// (5 s + 2 election timeouts: the member's first attempt to publish itself times out), measured 2026-11-29
-// (docs/developer/testing.md#oracles-and-their-self-tests). An instrument must not slow what it measures.
-func (c *EtcdCluster) Joining(name string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.joining[name]
 }
 
 // Running reports whether the member's process is running.
@@ -344,14 +328,6 @@ func (c *EtcdCluster) Join(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.joining[name] = true
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		delete(c.joining, name)
-		c.mu.Unlock()
-	}()
 	cli, err := c.Client(ctx)
 	if err != nil {
 		return err
@@ -381,9 +357,6 @@ func (c *EtcdCluster) Join(ctx context.Context, name string) error {
 	}
 	if err := c.start(p, strings.Join(initial, ","), "existing"); err != nil {
 		return errors.Join(err, c.abandonJoin(ctx, cli, p, added.Member.ID))
-	}
-	if c.beforePromote != nil {
-		c.beforePromote(name)
 	}
 	// Promote as soon as etcd accepts it (it refuses while the learner is behind).
 	if err := retryUntil(ctx, 60*time.Second, func() error {

@@ -19,7 +19,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -574,10 +573,10 @@ func (s *Sandbox) EtcdState(ctx context.Context, wc *WorkloadCluster) (*etcdutil
 	// an unreachable one.
 	direct := wc.Etcd.Direct()
 	direct.DialTimeout = 10 * time.Second
-	ec := &etcdutil.Cluster{Connector: settledOnly{direct, wc.Etcd}, CallTimeout: 2 * time.Second}
+	ec := &etcdutil.Cluster{Connector: direct, CallTimeout: 2 * time.Second}
 	names := make([]string, 0)
 	for n := range wc.Etcd.Endpoints() {
-		if wc.Etcd.Running(n) && !wc.Etcd.Joining(n) {
+		if wc.Etcd.Running(n) {
 			names = append(names, n)
 		}
 	}
@@ -586,20 +585,6 @@ func (s *Sandbox) EtcdState(ctx context.Context, wc *WorkloadCluster) (*etcdutil
 		return nil, errors.New("no etcd member is running")
 	}
 	return ec.Inspect(ctx, names)
-}
-
-// settledOnly connects to members that are not joining (EtcdCluster.Joining): a joining learner is
-// reported unreachable rather than slowed by a connection before it serves.
-type settledOnly struct {
-	etcdutil.Connector
-	etcd *EtcdCluster
-}
-
-func (s settledOnly) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
-	if s.etcd.Joining(node) {
-		return nil, fmt.Errorf("etcd member %s is joining: the sandbox does not connect to it before its promotion", node)
-	}
-	return s.Connector.Connect(ctx, node)
 }
 
 // Faults.
