@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -92,6 +93,9 @@ func runOnce(ctx context.Context, sb *sandbox.Sandbox, sc scenario, sys system, 
 			return nil, err
 		}
 	}
+	if err := writeAPIServerData(ctx, wc); err != nil {
+		return nil, err
+	}
 	quorum := sb.WatchQuorum(ctx, wc)
 	r.fault = time.Now()
 	if r.victims, err = sc.inject(ctx, r); err != nil {
@@ -119,6 +123,32 @@ sampling:
 		r.diagnosis = r.controlPlaneConditions(ctx)
 	}
 	return r, nil
+}
+
+// apiServerWrites is how many writes each run puts into the workload cluster's etcd before the
+// fault: the data a real cluster's etcd holds from its API server. etcd 3.6 snapshots in memory every
+// 100 applied entries and then compacts its raft log (etcdserver memorySnapshotCount, compactRaftLog),
+// so in a real cluster every joining member catches up from a snapshot, and such a member can lose its
+// first attempt to publish itself and serve no client for etcd's request timeout (6 s here). The
+// sandbox's etcd holds no API server data: without these writes only runs whose own etcd calls had
+// passed 100 entries (CAPR's inspections: AlarmList goes through raft) met that, and KCP's never
+// (docs/design/kcp-comparison.md).
+const apiServerWrites = 200
+
+// writeAPIServerData puts apiServerWrites keys into the workload cluster's etcd (its stacked or
+// external cluster).
+func writeAPIServerData(ctx context.Context, wc *sandbox.WorkloadCluster) error {
+	cli, err := wc.Etcd.Client(ctx)
+	if err != nil {
+		return fmt.Errorf("reaching the etcd of cluster %s: %w", wc.Name, err)
+	}
+	defer func() { _ = cli.Close() }()
+	for i := range apiServerWrites {
+		if _, err := cli.Put(ctx, fmt.Sprintf("/registry/compare-kcp/%d", i%20), strconv.Itoa(i)); err != nil {
+			return fmt.Errorf("writing to the etcd of cluster %s: %w", wc.Name, err)
+		}
+	}
+	return nil
 }
 
 // requests are CAPR's MachineRemediations of the victims that exist.
