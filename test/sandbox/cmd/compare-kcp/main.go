@@ -64,7 +64,8 @@ func compare() int {
 		return 2
 	}
 	ctrl.SetLogger(logr.Discard())
-	ctx := context.Background()
+	ctx, stop := sandbox.InterruptContext()
+	defer stop()
 	env := describeEnvironment(o)
 	capi := sandbox.CAPIOptions{MachineHealthCheck: true, Topology: true}
 	if o.kcpLog != "" {
@@ -90,6 +91,10 @@ func compare() int {
 			continue
 		}
 		out := runScenario(ctx, sb, sc, i, o)
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "interrupted: stopping the full stack; no results are written")
+			return 1
+		}
 		failed = failed || out.errors > 0
 		fmt.Print(out.table())
 		outcomes = append(outcomes, out)
@@ -117,6 +122,9 @@ func runScenario(ctx context.Context, sb *sandbox.Sandbox, sc scenario, i int, o
 	out := scenarioOutcome{sc: sc, runs: make([][]*run, len(systems))}
 	for k := range o.runs {
 		for j, sys := range systems {
+			if ctx.Err() != nil {
+				return out
+			}
 			ns := fmt.Sprintf("cmp-%d-%d", i, j)
 			if o.runs > 1 {
 				ns = fmt.Sprintf("cmp-%d-%d-%d", i, j, k)

@@ -135,9 +135,15 @@ sampling:
 // (docs/design/kcp-comparison.md).
 const apiServerWrites = 200
 
+// apiServerWritesTimeout bounds writeAPIServerData.
+const apiServerWritesTimeout = 30 * time.Second
+
 // writeAPIServerData puts apiServerWrites keys into the workload cluster's etcd (its stacked or
-// external cluster).
+// external cluster). A healthy etcd takes well under a second; an etcd that does not answer fails the
+// run after apiServerWritesTimeout instead of hanging it.
 func writeAPIServerData(ctx context.Context, wc *sandbox.WorkloadCluster) error {
+	ctx, cancel := context.WithTimeout(ctx, apiServerWritesTimeout)
+	defer cancel()
 	cli, err := wc.Etcd.Client(ctx)
 	if err != nil {
 		return fmt.Errorf("reaching the etcd of cluster %s: %w", wc.Name, err)

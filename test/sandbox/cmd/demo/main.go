@@ -141,17 +141,20 @@ func main() {
 	} else {
 		ctrl.SetLogger(logr.Discard())
 	}
+	// Interrupted, the demo returns through its deferred stops (nothing it started keeps running).
+	base, stop := sandbox.InterruptContext()
 	var err error
 	if *name == workerStateful {
 		// CAPI's MachineSet replaces the worker: always on the full stack, which starts in minutes.
-		ctx, cancel := context.WithTimeout(context.Background(), max(*timeout, 15*time.Minute))
+		ctx, cancel := context.WithTimeout(base, max(*timeout, 15*time.Minute))
 		err = runWorkerStateful(ctx)
 		cancel()
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		ctx, cancel := context.WithTimeout(base, *timeout)
 		err = run(ctx, *name, sc, sandbox.Provider(*provider))
 		cancel()
 	}
+	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
 		os.Exit(1)
