@@ -55,6 +55,7 @@ const (
 	EventSurplusReplacementDeleted = "SurplusReplacementDeleted"
 	EventOrderReplanned            = "OrderReplanned"
 	EventReplicasChangedElsewhere  = "ReplicasChangedElsewhere"
+	EventDownMemberRemoved         = "DownMemberRemoved"
 )
 
 // EtcdProvider gives access to a workload cluster's etcd (WorkloadEtcd in production).

@@ -289,11 +289,28 @@ type worldOptions struct {
 	// generations: the fake API server bumps the control-plane object's metadata.generation as the
 	// real one does (withProviderGenerations).
 	generations bool
+	// requests are other MachineRemediations of the cluster (withRequests).
+	requests []*caprv1.MachineRemediation
 }
 
 // worldOption configures newWorld. Options apply in order: withReplacement after withMachines,
 // withReplicas after withControlPlaneObject.
 type worldOption func(*worldOptions)
+
+// withRequests adds other MachineRemediations (waitingRequest) beside the running one.
+func withRequests(requests ...*caprv1.MachineRemediation) worldOption {
+	return func(o *worldOptions) { o.requests = append(o.requests, requests...) }
+}
+
+// waitingRequest returns the Pending MachineRemediation of Machine name, changed by opts.
+func waitingRequest(name string, opts ...func(*caprv1.MachineRemediation)) *caprv1.MachineRemediation {
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name},
+		Status: caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhasePending}}
+	for _, o := range opts {
+		o(mr)
+	}
+	return mr
+}
 
 // withMachines replaces the control-plane Machines (they are all in MachinesBefore).
 func withMachines(machines ...*clusterv1.Machine) worldOption {
@@ -452,6 +469,9 @@ func newWorld(t *testing.T, opts ...worldOption) *world {
 		},
 	}
 	objs = append(objs, mr)
+	for _, other := range o.requests {
+		objs = append(objs, other.DeepCopy())
+	}
 	builder := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&caprv1.MachineRemediation{})
 	if o.generations {
 		builder = builder.WithInterceptorFuncs(interceptor.Funcs{Patch: bumpGeneration})

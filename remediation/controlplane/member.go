@@ -3,9 +3,17 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
@@ -82,7 +90,13 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	}
 	if victim == nil {
 		c := state.Counts()
-		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)}}, nil
+		msg := fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)
+		if also, err := r.removeWaitingDownMembers(ctx, s, state); err != nil {
+			return stepResult{}, err
+		} else if also != "" {
+			msg += "; " + also
+		}
+		return stepResult{StepResult: remediation.StepResult{Done: true, Message: msg}}, nil
 	}
 	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
 	c := state.Counts()
@@ -103,4 +117,108 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("etcd refused the removal for now: %v", err), Requeue: waitShort}}, nil
 	}
 	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("removing member %s (%x) through %v", victim.Name, victim.ID, via), Requeue: 200 * time.Millisecond}}, nil
+}
+
+// removeWaitingDownMembers removes, once the victim's own member is gone, the members of the other
+// Machines of the cluster whose remediation waits for this one and whose member is down
+// (downMembersOfWaiting), and says so on both requests. Removing a member that does not vote never
+// lowers the failure margin (V shrinks, H stays: quorum.CanRemoveMember decides each removal, as for
+// the victim's), and the waiting request would remove it first thing at its own start (an unhealthy
+// member is removed before anything else). Doing it now, under this remediation's lock, raises the
+// margin a whole remediation earlier (two of five members dead: from 0 to 1 within a second of the
+// first removal instead of after the first replacement votes), and KCP's next look sees that
+// Machine's member gone (EtcdMemberHealthy False) instead of trying to reach a listed member first
+// and waiting for its dial timeout (controlplane/kubeadm/pkg getNodeNamesSortedByLastKnownEtcdHealth;
+// docs/design/kcp-comparison.md). It is best effort: a removal etcd refuses is left to the waiting
+// request, and this remediation goes on.
+func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope, state *etcdutil.State) (string, error) {
+	list := &caprv1.MachineRemediationList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
+		return "", fmt.Errorf("listing MachineRemediations: %w", err)
+	}
+	var removed []string
+	for _, w := range downMembersOfWaiting(state, s.mr.Name, list.Items, s.machines, now()) {
+		var via []string
+		for _, m := range state.Members {
+			if m.Healthy && !m.IsLearner {
+				via = append(via, m.Name)
+			}
+		}
+		if err := s.etcd.RemoveMember(ctx, w.member.ID, via); err != nil {
+			ctrl.LoggerFrom(ctx).Info("Leaving a waiting remediation's down etcd member to it: etcd refused its removal",
+				"waiting", klog.KObj(w.request), "member", w.member.Name, "error", err.Error())
+			break
+		}
+		removed = append(removed, fmt.Sprintf("%s (%x) of waiting %s", w.member.Name, w.member.ID, w.request.Name))
+		msg := fmt.Sprintf("etcd member %s (%x) of Machine %s is down and was removed by the remediation of %s, which holds the control plane: a member that does not vote is removed without lowering the failure margin, and this request would have removed it first at its start",
+			w.member.Name, w.member.ID, w.request.Name, s.mr.Name)
+		r.event(w.request, corev1.EventTypeNormal, EventDownMemberRemoved, msg)
+		ctrl.LoggerFrom(ctx).Info("Removed the down etcd member of a waiting remediation", "waiting", klog.KObj(w.request), "member", w.member.Name)
+	}
+	if len(removed) == 0 {
+		return "", nil
+	}
+	r.event(s.mr, corev1.EventTypeNormal, EventDownMemberRemoved, "removed the down etcd members of waiting remediations too: "+strings.Join(removed, ", "))
+	return "removed the down members of waiting remediations too: " + strings.Join(removed, ", "), nil
+}
+
+// waitingDownMember is a member removeWaitingDownMembers removes, with the request that waits for it.
+type waitingDownMember struct {
+	request *caprv1.MachineRemediation
+	member  etcdutil.MemberStatus
+}
+
+// downMembersOfWaiting chooses the members removeWaitingDownMembers removes for the running
+// remediation holder: those of the other requests that wait to start (Pending, not being deleted,
+// not paused, not held back by their retry limits or period), whose Machine may be remediated (has
+// its Node, is not deleting, carries neither skip-remediation nor paused), and whose member is a
+// voter that is down (not Up: it neither answers nor is proven to lead, etcdutil.MemberStatus.Up)
+// and not the leader, each only while its removal is quorum-safe on the counts the removals before
+// it leave. In the order of the requests' names.
+func downMembersOfWaiting(state *etcdutil.State, holder string, requests []caprv1.MachineRemediation, machines []*clusterv1.Machine, at time.Time) []waitingDownMember {
+	if state == nil {
+		return nil
+	}
+	byName := map[string]*clusterv1.Machine{}
+	for _, m := range machines {
+		byName[m.Name] = m
+	}
+	sorted := make([]*caprv1.MachineRemediation, 0, len(requests))
+	for i := range requests {
+		sorted = append(sorted, &requests[i])
+	}
+	slices.SortFunc(sorted, func(a, b *caprv1.MachineRemediation) int { return strings.Compare(a.Name, b.Name) })
+	c := state.Counts()
+	var out []waitingDownMember
+	for _, mr := range sorted {
+		m, ok := byName[mr.Name]
+		if mr.Name == holder || !ok || !mayRemoveEarly(mr, m, at) {
+			continue
+		}
+		member := state.ByName(m.Status.NodeRef.Name)
+		if member == nil || member.Name == "" || member.IsLearner || member.Up() || member.ID == state.LeaderID {
+			continue
+		}
+		if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: false}) {
+			continue
+		}
+		out = append(out, waitingDownMember{request: mr, member: *member})
+		c.Voting--
+		if !member.Reachable {
+			c.Unreachable--
+		}
+	}
+	return out
+}
+
+// mayRemoveEarly says whether a request and its Machine allow their member to be removed before
+// the request starts: what its own start would check first (reconcilePending, startPreconditions).
+func mayRemoveEarly(mr *caprv1.MachineRemediation, m *clusterv1.Machine, at time.Time) bool {
+	if (mr.Status.Phase != "" && mr.Status.Phase != caprv1.MachineRemediationPhasePending) || !mr.DeletionTimestamp.IsZero() ||
+		annotations.HasPaused(mr) || !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() ||
+		annotations.HasSkipRemediation(m) || annotations.HasPaused(m) {
+		return false
+	}
+	retry := CheckRetryLimits(remediationRecord(m), mr.Spec.ControlPlane, at)
+	return !retry.GiveUp && retry.WaitUntil.IsZero()
 }

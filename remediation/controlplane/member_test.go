@@ -2,9 +2,14 @@ package controlplane
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -137,4 +142,158 @@ func TestStepRemoveMember(t *testing.T) {
 			expectNoEtcdChange(g, w)
 		}},
 	})
+}
+
+// Two of five members dead: once the running remediation's victim is out of etcd, the member of the
+// other Machine whose request waits is down too and goes in the same pass (margin 0 → 1 a whole
+// remediation earlier); what its own start would refuse, or a member that may still vote, stays.
+func TestStepRemoveMemberRemovesWaitingDownMembers(t *testing.T) {
+	five := []worldOption{withReplicas(5), withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e"), cpMachine("m-f"))}
+	fiveWith := func(etcd *fakeEtcd, extra ...worldOption) []worldOption {
+		return append(append(slices.Clone(five), withEtcd(etcd)), extra...)
+	}
+	victimGone := func(opts ...memberOption) *fakeEtcd { // m-b's member removed, m-e's as opts say
+		return newFakeEtcd(member(nodeA, asLeader()), member(nodeC), member(nodeE, opts...), member(nodeF))
+	}
+	runStepCases(t, caprv1.StepRemoveMember, []stepCase{
+		{name: "waiting request's member unreachable: removed with the victim's, through the healthy voters",
+			world: fiveWith(victimGone(asUnreachable()), withRequests(waitingRequest("m-e"))),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				g.Expect(w.etcd.removeMembers).To(Equal([]removeMemberCall{{id: memberID(nodeE), via: []string{nodeA, nodeC, nodeF}}}))
+				g.Expect(res.Message).To(ContainSubstring("removed the down members of waiting remediations too: " + nodeE))
+			}},
+		{name: "waiting request's member healthy: stays",
+			world: fiveWith(victimGone(), withRequests(waitingRequest("m-e"))),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				expectNoEtcdChange(g, w)
+			}},
+		{name: "no request for the Machine whose member is down: stays (the health check has not asked)",
+			world: fiveWith(victimGone(asUnreachable())),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				expectNoEtcdChange(g, w)
+			}},
+		{name: "victim's own member still listed: only it is removed in this pass",
+			world: fiveWith(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asUnreachable()), member(nodeC), member(nodeE, asUnreachable()), member(nodeF)),
+				withRequests(waitingRequest("m-e"))),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.etcd.removeMembers).To(Equal([]removeMemberCall{{id: memberID(nodeB), via: []string{nodeA, nodeC, nodeF}}}))
+			}},
+		{name: "etcd refuses the waiting member's removal: the step is done all the same, the member left to its request",
+			world: fiveWith(&fakeEtcd{removeMemberErr: errInjected, members: []fakeMember{member(nodeA, asLeader()), member(nodeC), member(nodeE, asUnreachable()), member(nodeF)}},
+				withRequests(waitingRequest("m-e"))),
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				g.Expect(w.etcd.removeMembers).To(HaveLen(1))
+				g.Expect(res.Message).NotTo(ContainSubstring("removed the down members"))
+			}},
+	})
+}
+
+// downMembersOfWaiting decides which waiting requests' members the running remediation removes:
+// each exclusion is a check the request's own start makes first, or a member that may still vote.
+func TestDownMembersOfWaiting(t *testing.T) {
+	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	recent, err := (&caprv1.RemediationRecord{Machine: "old", Timestamp: metav1.NewTime(now.Add(-time.Minute)), RetryCount: 1}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleting := func(mr *caprv1.MachineRemediation) {
+		mr.DeletionTimestamp, mr.Finalizers = ptr.To(metav1.NewTime(now)), []string{caprv1.MachineRemediationFinalizer}
+	}
+	phase := func(p caprv1.RemediationPhase) func(*caprv1.MachineRemediation) {
+		return func(mr *caprv1.MachineRemediation) { mr.Status.Phase = p }
+	}
+	paused := func(mr *caprv1.MachineRemediation) {
+		mr.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	}
+	retryPeriod := func(mr *caprv1.MachineRemediation) {
+		mr.Spec.ControlPlane = &caprv1.ControlPlaneRemediationSpec{RetryPeriodSeconds: ptr.To[int32](600)}
+	}
+	maxRetry := func(mr *caprv1.MachineRemediation) {
+		mr.Spec.ControlPlane = &caprv1.ControlPlaneRemediationSpec{MaxRetry: ptr.To[int32](1)}
+	}
+	// Five Machines; m-b's member is already out (the holder's victim); m-e's and m-f's members as
+	// each case says.
+	machines := func(e, f *clusterv1.Machine) []*clusterv1.Machine {
+		return []*clusterv1.Machine{cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), e, f}
+	}
+	etcd := func(e, f []memberOption, extra ...fakeMember) []fakeMember {
+		return append([]fakeMember{member(nodeA, asLeader()), member(nodeC), member(nodeE, e...), member(nodeF, f...)}, extra...)
+	}
+	down := []memberOption{asUnreachable()}
+	cases := []struct {
+		name     string
+		members  []fakeMember
+		machines []*clusterv1.Machine
+		requests []*caprv1.MachineRemediation
+		want     []string // requests whose member is removed, in order
+	}{
+		{name: "unreachable member of a Pending request", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}, want: []string{"m-e"}},
+		{name: "reachable member that is down (no leader) of a request not yet given a phase", members: etcd([]memberOption{asDown()}, nil),
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e", phase(""))}, want: []string{"m-e"}},
+		{name: "six Machines, the holder's member gone, two waiting ones down: both go, by name (5 → 3 voters, 3 healthy)", members: etcd(down, down, member(nodeD)),
+			machines: append(machines(cpMachine("m-e"), cpMachine("m-f")), cpMachine("m-d")), requests: []*caprv1.MachineRemediation{waitingRequest("m-f"), waitingRequest("m-e")}, want: []string{"m-e", "m-f"}},
+		{name: "the holder itself is never a waiting request", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-b"), waitingRequest("m-e")}, want: []string{"m-e"}},
+		{name: "healthy member", members: etcd(nil, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "learner", members: etcd([]memberOption{asLearner(), asUnreachable()}, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "the leader, though unreachable", members: []fakeMember{member(nodeA), member(nodeC), member(nodeE, asLeader(), asUnreachable()), member(nodeF)},
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "member not in the list", members: []fakeMember{member(nodeA, asLeader()), member(nodeC), member(nodeF)},
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "request Running (it removes its own)", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", phase(caprv1.MachineRemediationPhaseRunning))}},
+		{name: "request finished", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", phase(caprv1.MachineRemediationPhaseFailed))}},
+		{name: "request being deleted", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", deleting)}},
+		{name: "request paused", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", paused)}},
+		{name: "Machine paused", members: etcd(down, nil), machines: machines(cpMachine("m-e", withMachineAnnotation(clusterv1.PausedAnnotation, "")), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "Machine skips remediation", members: etcd(down, nil),
+			machines: machines(cpMachine("m-e", withMachineAnnotation(clusterv1.MachineSkipRemediationAnnotation, "")), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "Machine being deleted", members: etcd(down, nil), machines: machines(cpMachine("m-e", beingDeleted()), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "Machine without a Node", members: etcd(down, nil), machines: machines(cpMachine("m-e", withoutNode()), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "request of a Machine of another cluster (not among the Machines)", members: etcd(down, nil), machines: machines(cpMachine("m-x"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "request waiting for its retry period", members: etcd(down, nil),
+			machines: machines(cpMachine("m-e", withMachineAnnotation(caprv1.RemediationRecordAnnotation, recent)), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", retryPeriod)}},
+		{name: "request that would give up (maxRetry reached)", members: etcd(down, nil),
+			machines: machines(cpMachine("m-e", withMachineAnnotation(caprv1.RemediationRecordAnnotation, recent)), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", maxRetry)}},
+		{name: "a learner pending promotion: no membership change", members: etcd(down, nil, member(nodeD, asLearner())),
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+		{name: "quorum lost (2 of 4 healthy): no membership change",
+			members:  []fakeMember{member(nodeA, asLeader()), member(nodeC, asUnreachable()), member(nodeE, asUnreachable()), member(nodeF)},
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			state, err := newFakeEtcd(tc.members...).Inspect(t.Context(), nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			requests := make([]caprv1.MachineRemediation, 0, len(tc.requests))
+			for _, r := range tc.requests {
+				requests = append(requests, *r)
+			}
+			var got []string
+			for _, w := range downMembersOfWaiting(state, "m-b", requests, tc.machines, now) {
+				g.Expect(w.member.Name).To(Equal(nodeOf(w.request.Name)))
+				got = append(got, w.request.Name)
+			}
+			g.Expect(got).To(Equal(tc.want))
+		})
+	}
 }

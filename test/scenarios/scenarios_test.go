@@ -112,7 +112,9 @@ func TestLeaderWithUnreachableKubeletKeepsTheMargin(t *testing.T) {
 }
 
 // TestFiveMembersTwoDeadAreRemediatedOneAtATime: two of five members die. Both Machines are marked
-// (the quorum-safe limit for 5 is 2) and remediated one after the other; the second waits.
+// (the quorum-safe limit for 5 is 2) and remediated one after the other; the second waits, and its
+// dead member is removed by the first with the first's own (remediation/controlplane
+// removeWaitingDownMembers).
 func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	g := NewWithT(t)
 	wc := newCluster(t, withControlPlane(5))
@@ -126,7 +128,9 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	sb.KillEtcdMember(wc, a.Status.NodeRef.Name)
 	sb.KillEtcdMember(wc, b.Status.NodeRef.Name)
 
-	// While one runs, the other says it waits for it.
+	// While one runs, the other says it waits for it; and once the running one's member is out of
+	// etcd, the waiting one's dead member is out too (removed by the running one, margin 0 → 1),
+	// before the waiting one starts.
 	g.Eventually(func(g Gomega) {
 		ma, mb := getRemediation(g, wc, a.Name), getRemediation(g, wc, b.Name)
 		running, waiting := ma, mb
@@ -135,6 +139,10 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 		}
 		g.Expect(running.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
 		g.Expect(conditions.GetReason(waiting, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationAnotherRemediationInProgressReason))
+		members := memberNames(g, wc)
+		g.Expect(members).NotTo(ContainElement(a.Status.NodeRef.Name))
+		g.Expect(members).NotTo(ContainElement(b.Status.NodeRef.Name))
+		g.Expect(getRemediation(g, wc, waiting.Name).Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending), "the waiting request started first")
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
 
 	ma := waitRemediated(t, wc, a.Name, 5)
