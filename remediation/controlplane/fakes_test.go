@@ -505,7 +505,7 @@ func newTestScheme(g Gomega) *runtime.Scheme {
 	return s
 }
 
-// run runs one step as runStep does, with the step's record from the remediation's status.
+// run runs one step as a pass does (runStepOfPass), with the step's record from the remediation's status.
 func (w *world) run(step caprv1.StepName) (stepResult, error) {
 	w.t.Helper()
 	rec := findStep(w.s.mr, step)
@@ -513,7 +513,7 @@ func (w *world) run(step caprv1.StepName) (stepResult, error) {
 		w.s.mr.Status.Steps = append(w.s.mr.Status.Steps, caprv1.RemediationStep{Name: step, Outcome: caprv1.StepOutcomeInProgress, StartTime: ptr.To(metav1.Now())})
 		rec = findStep(w.s.mr, step)
 	}
-	return w.r.runStep(w.t.Context(), w.s, step, rec)
+	return w.r.runStepOfPass(w.t.Context(), w.s, step, rec)
 }
 
 // replicas reads the control-plane object's spec.replicas from the API.

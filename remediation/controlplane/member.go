@@ -90,13 +90,7 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	}
 	if victim == nil {
 		c := state.Counts()
-		msg := fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)
-		if also, err := r.removeWaitingDownMembers(ctx, s, state); err != nil {
-			return stepResult{}, err
-		} else if also != "" {
-			msg += "; " + also
-		}
-		return stepResult{StepResult: remediation.StepResult{Done: true, Message: msg}}, nil
+		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)}}, nil
 	}
 	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
 	c := state.Counts()
@@ -121,7 +115,10 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 
 // removeWaitingDownMembers removes, once the victim's own member is gone, the members of the other
 // Machines of the cluster whose remediation waits for this one and whose member is down
-// (downMembersOfWaiting), and says so on both requests. Removing a member that does not vote never
+// (downMembersOfWaiting), and says so on both requests. runSteps calls it after every step of a pass
+// that read etcd (RemoveMember's last pass, WaitForReplacement's): a request marked after this one
+// removed its victim's member is found at the next such pass. The removed members are taken out of
+// the pass's etcd state, which later steps of the same pass act on. Removing a member that does not vote never
 // lowers the failure margin (V shrinks, H stays: quorum.CanRemoveMember decides each removal, as for
 // the victim's), and the waiting request would remove it first thing at its own start (an unhealthy
 // member is removed before anything else). Doing it now, under this remediation's lock, raises the
@@ -131,7 +128,11 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 // and waiting for its dial timeout (controlplane/kubeadm/pkg getNodeNamesSortedByLastKnownEtcdHealth;
 // docs/design/kcp-comparison.md). It is best effort: a removal etcd refuses is left to the waiting
 // request, and this remediation goes on.
-func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope, state *etcdutil.State) (string, error) {
+func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope) (string, error) {
+	state := s.etcdState
+	if state == nil || victimListed(s, state) { // etcd not read in this pass (or unreadable), or the victim first
+		return "", nil
+	}
 	list := &caprv1.MachineRemediationList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
 		return "", fmt.Errorf("listing MachineRemediations: %w", err)
@@ -149,6 +150,7 @@ func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope, sta
 				"waiting", klog.KObj(w.request), "member", w.member.Name, "error", err.Error())
 			break
 		}
+		state.Members = slices.DeleteFunc(state.Members, func(m etcdutil.MemberStatus) bool { return m.ID == w.member.ID })
 		removed = append(removed, fmt.Sprintf("%s (%x) of waiting %s", w.member.Name, w.member.ID, w.request.Name))
 		msg := fmt.Sprintf("etcd member %s (%x) of Machine %s is down and was removed by the remediation of %s, which holds the control plane: a member that does not vote is removed without lowering the failure margin, and this request would have removed it first at its start",
 			w.member.Name, w.member.ID, w.request.Name, s.mr.Name)
@@ -221,4 +223,17 @@ func mayRemoveEarly(mr *caprv1.MachineRemediation, m *clusterv1.Machine, at time
 	}
 	retry := CheckRetryLimits(remediationRecord(m), mr.Spec.ControlPlane, at)
 	return !retry.GiveUp && retry.WaitUntil.IsZero()
+}
+
+// victimListed reports whether the victim's member is in the member list, by its name or by the ID
+// recorded when it was first seen (a member that never started has no name).
+func victimListed(s *scope, state *etcdutil.State) bool {
+	if state.ByName(s.victimNode()) != nil {
+		return true
+	}
+	if s.mr.Status.ControlPlane == nil || s.mr.Status.ControlPlane.MemberID == "" {
+		return false
+	}
+	id, err := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64)
+	return err == nil && state.ByID(id) != nil
 }

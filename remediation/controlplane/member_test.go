@@ -193,6 +193,32 @@ func TestStepRemoveMemberRemovesWaitingDownMembers(t *testing.T) {
 	})
 }
 
+// A request marked after the running remediation removed its victim's member is found at the next
+// pass that reads etcd: here WaitForReplacement's, the remove-first order's replacement joining.
+func TestWaitingDownMemberRemovedWhileTheReplacementJoins(t *testing.T) {
+	runStepCases(t, caprv1.StepWaitForReplacement, []stepCase{
+		{name: "replacement voting, waiting request's member down: removed in the same pass",
+			world: []worldOption{withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst), withReplicas(6),
+				withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e"), cpMachine("m-f")), withReplacement(cpMachine("m-d")),
+				withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC), member(nodeD), member(nodeE, asUnreachable()), member(nodeF))),
+				withRequests(waitingRequest("m-e"))},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				g.Expect(w.etcd.removeMembers).To(Equal([]removeMemberCall{{id: memberID(nodeE), via: []string{nodeA, nodeC, nodeD, nodeF}}}))
+				g.Expect(res.Message).To(ContainSubstring("removed the down members of waiting remediations too: " + nodeE))
+			}},
+		{name: "victim's member still listed (scale up first): nothing removed yet",
+			world: []worldOption{withReplicas(6),
+				withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e"), cpMachine("m-f")), withReplacement(cpMachine("m-d")),
+				withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC), member(nodeD), member(nodeE, asUnreachable()), member(nodeF))),
+				withRequests(waitingRequest("m-e"))},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				expectNoEtcdChange(g, w)
+			}},
+	})
+}
+
 // downMembersOfWaiting decides which waiting requests' members the running remediation removes:
 // each exclusion is a check the request's own start makes first, or a member that may still vote.
 func TestDownMembersOfWaiting(t *testing.T) {

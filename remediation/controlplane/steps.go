@@ -95,7 +95,7 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 		rec = findStep(s.mr, step)
 	}
 
-	res, err := r.runStep(ctx, s, step, rec)
+	res, err := r.runStepOfPass(ctx, s, step, rec)
 	rec = findStep(s.mr, step)
 	if err != nil {
 		s.mr.Status.LastError = err.Error()
@@ -154,6 +154,20 @@ func (r *Reconciler) observe(s *scope, step caprv1.StepName, done bool) {
 	if r.StepObserver != nil {
 		r.StepObserver(StepEvent{Remediation: types.NamespacedName{Namespace: s.mr.Namespace, Name: s.mr.Name}, Step: step, Done: done, Time: time.Now()})
 	}
+}
+
+// runStepOfPass runs one step (runStep) and then what follows any step of a pass: the dead members of
+// waiting requests go as soon as the victim's is gone (removeWaitingDownMembers).
+func (r *Reconciler) runStepOfPass(ctx context.Context, s *scope, step caprv1.StepName, rec *caprv1.RemediationStep) (stepResult, error) {
+	res, err := r.runStep(ctx, s, step, rec)
+	if err != nil {
+		return res, err
+	}
+	also, err := r.removeWaitingDownMembers(ctx, s)
+	if also != "" {
+		res.Message += "; " + also
+	}
+	return res, err
 }
 
 func (r *Reconciler) runStep(ctx context.Context, s *scope, step caprv1.StepName, rec *caprv1.RemediationStep) (stepResult, error) {

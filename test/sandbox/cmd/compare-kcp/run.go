@@ -112,6 +112,8 @@ sampling:
 		select {
 		case <-deadline.C:
 			break sampling
+		case <-ctx.Done(): // interrupted: the caller stops the full stack
+			break sampling
 		case <-tick.C:
 		}
 	}
