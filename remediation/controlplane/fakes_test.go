@@ -302,9 +302,11 @@ func withRequests(requests ...*caprv1.MachineRemediation) worldOption {
 	return func(o *worldOptions) { o.requests = append(o.requests, requests...) }
 }
 
-// waitingRequest returns the Pending MachineRemediation of Machine name, changed by opts.
+// waitingRequest returns the Pending MachineRemediation of Machine name, made by CAPR's health check
+// for its etcd member, changed by opts.
 func waitingRequest(name string, opts ...func(*caprv1.MachineRemediation)) *caprv1.MachineRemediation {
 	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name},
+		Spec:   caprv1.MachineRemediationSpec{Source: caprv1.MachineRemediationSourceHealthCheck, Reason: caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason},
 		Status: caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhasePending}}
 	for _, o := range opts {
 		o(mr)

@@ -172,7 +172,8 @@ type waitingDownMember struct {
 
 // downMembersOfWaiting chooses the members removeWaitingDownMembers removes for the running
 // remediation holder: those of the other requests that wait to start (Pending, not being deleted,
-// not paused, not held back by their retry limits or period), whose Machine may be remediated (has
+// not paused, not held back by their retry limits or period) and were made for the etcd member
+// (mayRemoveEarly), whose Machine may be remediated (has
 // its Node, is not deleting, carries neither skip-remediation nor paused), and whose member is a
 // voter that is down (not Up: it neither answers nor is proven to lead, etcdutil.MemberStatus.Up)
 // and not the leader, each only while its removal is quorum-safe on the counts the removals before
@@ -214,9 +215,17 @@ func downMembersOfWaiting(state *etcdutil.State, holder string, requests []caprv
 }
 
 // mayRemoveEarly says whether a request and its Machine allow their member to be removed before
-// the request starts: what its own start would check first (reconcilePending, startPreconditions).
+// the request starts: what its own start would check first (reconcilePending, startPreconditions),
+// and that the request is CAPR's health check's for the etcd member (reason UnhealthyEtcdMember).
+// That check keeps requesting a Machine whose member is missing, so a request withdrawn after the
+// removal (the member answering again before it was removed) is made again and the Machine replaced.
+// A request from Node conditions alone (CAPI's MachineHealthCheck, a kubelet down while etcd runs:
+// its member unreachable, not proven dead) may be withdrawn when the Node recovers, and nothing would
+// ever ask again for the Machine left without its member; such a member stays for the request's own
+// start to decide.
 func mayRemoveEarly(mr *caprv1.MachineRemediation, m *clusterv1.Machine, at time.Time) bool {
-	if (mr.Status.Phase != "" && mr.Status.Phase != caprv1.MachineRemediationPhasePending) || !mr.DeletionTimestamp.IsZero() ||
+	if mr.Spec.Reason != caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason ||
+		(mr.Status.Phase != "" && mr.Status.Phase != caprv1.MachineRemediationPhasePending) || !mr.DeletionTimestamp.IsZero() ||
 		annotations.HasPaused(mr) || !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() ||
 		annotations.HasSkipRemediation(m) || annotations.HasPaused(m) {
 		return false

@@ -251,6 +251,9 @@ func TestDownMembersOfWaiting(t *testing.T) {
 		return append([]fakeMember{member(nodeA, asLeader()), member(nodeC), member(nodeE, e...), member(nodeF, f...)}, extra...)
 	}
 	down := []memberOption{asUnreachable()}
+	reason := func(source caprv1.RemediationSource, reason string) func(*caprv1.MachineRemediation) {
+		return func(mr *caprv1.MachineRemediation) { mr.Spec.Source, mr.Spec.Reason = source, reason }
+	}
 	cases := []struct {
 		name     string
 		members  []fakeMember
@@ -266,6 +269,13 @@ func TestDownMembersOfWaiting(t *testing.T) {
 			machines: append(machines(cpMachine("m-e"), cpMachine("m-f")), cpMachine("m-d")), requests: []*caprv1.MachineRemediation{waitingRequest("m-f"), waitingRequest("m-e")}, want: []string{"m-e", "m-f"}},
 		{name: "the holder itself is never a waiting request", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
 			requests: []*caprv1.MachineRemediation{waitingRequest("m-b"), waitingRequest("m-e")}, want: []string{"m-e"}},
+		{name: "request from Node conditions (its Node may recover and the request be withdrawn)", members: etcd(down, nil),
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", reason(caprv1.MachineRemediationSourceHealthCheck, caprv1.MachineCAPRHealthCheckUnhealthyNodeReason))}},
+		{name: "request of CAPI's MachineHealthCheck", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", reason(caprv1.MachineRemediationSourceCAPIMachineHealthCheck, ""))}},
+		{name: "request made by hand", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
+			requests: []*caprv1.MachineRemediation{waitingRequest("m-e", reason(caprv1.MachineRemediationSourceManual, caprv1.MachineCAPRHealthCheckManualRequestReason))}},
 		{name: "healthy member", members: etcd(nil, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
 			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}},
 		{name: "learner", members: etcd([]memberOption{asLearner(), asUnreachable()}, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
