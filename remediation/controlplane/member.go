@@ -82,12 +82,7 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	if wait != nil {
 		return *wait, nil
 	}
-	victim := state.ByName(s.victimNode())
-	if victim == nil && s.mr.Status.ControlPlane.MemberID != "" {
-		if id, perr := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64); perr == nil {
-			victim = state.ByID(id)
-		}
-	}
+	victim := victimMemberOf(s, state)
 	if victim == nil {
 		c := state.Counts()
 		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)}}, nil
@@ -130,7 +125,7 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 // request, and this remediation goes on.
 func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope) (string, error) {
 	state := s.etcdState
-	if state == nil || victimListed(s, state) { // etcd not read in this pass (or unreadable), or the victim first
+	if state == nil || victimMemberOf(s, state) != nil { // etcd not read in this pass (or unreadable), or the victim first
 		return "", nil
 	}
 	list := &caprv1.MachineRemediationList{}
@@ -234,15 +229,17 @@ func mayRemoveEarly(mr *caprv1.MachineRemediation, m *clusterv1.Machine, at time
 	return !retry.GiveUp && retry.WaitUntil.IsZero()
 }
 
-// victimListed reports whether the victim's member is in the member list, by its name or by the ID
-// recorded when it was first seen (a member that never started has no name).
-func victimListed(s *scope, state *etcdutil.State) bool {
-	if state.ByName(s.victimNode()) != nil {
-		return true
+// victimMemberOf returns the victim's member in the member list, by its name or by the ID recorded
+// when it was first seen (a member that never started has no name); nil when it is not listed.
+func victimMemberOf(s *scope, state *etcdutil.State) *etcdutil.MemberStatus {
+	if m := state.ByName(s.victimNode()); m != nil {
+		return m
 	}
 	if s.mr.Status.ControlPlane == nil || s.mr.Status.ControlPlane.MemberID == "" {
-		return false
+		return nil
 	}
-	id, err := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64)
-	return err == nil && state.ByID(id) != nil
+	if id, err := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64); err == nil {
+		return state.ByID(id)
+	}
+	return nil
 }
