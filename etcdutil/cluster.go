@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -480,6 +481,14 @@ var ErrLastMember = errors.New("refusing to remove the last etcd member")
 // RemoveMember removes the member with ID id through the first of via that answers a linearizable
 // member list. A member that is already gone is success (the call is idempotent); the last member is
 // never removed.
+//
+// If that member refuses with "unhealthy cluster" (rpctypes.ErrUnhealthy), the removal is asked
+// through the other nodes of via, in via's order. Each member judges that by its own connections:
+// etcd's mayRemoveMember (server/etcdserver/server.go, strict reconfiguration check) counts the
+// voters it has been connected to for HealthInterval (5 s). A member that joined moments ago (a
+// replacement, promoted as soon as it caught up) has no connection that old and refuses every
+// removal of a live member, while a member that was there before it sees the others connected and
+// accepts; which of them answered the list first is chance. Any other error ends the call.
 func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) (err error) {
 	defer observe("remove_member", time.Now(), &err)
 	d := c.newDials(ctx)
@@ -498,7 +507,24 @@ func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) (er
 	if len(list.Members) == 1 {
 		return ErrLastMember
 	}
-	cli, _ := d.get(node)
+	var refusals []error
+	for _, n := range append([]string{node}, slices.DeleteFunc(slices.Clone(via), func(v string) bool { return v == node })...) {
+		cli, derr := d.get(n)
+		if derr != nil {
+			refusals = append(refusals, derr)
+			continue
+		}
+		err := c.removeThrough(ctx, d, n, cli, id)
+		if err == nil || !errors.Is(err, rpctypes.ErrUnhealthy) {
+			return err
+		}
+		refusals = append(refusals, err)
+	}
+	return errors.Join(refusals...)
+}
+
+// removeThrough asks the member on node to remove member id; already gone is success.
+func (c *Cluster) removeThrough(ctx context.Context, d *dials, node string, cli *clientv3.Client, id uint64) error {
 	cctx, cancel := c.callCtx(ctx)
 	defer cancel()
 	if _, err := cli.MemberRemove(cctx, id); err != nil {
@@ -507,7 +533,9 @@ func (c *Cluster) RemoveMember(ctx context.Context, id uint64, via []string) (er
 		if errors.Is(err, rpctypes.ErrMemberNotFound) {
 			return nil
 		}
-		d.fail(node)
+		if !errors.Is(err, rpctypes.ErrUnhealthy) { // a refusal says nothing about the connection
+			d.fail(node)
+		}
 		return fmt.Errorf("removing etcd member %x through node %s: %w", id, node, err)
 	}
 	return nil

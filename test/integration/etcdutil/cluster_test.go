@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,6 +121,62 @@ func TestRemoveMemberIsIdempotentAndKeepsTheLastMember(t *testing.T) {
 	g.Expect(state.Members).To(HaveLen(1))
 	err = ec.RemoveMember(ctx, state.ByName("n1").ID, []string{"n1"})
 	g.Expect(errors.Is(err, etcdutil.ErrLastMember)).To(BeTrue(), "got %v", err)
+}
+
+// TestRemoveMemberRightAfterAJoinGoesThroughAnOlderMember: a member promoted a moment ago refuses to
+// remove a live voter ("unhealthy cluster": it has not been connected to the others for etcd's 5 s),
+// while a member that was there before it accepts. The removal must not fail because the new member
+// happened to answer the member list first (issue 32: the replacement's own member did, and the
+// remediation waited a retry for nothing).
+func TestRemoveMemberRightAfterAJoinGoesThroughAnOlderMember(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	ctx := context.Background()
+	joining := time.Now()
+	g.Expect(c.Join(ctx, "n4")).To(Succeed())
+	state, err := inspector(c).Inspect(ctx, []string{"n1"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 4, Healthy: 4, QuorumProven: true}))
+	ec := &etcdutil.Cluster{Connector: &listedFirst{Connector: c.Direct(), first: "n4", second: "n1", answered: make(chan struct{})}, CallTimeout: 2 * time.Second}
+	g.Expect(ec.RemoveMember(ctx, state.ByName("n3").ID, []string{"n4", "n1"})).To(Succeed(), "first call, %v after the join began", time.Since(joining))
+	state, err = inspector(c).Inspect(ctx, []string{"n1"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName("n3")).To(BeNil())
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
+}
+
+// listedFirst dials node second only once node first has answered a member list, so that an
+// operation through both reads the list through first.
+type listedFirst struct {
+	etcdutil.Connector
+	first, second string
+	answered      chan struct{}
+	once          sync.Once
+}
+
+func (l *listedFirst) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
+	if node == l.second {
+		select {
+		case <-l.answered:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	cli, err := l.Connector.Connect(ctx, node)
+	if err == nil && node == l.first {
+		cli.Cluster = listNotifier{Cluster: cli.Cluster, done: func() { l.once.Do(func() { close(l.answered) }) }}
+	}
+	return cli, err
+}
+
+type listNotifier struct {
+	clientv3.Cluster
+	done func()
+}
+
+func (n listNotifier) MemberList(ctx context.Context, opts ...clientv3.OpOption) (*clientv3.MemberListResponse, error) {
+	defer n.done()
+	return n.Cluster.MemberList(ctx, opts...)
 }
 
 func TestMoveLeader(t *testing.T) {
