@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	. "github.com/onsi/gomega"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -107,6 +109,7 @@ func TestChaos(t *testing.T) {
 	failedSeeds, took := runSeeds(t, seeds, parallel)
 	t.Logf("chaos: %d runs (seeds %v), %d with invariant violations %v, %s", len(seeds), seeds,
 		len(failedSeeds), failedSeeds, took)
+	t.Logf("chaos: CAPR's events over the runs that came to rest: %s", campaignEvents.String())
 }
 
 // listedSeeds returns the seeds CHAOS_SEEDS lists, comma-separated (`make chaos SEEDS=30,38`: e.g.
@@ -141,6 +144,64 @@ var knownSeeds = []int64{100148, 100282, 200231}
 func TestChaosKnownSeeds(t *testing.T) {
 	failedSeeds, took := runSeeds(t, knownSeeds, false)
 	t.Logf("chaos: known seeds %v, %d with invariant violations %v, %s", knownSeeds, len(failedSeeds), failedSeeds, took)
+	t.Logf("chaos: CAPR's events over the runs that came to rest: %s", campaignEvents.String())
+}
+
+// reasonCounts counts event reasons, for a campaign's record of which paths its runs took (a
+// passing run prints no world log, so without it a campaign could not show, say, whether any run
+// removed a waiting request's member early).
+type reasonCounts struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+var campaignEvents = &reasonCounts{counts: map[string]int{}}
+
+func (r *reasonCounts) add(other map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for reason, n := range other {
+		r.counts[reason] += n
+	}
+}
+
+func (r *reasonCounts) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return formatReasons(r.counts)
+}
+
+func formatReasons(counts map[string]int) string {
+	reasons := slices.Sorted(maps.Keys(counts))
+	out := make([]string, 0, len(reasons))
+	for _, reason := range reasons {
+		out = append(out, fmt.Sprintf("%s %d", reason, counts[reason]))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// remediationEvents counts the reasons of the events on the MachineRemediations of namespace ns
+// (a repeated event counts each time its series says it happened).
+func remediationEvents(ns string) (map[string]int, error) {
+	list := &eventsv1.EventList{}
+	if err := sb.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return nil, fmt.Errorf("listing events in %s: %w", ns, err)
+	}
+	counts := map[string]int{}
+	for _, e := range list.Items {
+		if e.Regarding.Kind != "MachineRemediation" {
+			continue
+		}
+		n := 1
+		if e.Series != nil && e.Series.Count > 1 {
+			n = int(e.Series.Count)
+		}
+		counts[e.Reason] += n
+	}
+	return counts, nil
 }
 
 // runSeeds runs one scenario per seed (concurrently when parallel) and returns the seeds that failed.
@@ -462,6 +523,10 @@ func runScenario(t *testing.T, seed int64) {
 		g.Expect(time.Now().Before(deadline)).To(BeTrue(), "seed %d: the world never stayed at rest for %s", seed, window)
 	}
 	t.Logf("seed %d: at rest after %s", seed, time.Since(start).Round(100*time.Millisecond))
+	events, err := remediationEvents(ns)
+	g.Expect(err).NotTo(HaveOccurred())
+	campaignEvents.add(events)
+	t.Logf("seed %d: CAPR's events: %s", seed, formatReasons(events))
 
 	// Invariants.
 	g.Expect(running.Stop()).To(BeEmpty(), "seed %d: two control-plane remediations Running for one cluster", seed)
