@@ -102,7 +102,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		if err != nil {
 			return stepResult{}, err
 		}
-		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s%s", m.Name, note, held), Requeue: waitShort}}, nil
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s%s", m.Name, note, held), Requeue: heldRequeue(held)}}, nil
 	}
 	want := map[string]string{clusterv1.DeleteMachineAnnotation: "capr"}
 	if surged {
@@ -150,7 +150,17 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		return stepResult{StepResult: remediation.StepResult{Message: "deleting Machine " + m.Name + note, Requeue: waitShort}}, nil
 	}
 	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s%s",
-		m.Name, ptr.Deref(cps.DesiredReplicas, 0), held, s.adapter.Explain(s.cp)), Requeue: waitShort}}, nil
+		m.Name, ptr.Deref(cps.DesiredReplicas, 0), held, s.adapter.Explain(s.cp)), Requeue: heldRequeue(held)}}, nil
+}
+
+// heldRequeue is the Delete step's requeue: while the replicas-back hook holds the victim, the step
+// waits for the Cluster topology to bring the replicas to the control-plane object, which is read
+// live and not watched, so it looks again soon; otherwise the victim's deletion is watched.
+func heldRequeue(held string) time.Duration {
+	if held != "" {
+		return pollUnwatched
+	}
+	return waitShort
 }
 
 // releaseReplicasBackHook takes caprv1.ReplicasBackHookAnnotation off the victim once the provider

@@ -57,11 +57,6 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope, rec *caprv1.R
 
 const movingLeadership = "moving leadership"
 
-// etcdRefusalRetry is how soon a removal etcd refused is asked again: the refusal that follows a
-// promotion ends 5 s after the new member connected, a moment CAPR cannot see, so it polls
-// (issue 32: act within 1 s of the change).
-const etcdRefusalRetry = time.Second
-
 // leadershipTarget prefers the replacement's member, then any other healthy voter.
 func leadershipTarget(state *etcdutil.State, s *scope) *etcdutil.MemberStatus {
 	if name := s.mr.Status.ControlPlane.Replacement; name != "" {
@@ -107,9 +102,9 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 	}
 	if err := s.etcd.RemoveMember(ctx, victim.ID, via); err != nil {
 		// e.g. "unhealthy cluster" from every member asked (Cluster.RemoveMember asks the others when
-		// one refuses): etcd counts the voters each has been connected to for 5 s. Asked again within a
-		// second.
-		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("etcd refused the removal for now: %v", err), Requeue: etcdRefusalRetry}}, nil
+		// one refuses): etcd counts the voters each has been connected to for 5 s, a moment no watch
+		// reports.
+		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("etcd refused the removal for now: %v", err), Requeue: pollUnwatched}}, nil
 	}
 	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("removing member %s (%x) through %v", victim.Name, victim.ID, via), Requeue: 200 * time.Millisecond}}, nil
 }

@@ -203,7 +203,7 @@ func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (step
 	}
 	for i, rep := range reps {
 		if res := replacementUp(state, rep); res != "" {
-			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s%s", i+1, wanted, res, returned), Requeue: waitShort}}, nil
+			return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("replacement %d of %d: %s%s", i+1, wanted, res, returned), Requeue: pollUnwatched}}, nil
 		}
 	}
 	if n := int32(len(reps)); n < wanted {

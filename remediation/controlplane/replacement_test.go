@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -205,6 +206,7 @@ func TestStepWaitForReplacement(t *testing.T) {
 		{name: "replacement's member is a learner: waits for its promotion", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers(asLearner())}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
 			g.Expect(res.Message).To(ContainSubstring("learner"))
+			g.Expect(res.Requeue).To(BeNumerically("<=", time.Second), "etcd is polled: no watch reports the promotion (issue 32, item 3)")
 		}},
 		{name: "replacement's member is unhealthy", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers(asDown())}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
