@@ -165,6 +165,12 @@ func (r *reasonCounts) add(other map[string]int) {
 	}
 }
 
+func (r *reasonCounts) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.counts = map[string]int{}
+}
+
 func (r *reasonCounts) String() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -208,6 +214,7 @@ func remediationEvents(ns string) (map[string]int, error) {
 func runSeeds(t *testing.T, seeds []int64, parallel bool) ([]int64, time.Duration) {
 	t.Helper()
 	start := time.Now()
+	campaignEvents.reset() // TestChaos and TestChaosKnownSeeds each report their own runs
 	var mu sync.Mutex
 	var failedSeeds []int64
 	// The group returns when every (parallel) scenario has finished.
