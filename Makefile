@@ -133,8 +133,8 @@ e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_C
 	E2E_KUBECONFIG=$(E2E_KUBECONFIG) E2E_CLUSTER_TEMPLATE=$(E2E_CLUSTER_TEMPLATE) go test ./test/e2e -count=1 -v -timeout 90m $(GO_TEST_FLAGS)
 
 .PHONY: compare-kcp
-compare-kcp: envtest-assets ## Each control-plane fault on the full stack, RUNS times (default 3) with CAPI MHC + KCP's own remediation and with CAPR; medians and ranges per scenario, written to test/bench/results/ (UPDATE_DOCS=1: and into docs/design/kcp-comparison.md; KCP_LOG=file: KCP's own log there).
-	go run ./test/sandbox/cmd/compare-kcp $(if $(filter command line,$(origin RUNS)),--runs=$(RUNS)) $(if $(SCENARIO),--scenario="$(SCENARIO)") $(if $(UPDATE_DOCS),--docs=docs/design/kcp-comparison.md) $(if $(KCP_LOG),--kcp-log=$(KCP_LOG))
+compare-kcp: envtest-assets ## Each control-plane fault on the full stack, RUNS times (default 3) with CAPI MHC + KCP's own remediation and with CAPR; medians and ranges per scenario, written to test/bench/results/ (UPDATE_DOCS=1: and into docs/design/kcp-comparison.md; KCP_LOG=file: KCP's own log there; TIMEOUT=d: a run not whole after d is stalled, default 6m).
+	go run ./test/sandbox/cmd/compare-kcp $(if $(filter command line,$(origin RUNS)),--runs=$(RUNS)) $(if $(SCENARIO),--scenario="$(SCENARIO)") $(if $(UPDATE_DOCS),--docs=docs/design/kcp-comparison.md) $(if $(KCP_LOG),--kcp-log=$(KCP_LOG)) $(if $(TIMEOUT),--timeout=$(TIMEOUT))
 
 # make bench: fleet sizes and shapes ("one": one health check over all Machines; "many": N/100
 # health checks). The defaults take under 20 minutes on 2 cores from an empty machine (docs/performance.md).

@@ -25,7 +25,12 @@ import (
 var sb *sandbox.Sandbox
 
 func TestMain(m *testing.M) {
-	os.Exit(sandbox.RunTests(m, func(s *sandbox.Sandbox) { sb = s }))
+	os.Exit(sandbox.RunTests(m, func(s *sandbox.Sandbox) {
+		if ready := os.Getenv(interruptChildEnv); ready != "" {
+			waitForInterrupt(ready) // the child of TestInterruptStopsTheSandbox; never returns
+		}
+		sb = s
+	}))
 }
 
 // TestPortForwardPathToRealEtcd reaches every member through the API server's pods/portforward and

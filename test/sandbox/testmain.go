@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,9 +39,33 @@ func RunTestsWithOptions(m *testing.M, opts Options, set func(*Sandbox)) int {
 		fmt.Fprintf(os.Stderr, "FAIL: cannot start the sandbox: %v\n", err)
 		return 1
 	}
-	defer sb.Stop()
+	stop := stopOnInterrupt(sb)
+	defer stop()
 	set(sb)
 	return m.Run()
+}
+
+// exitInterrupted is a test binary's exit code after SIGINT or SIGTERM (128 + SIGINT, as a shell
+// reports an interrupted command).
+const exitInterrupted = 130
+
+// stopOnInterrupt makes the first SIGINT or SIGTERM stop the sandbox before the test binary exits:
+// without it the signal ends the binary at once and leaves the kube-apiserver, the etcd processes and
+// the workload clusters' members it started running (a Ctrl-C, `kill` of a long `make chaos`, a CI
+// timeout). It returns the sandbox's stop for the normal end; either path stops it once.
+func stopOnInterrupt(sb *Sandbox) (stop func()) {
+	var once sync.Once
+	stop = func() { once.Do(sb.Stop) }
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-signals
+		signal.Stop(signals) // a second signal ends the binary at once
+		fmt.Fprintf(os.Stderr, "%v: stopping the sandbox's processes before exiting\n", sig)
+		stop()
+		os.Exit(exitInterrupted)
+	}()
+	return stop
 }
 
 // AnnotateMachine sets (or, with set false, removes) an annotation on a Machine of the cluster.
