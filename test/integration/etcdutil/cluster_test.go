@@ -10,6 +10,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/capr-io/capr/etcdutil"
@@ -143,6 +144,68 @@ func TestRemoveMemberRightAfterAJoinGoesThroughAnOlderMember(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(state.ByName("n3")).To(BeNil())
 	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
+}
+
+// TestRemoveMemberEndsAtARefusalOtherThanUnhealthy: only "unhealthy cluster", which depends on the
+// connections of the member asked, sends the removal to the next member; any other refusal is the
+// cluster's answer and ends the call without asking again. Here a third voter was added to two and
+// never started, so removing a started one would leave fewer started voters than a quorum, which
+// etcd refuses on every member ("not enough started members", its strict reconfiguration check;
+// a second unstarted voter cannot be added at all: etcd refuses it as "unhealthy cluster").
+func TestRemoveMemberEndsAtARefusalOtherThanUnhealthy(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2")
+	ctx := context.Background()
+	cli, err := c.Client(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = cli.Close() })
+	// Refused as "unhealthy cluster" until the members have been connected for etcd's 5 s.
+	g.Eventually(func() error {
+		_, err := cli.MemberAdd(ctx, []string{"https://127.0.0.1:1"}) // never started
+		return err
+	}, 20*time.Second, 200*time.Millisecond).Should(Succeed())
+	state, err := inspector(c).Inspect(ctx, []string{"n1"})
+	g.Expect(err).NotTo(HaveOccurred())
+	removes := &countRemoves{Connector: c.Direct(), calls: map[string]int{}}
+	ec := &etcdutil.Cluster{Connector: removes, CallTimeout: 2 * time.Second}
+	err = ec.RemoveMember(ctx, state.ByName("n1").ID, []string{"n1", "n2"})
+	g.Expect(err).To(MatchError(rpctypes.ErrMemberNotEnoughStarted))
+	g.Expect(removes.total()).To(Equal(1), "removals sent, by node: %v", removes.calls)
+}
+
+// countRemoves counts the MemberRemove calls sent through each node.
+type countRemoves struct {
+	etcdutil.Connector
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (r *countRemoves) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
+	cli, err := r.Connector.Connect(ctx, node)
+	if err == nil {
+		cli.Cluster = removeCounter{Cluster: cli.Cluster, count: func() { r.mu.Lock(); r.calls[node]++; r.mu.Unlock() }}
+	}
+	return cli, err
+}
+
+func (r *countRemoves) total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.calls {
+		n += c
+	}
+	return n
+}
+
+type removeCounter struct {
+	clientv3.Cluster
+	count func()
+}
+
+func (c removeCounter) MemberRemove(ctx context.Context, id uint64) (*clientv3.MemberRemoveResponse, error) {
+	c.count()
+	return c.Cluster.MemberRemove(ctx, id)
 }
 
 // listedFirst dials node second only once node first has answered a member list, so that an
