@@ -48,7 +48,9 @@ func TestInterruptStopsTheSandbox(t *testing.T) {
 	g.Expect(started).NotTo(BeEmpty(), "the sandbox started no process")
 
 	g.Expect(child.Process.Signal(syscall.SIGTERM)).To(Succeed())
-	err = child.Wait()
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	g.Eventually(exited, 2*time.Minute).Should(Receive(&err), "the child did not exit after SIGTERM: %s", &stderr)
 	var exit *exec.ExitError
 	for _, pid := range started {
 		if sandbox.ProcessRunning(pid) {
