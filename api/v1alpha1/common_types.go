@@ -183,7 +183,7 @@ type FencingSpec struct {
 // ControlPlaneOrder is the order of a control-plane remediation (remediation/controlplane
 // ChooseOrder). The spec's ordering
 // policy takes Auto or RemoveMemberFirst; the status records the order actually followed
-// (ScaleUpFirst, RemoveMemberFirst, DeleteFirst or Replace).
+// (ScaleUpFirst, RemoveMemberFirst, DeleteFirst, DeleteBeforeMemberRemoval or Replace).
 type ControlPlaneOrder string
 
 const (
@@ -209,6 +209,12 @@ const (
 	// taken where the provider would refuse the scale-down that ends the other orders, e.g. KCP while
 	// another control-plane Machine is unhealthy (its scale-down preflight has no relaxed path).
 	ControlPlaneOrderDeleteFirst ControlPlaneOrder = "DeleteFirst"
+	// ControlPlaneOrderDeleteBeforeMemberRemoval (status only) is DeleteFirst for a victim whose member
+	// still votes, where the provider's own deletion removes the member at its pre-terminate point
+	// (KCP's kcp-cleanup hook): the victim is fenced and deleted first, and its member keeps voting
+	// until that point instead of leaving before the delete. The RemoveMember step follows the Delete
+	// step and removes the member should it still be listed.
+	ControlPlaneOrderDeleteBeforeMemberRemoval ControlPlaneOrder = "DeleteBeforeMemberRemoval"
 )
 
 // EtcdPlacement is where a control plane's etcd runs (remediation.EtcdPlacementOf reads it from the

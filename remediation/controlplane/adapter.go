@@ -52,6 +52,11 @@ type Adapter interface {
 	// failure). It never removes what the provider or another remediation set for another Machine.
 	// It reports whether it changed cp.
 	ClearScaleUp(cp *unstructured.Unstructured, victim string) bool
+	// MemberRemovedOnDelete says how the provider's own deletion of a control-plane Machine removes
+	// its etcd member at the pre-terminate point, as late as the Machine's deletion allows ("" when it
+	// does not): a victim whose member votes may then be deleted before its member is removed
+	// (caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), the member voting meanwhile.
+	MemberRemovedOnDelete(cp *unstructured.Unstructured) string
 	// ServesAPI says what a control-plane Machine lacks to serve the API ("" when it serves). With
 	// external etcd this is what a replacement must reach before the victim goes, and what must
 	// remain while the victim is gone or rebooting.
@@ -129,6 +134,10 @@ func (Generic) BeforeScaleUp(*unstructured.Unstructured, string, time.Time, int3
 
 // ClearScaleUp implements Adapter.
 func (Generic) ClearScaleUp(*unstructured.Unstructured, string) bool { return false }
+
+// MemberRemovedOnDelete implements Adapter: CAPI's contract says nothing about etcd members, so CAPR
+// removes the victim's member itself before the delete.
+func (Generic) MemberRemovedOnDelete(*unstructured.Unstructured) string { return "" }
 
 // ServesAPI implements Adapter with what CAPI's contract offers: a Node that is healthy (the
 // Machine's NodeHealthy condition).

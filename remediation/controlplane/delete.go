@@ -70,7 +70,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		// Gone, possibly deleted by someone else before the replicas came back: the surge must go
 		// too, or the provider replaces the victim and stays above N.
 		note := ""
-		if o := s.mr.Status.ControlPlane.Order; o != caprv1.ControlPlaneOrderReplace && o != caprv1.ControlPlaneOrderDeleteFirst {
+		if Surges(s.mr.Status.ControlPlane.Order) {
 			if note, err = r.replicasBack(ctx, s); err != nil {
 				return stepResult{}, err
 			}
@@ -87,7 +87,7 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		}
 	}
 	cps := s.mr.Status.ControlPlane
-	surged := cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst
+	surged := Surges(cps.Order)
 	if !m.DeletionTimestamp.IsZero() {
 		// Being deleted: by this step before a crash (held by the replicas-back hook until the
 		// replicas are back), or by someone else (a rollout, a person). The surge still has to go.
@@ -134,8 +134,8 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		return stepResult{}, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
 	}
 	if !surged {
-		// Nothing was scaled (Replace: not initialized; DeleteFirst: the provider would not scale
-		// down): the provider creates a new Machine.
+		// Nothing was scaled (Replace: not initialized; DeleteFirst, DeleteBeforeMemberRemoval: no
+		// surge): the provider creates a new Machine.
 		return stepResult{StepResult: remediation.StepResult{Message: "deleted the Machine; the provider creates a new one", Requeue: waitShort}}, nil
 	}
 	note, err := r.replicasBack(ctx, s)
@@ -245,7 +245,7 @@ func (r *Reconciler) waitForDesiredMachines(ctx context.Context, s *scope) (step
 	if current, err := Replicas(s.cp); err == nil && current != desired && (current != desired+surge(s) || topologyReplicasRemoved(s)) {
 		desired = current // changed by someone else (replicasBack left them): the provider scales to theirs
 	}
-	if cps.Order != caprv1.ControlPlaneOrderReplace && cps.Order != caprv1.ControlPlaneOrderDeleteFirst {
+	if Surges(cps.Order) {
 		live, deleting := 0, 0
 		for _, m := range s.machines {
 			if m.Name == s.mr.Name {

@@ -94,6 +94,22 @@ func (KCP) Surge(cp *unstructured.Unstructured) SurgePlan {
 	return SurgePlan{Replicas: 1, Machines: 1, WaitsForDeletion: waits, Reason: "one replacement: KubeadmControlPlane with external etcd accepts any number of replicas"}
 }
 
+// MemberRemovedOnDelete implements Adapter: with stacked etcd KCP puts its kcp-cleanup pre-terminate
+// hook on every control-plane Machine and, once a deleting Machine waits for its pre-terminate hooks
+// and KCP's is the last, forwards etcd leadership and removes the Machine's member before it lets the
+// deletion go on (kubeadmcontrolplane_controller.go reconcilePreTerminateHook, after checking that
+// the etcd cluster without that member is healthy). That is where KCP's own remediation removes
+// it, after the first stages of the deletion.
+func (KCP) MemberRemovedOnDelete(cp *unstructured.Unstructured) string {
+	if !kcpEtcdManaged(cp) {
+		return ""
+	}
+	return kcpCleanupRemovesMember
+}
+
+// kcpCleanupRemovesMember is how KCP's deletion of a control-plane Machine removes its etcd member.
+const kcpCleanupRemovesMember = "KCP's kcp-cleanup pre-terminate hook removes a deleting Machine's etcd member once the Machine waits for it"
+
 // Busy implements Adapter: KCP must be quiet before CAPR changes its replicas, because KCP acts on
 // spec.replicas only between its own operations (kubeadmcontrolplane_controller.go reconcile: rollouts
 // first, then scaling, one Machine at a time). A KCP whose replicas the Cluster topology owns gets the

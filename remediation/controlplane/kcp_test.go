@@ -408,7 +408,11 @@ func TestKCPExplain(t *testing.T) {
 // only after the victim's deletion anyway (measured on the full stack: BenchmarkKCPStepLatency); a
 // generic provider, which provisions while the victim is deleted, keeps RemoveMemberFirst. A healthy
 // member still surges first on both. A victim without a member loses no margin to a surge, so on KCP
-// it surges first (the replacement comes before the deletion, not after it).
+// it surges first (the replacement comes before the deletion, not after it). A member that votes
+// under an etcd alarm (NOSPACE), whose Machine KCP's preflight will not let it surge for, is deleted
+// before its member is removed: KCP's kcp-cleanup hook removes it at the pre-terminate point, where
+// KCP's own remediation does (DeleteFirst would remove it before the delete, which starts the time at
+// margin 0 sooner); a generic provider, whose deletion removes no member, would surge.
 func TestKCPOrderWithADeadMember(t *testing.T) {
 	nodes := []string{"a", "b", "c"}
 	tests := []struct {
@@ -416,6 +420,7 @@ func TestKCPOrderWithADeadMember(t *testing.T) {
 		adapter Adapter
 		down    []string
 		missing bool // c has no member in the list
+		alarmed bool // c's member votes under etcd's NOSPACE alarm (KCP: EtcdMemberHealthy False)
 		want    caprv1.ControlPlaneOrder
 		reason  string
 	}{
@@ -425,15 +430,21 @@ func TestKCPOrderWithADeadMember(t *testing.T) {
 		{name: "KCP, member healthy", adapter: KCP{}, want: caprv1.ControlPlaneOrderScaleUpFirst},
 		{name: "generic, member dead", adapter: Generic{}, down: []string{"c"}, want: caprv1.ControlPlaneOrderRemoveMemberFirst, reason: "removing it first costs no failure margin"},
 		{name: "generic, member healthy", adapter: Generic{}, want: caprv1.ControlPlaneOrderScaleUpFirst},
+		{name: "KCP, member alarmed", adapter: KCP{}, alarmed: true, want: caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval,
+			reason: "KCP's kcp-cleanup pre-terminate hook removes a deleting Machine's etcd member"},
+		{name: "generic, member alarmed", adapter: Generic{}, alarmed: true, want: caprv1.ControlPlaneOrderScaleUpFirst},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
 			var machines []*clusterv1.Machine
 			for _, n := range nodes {
-				if len(tt.down) > 0 && n == tt.down[0] {
+				switch {
+				case len(tt.down) > 0 && n == tt.down[0]:
 					machines = append(machines, kcpMachine(n, controlplanev1.KubeadmControlPlaneMachineEtcdPodHealthyCondition))
-				} else {
+				case tt.alarmed && n == "c":
+					machines = append(machines, kcpMachine(n, controlplanev1.KubeadmControlPlaneMachineEtcdMemberHealthyCondition))
+				default:
 					machines = append(machines, kcpMachine(n))
 				}
 			}
@@ -442,8 +453,18 @@ func TestKCPOrderWithADeadMember(t *testing.T) {
 				members = nodes[:2]
 			}
 			state := reachableState(members, tt.down...)
+			if tt.alarmed {
+				state.LeaderID = 1
+				for i := range state.Members {
+					state.Members[i].Votes = true
+				}
+				state.Members[2].Healthy, state.Members[2].Alarms, state.Members[2].Problem = false, []string{"NOSPACE"}, "alarmed (NOSPACE)"
+			}
 			view := ProviderView{ControlPlane: kcpObject(), Machines: machines, Victim: machines[2], Etcd: state}
 			in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Counts: state.Counts(), Victim: victimMember(state, "c")}
+			if tt.alarmed {
+				in.VictimProblem = state.ByName("c").Problem
+			}
 			in.setProvider(tt.adapter, view)
 			d := ChooseOrder(in)
 			g.Expect(d.WaitReason).To(BeEmpty(), d.WaitMessage)

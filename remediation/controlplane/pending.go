@@ -314,7 +314,7 @@ func controlPlaneRecord(s *scope, plan startPlan) *caprv1.ControlPlaneRemediatio
 	}
 	switch plan.decision.Order {
 	case caprv1.ControlPlaneOrderReplace:
-	case caprv1.ControlPlaneOrderDeleteFirst:
+	case caprv1.ControlPlaneOrderDeleteFirst, caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval:
 		cp.Surge, cp.SurgeReason = 0, "no surge: the victim is deleted first and the provider replaces it"
 	default:
 		plan := s.adapter.Surge(s.cp)

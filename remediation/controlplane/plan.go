@@ -27,11 +27,27 @@ func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepScaleUp, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}
 	case caprv1.ControlPlaneOrderDeleteFirst:
 		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}
+	case caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval:
+		// The member votes until the provider's deletion removes it at its pre-terminate point
+		// (Adapter.MemberRemovedOnDelete); RemoveMember after the Delete step finds it gone, or removes
+		// it should it still be listed.
+		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepFence, caprv1.StepDelete, caprv1.StepRemoveMember, caprv1.StepWaitForReplacement}
 	case caprv1.ControlPlaneOrderReplace:
 		return []caprv1.StepName{caprv1.StepFence, caprv1.StepDelete}
 	default:
 		return nil
 	}
+}
+
+// Surges reports whether an order raises the replicas for its replacement (ScaleUpFirst,
+// RemoveMemberFirst); the others delete the victim at the replicas the provider has and let it
+// create the replacement.
+func Surges(order caprv1.ControlPlaneOrder) bool {
+	switch order {
+	case caprv1.ControlPlaneOrderReplace, caprv1.ControlPlaneOrderDeleteFirst, caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval:
+		return false
+	}
+	return true
 }
 
 // StepsWithEtcd returns the steps of an order for an etcd placement: with external etcd the
@@ -129,6 +145,11 @@ type OrderInput struct {
 	// provisions it only after the deletion, as with DeleteFirst, which is then taken instead: the
 	// same margin and Machines without two replicas changes.
 	SurgeWaitsForDeletion string
+	// MemberRemovedOnDelete is how the provider's own deletion removes a Machine's etcd member at its
+	// pre-terminate point (Adapter.MemberRemovedOnDelete; "" when it does not). Where DeleteFirst is
+	// taken for a victim whose member votes, DeleteBeforeMemberRemoval is taken instead: the member
+	// keeps voting through the first stages of the deletion, as under KCP's own remediation.
+	MemberRemovedOnDelete string
 	// ExternalEtcd is true when etcd runs outside the control-plane Machines: Counts, Unreachable,
 	// Victim and AddsLearners are then unused, and ServingOthers and VictimServes decide.
 	ExternalEtcd bool
@@ -146,6 +167,7 @@ func (in *OrderInput) setProvider(adapter Adapter, view ProviderView) {
 	in.SurgeRefused = adapter.SurgeRefusal(view)
 	surge := adapter.Surge(view.ControlPlane)
 	in.SurgeMachines, in.SurgeWaitsForDeletion = surge.Machines, surge.WaitsForDeletion
+	in.MemberRemovedOnDelete = adapter.MemberRemovedOnDelete(view.ControlPlane)
 }
 
 // OrderDecision is the chosen order, or why none can be taken now.
@@ -265,7 +287,7 @@ func ChooseOrder(in OrderInput) OrderDecision {
 	if in.Victim == VictimHealthy {
 		member = in.victimVotes()
 	}
-	return removeFirst(fmt.Sprintf("the victim's etcd member %s and %s: it is removed first (%d/%d healthy after)", member, upFirstWhy, after.Healthy, after.Voting), in)
+	return removeFirst(fmt.Sprintf("the victim's etcd member %s and %s: it leaves before the replacement is added (%d/%d healthy after)", member, upFirstWhy, after.Healthy, after.Voting), in)
 }
 
 // victimVotes says how the VictimHealthy member of in stands: healthy, or voting although it is
@@ -360,7 +382,7 @@ func valueOf(in OrderInput, order caprv1.ControlPlaneOrder) orderValue {
 		if in.SurgeWaitsForDeletion != "" {
 			v.afterDeletion = 1
 		}
-	case caprv1.ControlPlaneOrderDeleteFirst:
+	case caprv1.ControlPlaneOrderDeleteFirst, caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval:
 		removeVictim()
 		add()
 		v.afterDeletion = 1
@@ -384,16 +406,27 @@ func removeFirst(why string, in OrderInput) OrderDecision {
 		if !strings.Contains(why, in.SurgeRefused) {
 			why += "; " + in.SurgeRefused
 		}
-		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: why +
-			"; the victim is deleted after its member and the control-plane provider creates the replacement at the replicas it has"}
+		return deleteFirst(in, why, "the control-plane provider creates the replacement at the replicas it has")
 	case machines > 1:
-		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf(
-			"%s; a surge would create %d Machines, so the victim is deleted after its member and the control-plane provider creates the one replacement", why, machines)}
+		return deleteFirst(in, fmt.Sprintf("%s; a surge would create %d Machines", why, machines), "the control-plane provider creates the one replacement")
 	case in.SurgeWaitsForDeletion != "":
-		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: why + "; " + in.SurgeWaitsForDeletion +
-			", so the victim is deleted after its member and the control-plane provider creates the replacement at the replicas it has"}
+		return deleteFirst(in, why+"; "+in.SurgeWaitsForDeletion, "the control-plane provider creates the replacement at the replicas it has")
 	}
 	return OrderDecision{Order: caprv1.ControlPlaneOrderRemoveMemberFirst, Reason: why + "; then the replacement is added"}
+}
+
+// deleteFirst is the order that deletes the victim without a surge: DeleteFirst, which removes its
+// member first, or, for a member that votes where the provider's deletion removes it at its
+// pre-terminate point (OrderInput.MemberRemovedOnDelete), DeleteBeforeMemberRemoval: removing it
+// earlier would only start the time at the lower failure margin sooner, as the replacement is
+// provisioned after the deletion either way (compare-kcp's "etcd member degraded": KCP's own
+// remediation removes the member there, docs/design/kcp-comparison.md).
+func deleteFirst(in OrderInput, why, then string) OrderDecision {
+	if in.Victim == VictimHealthy && in.MemberRemovedOnDelete != "" {
+		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval, Reason: fmt.Sprintf(
+			"%s, so the victim is fenced and deleted while its member still votes: %s, where the member leaves; then %s", why, in.MemberRemovedOnDelete, then)}
+	}
+	return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteFirst, Reason: fmt.Sprintf("%s, so the victim is deleted after its member and %s", why, then)}
 }
 
 // machinesNote says how many Machines a surge order creates when that is not obvious.

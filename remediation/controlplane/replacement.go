@@ -155,7 +155,7 @@ func replicasFieldName(s *scope) string {
 func (r *Reconciler) stepWaitForReplacement(ctx context.Context, s *scope) (stepResult, error) {
 	reps := replacements(s)
 	if len(reps) == 0 {
-		if s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderDeleteFirst || StepFinished(findStep(s.mr, caprv1.StepDelete)) {
+		if !Surges(s.mr.Status.ControlPlane.Order) || StepFinished(findStep(s.mr, caprv1.StepDelete)) {
 			// The victim is gone and replicas at N: the provider replaces it on its own, with what
 			// BeforeScaleUp sets (e.g. KCP's relaxed preflight while another Machine is unhealthy).
 			var state *etcdutil.State

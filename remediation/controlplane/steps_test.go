@@ -105,6 +105,46 @@ func TestStepsDeleteFirst(t *testing.T) {
 	})
 }
 
+// TestStepsDeleteBeforeMemberRemoval: the victim is fenced and deleted while its member still votes
+// (the provider's deletion removes the member at its pre-terminate point: KCP's kcp-cleanup hook);
+// RemoveMember follows the Delete step and finds the member gone, or removes it should it still be
+// listed (e.g. the provider's hook was taken off by hand).
+func TestStepsDeleteBeforeMemberRemoval(t *testing.T) {
+	order := caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval
+	steps := StepsFor(order)
+	NewWithT(t).Expect(slices.Index(steps, caprv1.StepDelete)).To(BeNumerically("<", slices.Index(steps, caprv1.StepRemoveMember)))
+	fenced := withStep(caprv1.StepFence, caprv1.StepOutcomeSucceeded, "")
+	runStepCases(t, caprv1.StepDelete, []stepCase{
+		{name: "fenced: the Machine is deleted, its member left voting, replicas untouched",
+			world: []worldOption{withOrder(order), fenced},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.machine(g, "m-b")).To(BeNil())
+				expectNoEtcdChange(g, w)
+				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
+			}},
+	})
+	deleted := withStep(caprv1.StepDelete, caprv1.StepOutcomeSucceeded, "")
+	runStepCases(t, caprv1.StepRemoveMember, []stepCase{
+		{name: "victim gone, its member removed by the provider's deletion: done",
+			world:  []worldOption{withOrder(order), fenced, deleted, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC)))},
+			before: func(w *world) { w.deleteVictim(NewWithT(w.t)) },
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectDone(g, res, err)
+				g.Expect(res.Message).To(ContainSubstring("not in the member list"))
+				expectNoEtcdChange(g, w)
+			}},
+		{name: "victim gone, its member still listed: removed",
+			world:  []worldOption{withOrder(order), fenced, deleted, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC)))},
+			before: func(w *world) { w.deleteVictim(NewWithT(w.t)) },
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectIssued(g, res, err)
+				g.Expect(w.etcd.removeMembers).To(HaveLen(1))
+				g.Expect(w.etcd.removeMembers[0].id).To(Equal(memberID(nodeB)))
+			}},
+	})
+}
+
 // TestSkippedStepIsFollowedInTheSameReconcile: a step that issues nothing (MoveLeader for a dead
 // victim that does not lead) is followed at once by the next, on the etcd state just read: one
 // inspection for both, where a new reconcile would read etcd again, which with a dead member costs

@@ -106,8 +106,8 @@ func TestTopologyOrder(t *testing.T) {
 		{name: "member dead: delete first", down: []string{"c"}, want: caprv1.ControlPlaneOrderDeleteFirst, reason: "removing it first costs no failure margin"},
 		{name: "member dead, policy Leave: delete first", down: []string{"c"}, policy: caprv1.TopologyReplicasLeave, want: caprv1.ControlPlaneOrderDeleteFirst},
 		{name: "member healthy, policy Leave: wait for consent", policy: caprv1.TopologyReplicasLeave, wait: caprv1.MachineRemediationWouldLoseFailureMarginReason},
-		{name: "member healthy, policy Leave, consent given: delete first", policy: caprv1.TopologyReplicasLeave, order: caprv1.ControlPlaneOrderRemoveMemberFirst,
-			want: caprv1.ControlPlaneOrderDeleteFirst, reason: "topologyReplicas is Leave"},
+		{name: "member healthy, policy Leave, consent given: delete first, KCP's hook removes the member", policy: caprv1.TopologyReplicasLeave, order: caprv1.ControlPlaneOrderRemoveMemberFirst,
+			want: caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval, reason: "topologyReplicas is Leave"},
 		{name: "member healthy, topology not reconciled: wait for consent", reconciled: metav1.ConditionFalse, wait: caprv1.MachineRemediationWouldLoseFailureMarginReason},
 	}
 	for _, tt := range tests {

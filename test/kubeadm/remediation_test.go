@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/controlplane"
@@ -124,4 +126,48 @@ func TestKCPTwoOfFiveDeadNeverDeadlocks(t *testing.T) {
 	g.Expect(cps.OrderReason).To(ContainSubstring("the victim's etcd member is missing"))
 	g.Expect(cps.Order).To(BeElementOf(caprv1.ControlPlaneOrderDeleteFirst, caprv1.ControlPlaneOrderScaleUpFirst), cps.OrderReason)
 	g.Expect(res.Created).To(HaveLen(2), "control-plane Machines created: one per victim")
+}
+
+// TestKCPAlarmedMemberLeavesDuringItsDeletion: etcd raises NOSPACE for a follower's member while its
+// process, Node and kubelet stay up (compare-kcp's "etcd member degraded" row). KCP's scale-up
+// preflight refuses while that Machine's EtcdMemberHealthy is False, so there is no surge; the
+// member still votes, so CAPR fences and deletes the victim before its member is removed
+// (DeleteBeforeMemberRemoval), and KCP's kcp-cleanup pre-terminate hook removes the member during the
+// deletion, where KCP's own remediation removes it. CAPR is stopped as soon as the victim is deleting
+// and started again only once it is gone: its deletion finished without CAPR, so KCP removed the
+// member, and the restarted CAPR's RemoveMember finds it gone and the remediation ends with KCP's one
+// replacement. The failure margin never drops below 0.
+func TestKCPAlarmedMemberLeavesDuringItsDeletion(t *testing.T) {
+	var victim string
+	res := kubeadm.RunScenario(ctx, t, sb, "kcp-nospace", kubeadm.Scenario{ControlPlane: 3,
+		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
+			m, err := sb.EtcdMachine(ctx, wc, machines, false)
+			if err != nil {
+				return nil, err
+			}
+			victim = m.Name
+			return []string{victim}, sb.AlarmEtcdMember(ctx, wc, m.Status.NodeRef.Name)
+		},
+		Outage: &kubeadm.Outage{
+			Stop: func(ctx context.Context, wc *sandbox.WorkloadCluster) (bool, error) {
+				m := &clusterv1.Machine{}
+				if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim}, m); err != nil {
+					return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+				}
+				return !m.DeletionTimestamp.IsZero(), nil
+			},
+			Resume: func(ctx context.Context, wc *sandbox.WorkloadCluster) (bool, error) {
+				err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim}, &clusterv1.Machine{})
+				return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+			},
+		}})
+	g := NewWithT(t)
+	mr := res.Remediations[victim]
+	cps := mr.Status.ControlPlane
+	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), cps.OrderReason)
+	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval)))
+	g.Expect(mr.Status.Steps).To(ContainElement(And(HaveField("Name", caprv1.StepRemoveMember),
+		HaveField("Message", ContainSubstring("the victim's member is not in the member list")))), "KCP's hook removed the member while CAPR was stopped")
+	g.Expect(res.Created).To(HaveLen(1), "control-plane Machines created")
+	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 }

@@ -148,7 +148,9 @@ func TestTopologyLeaveWaitsForConsent(t *testing.T) {
 	values, err := history.Stop()
 	g.Expect(err).NotTo(HaveOccurred())
 	cps := res.Remediations[victim].Status.ControlPlane
-	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), cps.OrderReason)
+	// The member votes (only the heartbeat stopped): KCP's kcp-cleanup hook removes it during the
+	// victim's deletion, as under KCP's own remediation.
+	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), cps.OrderReason)
 	g.Expect(cps.OrderReason).To(ContainSubstring("topologyReplicas is Leave"))
 	g.Expect(values["Cluster"]).To(Equal([]int32{3}), "the Cluster was never written")
 	g.Expect(values["KubeadmControlPlane"]).To(Equal([]int32{3}))
