@@ -350,11 +350,12 @@ type orderCase struct {
 	refuseUpNow, refuseDown, refuseUpAfter bool
 	refuseSurge                            bool
 	waitsForDeletion                       bool
+	removedOnDelete                        bool
 }
 
 func (oc orderCase) String() string {
-	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t waitsForDeletion=%t",
-		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge, oc.waitsForDeletion)
+	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t waitsForDeletion=%t removedOnDelete=%t",
+		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge, oc.waitsForDeletion, oc.removedOnDelete)
 }
 
 func (oc orderCase) input() OrderInput {
@@ -374,6 +375,7 @@ func (oc orderCase) input() OrderInput {
 		SurgeRefused:                       refuse(oc.refuseSurge, "the Cluster topology owns the replicas"),
 		SurgeMachines:                      int32(oc.surge),
 		SurgeWaitsForDeletion:              refuse(oc.waitsForDeletion, "KCP creates no Machine while another is deleting"),
+		MemberRemovedOnDelete:              refuse(oc.removedOnDelete, "KCP's kcp-cleanup hook removes the member"),
 	}
 }
 
@@ -392,6 +394,7 @@ func (oc orderCase) input() OrderInput {
 func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 	const shown = 20
 	cases, failures := 0, 0
+	chosen := map[caprv1.ControlPlaneOrder]int{}
 	for _, policy := range []caprv1.ControlPlaneOrder{caprv1.ControlPlaneOrderAuto, caprv1.ControlPlaneOrderRemoveMemberFirst} {
 		for v := 1; v <= 7; v++ {
 			for h := 0; h <= v; h++ {
@@ -402,11 +405,13 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 								if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v || victim == VictimLearner && learners == 0 {
 									continue
 								}
-								for bits := range 1 << 7 {
+								for bits := range 1 << 8 {
 									oc := orderCase{policy: policy, v: v, h: h, u: u, learners: learners, proven: flags[0], serializable: flags[1],
 										victim: victim, addsLearners: bits&1 != 0, surge: 1 + bits>>1&1,
-										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0, refuseSurge: bits&32 != 0, waitsForDeletion: bits&64 != 0}
+										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0, refuseSurge: bits&32 != 0, waitsForDeletion: bits&64 != 0,
+										removedOnDelete: bits&128 != 0}
 									cases++
+									chosen[ChooseOrder(oc.input()).Order]++
 									if msg := checkChosenOrder(oc); msg != "" {
 										failures++
 										if failures <= shown {
@@ -424,7 +429,13 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 	if failures > shown {
 		t.Errorf("... and %d more failing cases", failures-shown)
 	}
-	t.Logf("%d cases, %d failing", cases, failures)
+	t.Logf("%d cases, %d failing; orders chosen: %v", cases, failures, chosen)
+	for _, order := range []caprv1.ControlPlaneOrder{caprv1.ControlPlaneOrderScaleUpFirst, caprv1.ControlPlaneOrderRemoveMemberFirst,
+		caprv1.ControlPlaneOrderDeleteFirst, caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval} {
+		if chosen[order] == 0 {
+			t.Errorf("order %s never chosen: the simulation never ran it", order)
+		}
+	}
 }
 
 // checkChosenOrder says what is wrong with the order chosen for oc ("" when nothing is).
@@ -544,7 +555,7 @@ func bestOrderProblem(oc orderCase, chosen caprv1.ControlPlaneOrder, victimName 
 		return v, true
 	}
 	got, _ := value(chosen)
-	for _, other := range []caprv1.ControlPlaneOrder{caprv1.ControlPlaneOrderScaleUpFirst, caprv1.ControlPlaneOrderRemoveMemberFirst, caprv1.ControlPlaneOrderDeleteFirst} {
+	for _, other := range []caprv1.ControlPlaneOrder{caprv1.ControlPlaneOrderScaleUpFirst, caprv1.ControlPlaneOrderRemoveMemberFirst, caprv1.ControlPlaneOrderDeleteFirst, caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval} {
 		if v, ok := value(other); ok && v.better(got) {
 			return fmt.Sprintf("order %s %+v chosen, but %s %+v is better", chosen, got, other, v)
 		}
@@ -694,6 +705,16 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 			value.afterDeletion = 1
 		}
 	case caprv1.ControlPlaneOrderDeleteFirst:
+		remove(victimName)
+		add("new1", true)
+		value.afterDeletion = 1
+	case caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval:
+		// The provider's deletion removes the member before the Machine is gone, and creates the
+		// replacement only after; a provider whose deletion removes none would leave a dead member
+		// listed while it adds the replacement's.
+		if !oc.removedOnDelete {
+			return "the provider's deletion does not remove the member", value
+		}
 		remove(victimName)
 		add("new1", true)
 		value.afterDeletion = 1
