@@ -74,6 +74,8 @@ demo: apiserver-assets $(if $(filter kubeadm,$(PROVIDER))$(filter worker-statefu
 RUNS ?= 20
 SEED ?=
 SEEDS ?=
+# FIRST_FAULT=alarm: every seed's first fault raises etcd's NOSPACE alarm for its Machine's member.
+FIRST_FAULT ?=
 PARALLEL ?= 1
 TEST_CHAOS_RUNS ?= 9
 TEST_CHAOS_SEED ?= 1
@@ -95,8 +97,8 @@ test: test-assets vet verify-generate ## Lint, check generated files, run every 
 		hack/test-levels.sh $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: chaos
-chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP; with TOPOLOGY=1 every cluster built from a ClusterClass); prints the seed of any violation.
-	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_SEEDS=$(SEEDS) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) CHAOS_TOPOLOGY=$(TOPOLOGY) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
+chaos: apiserver-assets $(if $(filter kubeadm,$(PROVIDER)),$(KCM_STAMP)) ## Randomized fault suite on the sandbox: RUNS=n scenarios from SEED=s, or the seeds SEEDS=a,b lists (PROVIDER=kubeadm: on KCP; with TOPOLOGY=1 every cluster built from a ClusterClass; FIRST_FAULT=alarm: every first fault an etcd NOSPACE alarm); prints the seed of any violation.
+	CHAOS_RUNS=$(RUNS) CHAOS_SEED=$(SEED) CHAOS_SEEDS=$(SEEDS) CHAOS_PARALLEL=$(PARALLEL) CHAOS_PROVIDER=$(PROVIDER) CHAOS_TOPOLOGY=$(TOPOLOGY) CHAOS_FIRST_FAULT=$(FIRST_FAULT) go test ./test/chaos -run '$(CHAOS_TESTS)' -count=1 -v -parallel $(PARALLEL) -timeout 1200m $(GO_TEST_FLAGS)
 
 # Tests that need binaries (envtest's kube-apiserver and etcd, the sandbox) are either a package's
 # envtest suite, next to its code in *_envtest_test.go files behind the build tag envtest (which

@@ -67,7 +67,23 @@ const (
 	parallelEnv = "CHAOS_PARALLEL"
 	providerEnv = "CHAOS_PROVIDER"
 	topologyEnv = "CHAOS_TOPOLOGY"
+	// firstFaultEnv set to "alarm" (`make chaos FIRST_FAULT=alarm`) makes every seed's first fault
+	// alarmMember; the rest of the seed's plan is drawn as without it.
+	firstFaultEnv = "CHAOS_FIRST_FAULT"
 )
+
+// alarmFirst says whether every seed's first fault is alarmMember (CHAOS_FIRST_FAULT=alarm).
+func alarmFirst(t *testing.T) bool {
+	switch v := os.Getenv(firstFaultEnv); v {
+	case "":
+		return false
+	case "alarm":
+		return true
+	default:
+		t.Fatalf("%s=%q: the only first fault that can be chosen is alarm", firstFaultEnv, v)
+		return false
+	}
+}
 
 // topology says whether every cluster is built from a ClusterClass (CHAOS_TOPOLOGY): CAPR then
 // surges through Cluster spec.topology.controlPlane.replicas, which the topology controller brings to
@@ -253,16 +269,21 @@ const (
 	writeConflicts
 	crashController
 	numFaultKinds
+	// alarmMember raises etcd's NOSPACE alarm for the Machine's member, whose process, Node and
+	// kubelet stay up: the member votes while etcd refuses writes. It is never drawn, so that every
+	// seed's plan stays what it was; CHAOS_FIRST_FAULT=alarm makes it the first fault of every seed
+	// (on KCP the remediation then takes DeleteBeforeMemberRemoval: KCP's preflight refuses the surge).
+	alarmMember = numFaultKinds
 )
 
 var faultNames = [...]string{"etcd member killed", "kubelet stopped", "heartbeat stopped", "leader's kubelet stopped",
 	"request deleted mid-flight", "lock annotation stripped", "skip-remediation added", "API write conflicts",
-	"controller killed at a random API call"}
+	"controller killed at a random API call", "etcd alarm NOSPACE"}
 
 func (f faultKind) String() string { return faultNames[f] }
 
 // machineFault is true for faults that break a Machine.
-func (f faultKind) machineFault() bool { return f <= stopLeaderKubelet }
+func (f faultKind) machineFault() bool { return f <= stopLeaderKubelet || f == alarmMember }
 
 type plannedFault struct {
 	kind  faultKind
@@ -292,8 +313,9 @@ func (p plan) String() string {
 // newPlan draws a scenario: the first fault breaks a Machine (the others act on its remediation).
 // With single, the cluster has one control-plane Machine (drawn apart, singleDrawn, so that the plans
 // of the seeds drawn before single clusters existed stay as they were); a second Machine fault then
-// hits the same Machine.
-func newPlan(rng *rand.Rand, single bool) plan {
+// hits the same Machine. With alarm (CHAOS_FIRST_FAULT=alarm) the first fault is alarmMember; the
+// rest of the plan is drawn as without it.
+func newPlan(rng *rand.Rand, single, alarm bool) plan {
 	p := plan{size: 3}
 	if rng.IntN(2) == 1 {
 		p.size = 5
@@ -303,6 +325,9 @@ func newPlan(rng *rand.Rand, single bool) plan {
 	}
 	targets := rng.Perm(int(p.size))
 	first := plannedFault{kind: faultKind(rng.IntN(int(stopLeaderKubelet) + 1)), after: time.Duration(rng.IntN(2000)) * time.Millisecond, target: targets[0]}
+	if alarm {
+		first.kind = alarmMember
+	}
 	p.faults = append(p.faults, first)
 	if rng.IntN(2) == 1 {
 		second := plannedFault{kind: faultKind(rng.IntN(int(numFaultKinds))), after: time.Duration(rng.IntN(8000)) * time.Millisecond, target: targets[min(1, len(targets)-1)]}
@@ -360,7 +385,7 @@ func runScenario(t *testing.T, seed int64) {
 	g := NewWithT(t)
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6361707263686173)) //nolint:gosec // reproducible test randomness
-	p := newPlan(rng, sb.Provider() != sandbox.ProviderKubeadm && singleDrawn(seed))
+	p := newPlan(rng, sb.Provider() != sandbox.ProviderKubeadm && singleDrawn(seed), alarmFirst(t))
 	spec, built := sandbox.ClusterSpec{Name: "wc", ControlPlane: p.size}, ""
 	if topology() {
 		spec.Topology, built = &sandbox.TopologySpec{}, " built from a ClusterClass"
@@ -816,6 +841,8 @@ func inject(wc *sandbox.WorkloadCluster, kind faultKind, m clusterv1.Machine, st
 		err = client.IgnoreNotFound(sb.StopKubelet(ctx, wc, node))
 	case stopHeartbeat:
 		err = client.IgnoreNotFound(sb.StopHeartbeat(ctx, wc, node))
+	case alarmMember:
+		err = sb.AlarmEtcdMember(ctx, wc, node)
 	case deleteRequest:
 		err = deleteWhenRunning(wc, stop)
 	case stripLock:
