@@ -205,6 +205,26 @@ func formatReasons(counts map[string]int) string {
 	return strings.Join(out, ", ")
 }
 
+// remediationOrders says which order each control-plane remediation of namespace ns took, for a
+// campaign's record of which paths its runs took ("none" when none started).
+func remediationOrders(ns string) string {
+	list := &caprv1.MachineRemediationList{}
+	if err := sb.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	var out []string
+	for _, mr := range list.Items {
+		if cp := mr.Status.ControlPlane; cp != nil && cp.Order != "" {
+			out = append(out, fmt.Sprintf("%s %s", mr.Name, cp.Order))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
+}
+
 // remediationEvents counts the reasons of the events on the MachineRemediations of namespace ns
 // (a repeated event counts each time its series says it happened).
 func remediationEvents(ns string) (map[string]int, error) {
@@ -558,7 +578,7 @@ func runScenario(t *testing.T, seed int64) {
 	events, err := remediationEvents(ns)
 	g.Expect(err).NotTo(HaveOccurred())
 	campaignEvents.add(events)
-	t.Logf("seed %d: CAPR's events: %s", seed, formatReasons(events))
+	t.Logf("seed %d: CAPR's events: %s; orders: %s", seed, formatReasons(events), remediationOrders(ns))
 
 	// Invariants.
 	g.Expect(running.Stop()).To(BeEmpty(), "seed %d: two control-plane remediations Running for one cluster", seed)
