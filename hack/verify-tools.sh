@@ -20,3 +20,12 @@ if [ -n "$differ" ]; then
 	echo "Raise the lower one (go get <module>@<version> in that module, then go mod tidy)."
 	exit 1
 fi
+
+# The kind platform builds Cluster API's managers (hack/kind/capi) at the version CAPR requires: the
+# platform runs the providers CAPR is built and tested against.
+want=$(go list -m -f '{{.Version}}' sigs.k8s.io/cluster-api)
+got=$(cd hack/kind/capi && go list -m -f '{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}' sigs.k8s.io/cluster-api)
+if [ "$want" != "$got" ]; then
+	echo "hack/kind/capi builds Cluster API $got, CAPR requires $want: set both require and replace in hack/kind/capi/go.mod to $want"
+	exit 1
+fi

@@ -1,10 +1,12 @@
 package e2e_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,25 +21,25 @@ import (
 	"github.com/capr-io/capr/controllers"
 )
 
-// A real management cluster (kind with CAPD, or any other), with CAPI, a KubeadmControlPlane provider
-// and CAPR installed. The workload cluster comes from a manifest the user provides, and a node is
-// broken by a command the user provides (docs/developer/testing.md, End-to-end suite).
-const (
-	// clusterTemplateEnv names a manifest of one Cluster (without ClusterClass: CAPR leaves a
-	// topology-owned control plane alone) with a 3-replica KubeadmControlPlane and a 2-replica
-	// MachineDeployment whose Nodes become Ready (a CNI included), e.g. from
-	// `clusterctl generate cluster`; its objects are created in the test's namespace.
-	clusterTemplateEnv = "E2E_CLUSTER_TEMPLATE"
-	// breakNodeEnv is a shell command that breaks a node, {node} replaced by the Node's name; the
-	// default stops CAPD's container of that name.
-	breakNodeEnv     = "E2E_BREAK_NODE"
-	defaultBreakNode = "docker stop {node}"
-)
-
+// kindPlatform is the kind management cluster of make kind-up (docs/developer/kind.md): CAPI, CAPD
+// and CAPR installed by clusterctl, CAPR running from its image with its shipped RBAC. A workload
+// cluster is rendered by clusterctl from test/kind/templates and made of real CAPD nodes; a fault is
+// injected in a node's container.
 type kindPlatform struct {
-	c        client.Client
+	c client.WithWatch
+	// env holds hack/kind/versions.sh's values: the tools' paths, the state directory.
+	env      map[string]string
 	template string
-	breakCmd string
+}
+
+// E2E_CLUSTER_TEMPLATE overrides the workload cluster template (a clusterctl template with
+// ${CLUSTER_NAME}, ${NAMESPACE}, ${KUBERNETES_VERSION} and the two machine counts).
+const clusterTemplateEnv = "E2E_CLUSTER_TEMPLATE"
+
+// repoRoot is the checkout, two levels above this package.
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Clean(filepath.Join(wd, "..", ".."))
 }
 
 func newKindPlatform(kubeconfig string) (*kindPlatform, error) {
@@ -49,68 +51,135 @@ func newKindPlatform(kubeconfig string) (*kindPlatform, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, err
 	}
+	env := map[string]string{}
+	for _, name := range []string{"CLUSTERCTL", "KUBECTL", "KUBERNETES_VERSION", "KIND_STATE", "CAPR_IMAGE"} {
+		out, err := exec.Command(filepath.Join(repoRoot(), "hack", "kind", "env.sh"), name).Output()
+		if err != nil {
+			return nil, fmt.Errorf("hack/kind/env.sh %s: %w", name, err)
+		}
+		env[name] = strings.TrimSpace(string(out))
+	}
 	template := os.Getenv(clusterTemplateEnv)
 	if template == "" {
-		return nil, errors.New(clusterTemplateEnv + " must name the workload cluster's manifest")
+		template = filepath.Join(repoRoot(), "test", "kind", "templates", "cluster-template.yaml")
 	}
-	cmd := os.Getenv(breakNodeEnv)
-	if cmd == "" {
-		cmd = defaultBreakNode
-	}
-	return &kindPlatform{c: c, template: template, breakCmd: cmd}, nil
+	return &kindPlatform{c: c, env: env, template: template}, nil
 }
 
-func (p *kindPlatform) name() string                      { return "management cluster " + os.Getenv(kubeconfigEnv) }
+func (p *kindPlatform) name() string                      { return "kind" }
 func (p *kindPlatform) client() client.Client             { return p.c }
-func (p *kindPlatform) nodeUnhealthySeconds() int32       { return 60 }
-func (p *kindPlatform) remediationTimeout() time.Duration { return 30 * time.Minute }
+func (p *kindPlatform) nodeUnhealthySeconds() int32       { return 20 }
+func (p *kindPlatform) remediationTimeout() time.Duration { return 20 * time.Minute }
 
-// createCluster creates the template's objects in ns and waits until every Machine has a Node.
+// render returns the template rendered by clusterctl, as a user renders it.
+func (p *kindPlatform) render(ns, name string, controlPlane, workers int) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, p.env["CLUSTERCTL"], "generate", "cluster", name, "--from", p.template,
+		"--target-namespace", ns, "--kubernetes-version", p.env["KUBERNETES_VERSION"],
+		"--control-plane-machine-count", fmt.Sprint(controlPlane), "--worker-machine-count", fmt.Sprint(workers),
+		"--kubeconfig", os.Getenv(kubeconfigEnv))
+	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("clusterctl generate cluster: %w: %s", err, stderr.String())
+	}
+	return out, nil
+}
+
+// createCluster creates a cluster of three control-plane Machines and two workers.
 func (p *kindPlatform) createCluster(t *testing.T, ns string) string {
 	t.Helper()
+	return p.createClusterOf(t, ns, "e2e", 3, 2, t.Cleanup)
+}
+
+// createClusterOf creates the rendered template's objects in ns and waits until every Machine has
+// a Node. Its deletion is registered with cleanup (t.Cleanup, or later for a shared cluster);
+// kind-down removes what a failed deletion left.
+func (p *kindPlatform) createClusterOf(t *testing.T, ns, base string, controlPlane, workers int, cleanup func(func())) string {
+	t.Helper()
 	g := NewWithT(t)
-	raw, err := os.ReadFile(p.template)
+	// CAPD names containers after the cluster, and the docker network is shared: a cluster's name is
+	// unique on the host, and recorded for kind-down before anything is created.
+	name := fmt.Sprintf("%s-%s", base, ns[len(ns)-5:])
+	f, err := os.OpenFile(filepath.Join(p.env["KIND_STATE"], "workload-clusters"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = fmt.Fprintln(f, name)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(f.Close()).To(Succeed())
+
+	raw, err := p.render(ns, name, controlPlane, workers)
 	g.Expect(err).NotTo(HaveOccurred())
 	objs, err := utilyaml.ToUnstructured(raw)
 	g.Expect(err).NotTo(HaveOccurred())
-	name := ""
 	for i := range objs {
-		o := &objs[i]
-		if o.GetKind() == "Cluster" && o.GroupVersionKind().Group == clusterv1.GroupVersion.Group {
-			name = o.GetName()
-		}
-		if o.GetKind() != "Namespace" {
-			o.SetNamespace(ns)
-		}
-		g.Expect(p.c.Create(ctx, o)).To(Succeed(), "%s %s", o.GetKind(), o.GetName())
+		g.Expect(p.c.Create(ctx, &objs[i])).To(Succeed(), "%s %s", objs[i].GetKind(), objs[i].GetName())
 	}
-	g.Expect(name).NotTo(BeEmpty(), "%s has no Cluster", p.template)
-	t.Cleanup(func() {
+	cleanup(func() {
 		cluster := &clusterv1.Cluster{}
 		cluster.Namespace, cluster.Name = ns, name
 		_ = p.c.Delete(ctx, cluster)
-		NewWithT(t).Eventually(func() bool {
-			return apierrors.IsNotFound(p.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster))
-		}, 10*time.Minute, 5*time.Second).Should(BeTrue(), "Cluster %s not deleted", name)
+		deadline := time.Now().Add(10 * time.Minute)
+		for !apierrors.IsNotFound(p.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster)) {
+			if time.Now().After(deadline) {
+				fmt.Fprintf(os.Stderr, "Cluster %s/%s not deleted within 10 minutes (make kind-down removes its containers)\n", ns, name)
+				return
+			}
+			time.Sleep(5 * time.Second) // a cleanup's wait for a deletion, not a test's synchronisation
+		}
 	})
 	g.Eventually(func(g Gomega) {
-		cp, workers := machinesOf(g, ns, name)
-		g.Expect(cp).To(HaveLen(3))
-		g.Expect(workers).To(HaveLen(2))
-		for _, m := range append(cp, workers...) {
+		cp, w := machinesOf(g, ns, name)
+		g.Expect(cp).To(HaveLen(controlPlane))
+		g.Expect(w).To(HaveLen(workers))
+		for _, m := range append(cp, w...) {
 			g.Expect(m.Status.NodeRef.IsDefined()).To(BeTrue(), "Machine %s has no Node", m.Name)
 		}
-	}, 20*time.Minute, 10*time.Second).Should(Succeed())
+	}, 20*time.Minute, 5*time.Second).Should(Succeed())
 	return name
 }
 
-// breakNode runs the user's command (CAPD: stop the node's container).
-func (p *kindPlatform) breakNode(t *testing.T, _, _, node string) {
+// breakNode injects the platform's fault for the node's role: a control-plane node's kubelet is
+// stopped (its static pods, etcd among them, go on running), a worker's container is stopped.
+func (p *kindPlatform) breakNode(t *testing.T, ns, _, node string) {
 	t.Helper()
-	out, err := exec.CommandContext(ctx, "sh", "-c", strings.ReplaceAll(p.breakCmd, "{node}", node)).CombinedOutput()
-	NewWithT(t).Expect(err).NotTo(HaveOccurred(), "breaking node %s: %s", node, out)
+	m := &clusterv1.MachineList{}
+	NewWithT(t).Expect(p.c.List(ctx, m, client.InNamespace(ns))).To(Succeed())
+	for _, machine := range m.Items {
+		if machine.Status.NodeRef.Name != node {
+			continue
+		}
+		if _, ok := machine.Labels[clusterv1.MachineControlPlaneLabel]; ok {
+			NewWithT(t).Expect(dockerRun("exec", node, "systemctl", "stop", "kubelet")).To(Succeed())
+		} else {
+			NewWithT(t).Expect(dockerRun("stop", node)).To(Succeed())
+		}
+		return
+	}
+	t.Fatalf("no Machine of node %s in %s", node, ns)
+}
+
+// dockerRun runs docker with args and returns its combined output in the error.
+func dockerRun(args ...string) error {
+	_, err := dockerOutput(args...)
+	return err
+}
+
+func dockerOutput(args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "docker", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return "", fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return "", fmt.Errorf("docker %s: %w", strings.Join(args, " "), err)
+	}
+	return string(out), nil
 }

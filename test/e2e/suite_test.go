@@ -16,6 +16,10 @@ var (
 	ctx = context.Background()
 	// env is the platform the suite runs on.
 	env platform
+	// kindOnly is set by the kind faults (build tag kind), which run on a kind management cluster only.
+	kindOnly bool
+	// afterAll runs after every test, on a real management cluster (the kind faults' shared cluster).
+	afterAll []func()
 )
 
 // platform is what differs between the sandbox and a real management cluster.
@@ -47,7 +51,15 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		env = p
-		os.Exit(m.Run())
+		code := m.Run()
+		for _, f := range afterAll {
+			f()
+		}
+		os.Exit(code)
+	}
+	if kindOnly {
+		fmt.Fprintf(os.Stderr, "FAIL: built with the tag kind, the suite runs on a kind management cluster only: set %s (make e2e-kind)\n", kubeconfigEnv)
+		os.Exit(1)
 	}
 	os.Exit(sandbox.RunTestsWithOptions(m, sandbox.Options{Provider: sandbox.ProviderKubeadm, WithoutManagerIdentity: true},
 		func(s *sandbox.Sandbox) { env = &sandboxPlatform{sb: s} }))

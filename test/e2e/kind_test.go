@@ -1,0 +1,385 @@
+//go:build kind
+
+package e2e_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// The kind faults (make e2e-kind): real CAPD nodes, a fault injected in a node's container, CAPR as
+// installed by clusterctl, and the observer (observer_kind_test.go) judging the run. Built only with
+// the tag kind; TestMain refuses to run them anywhere but on a kind management cluster.
+func init() { kindOnly = true }
+
+// kindCluster is the workload cluster the kind faults share: three control-plane Machines and two
+// workers, CAPR's health checks on both, the workers fenced by powering their container off.
+type kindCluster struct {
+	ns, name string
+}
+
+var (
+	sharedOnce sync.Once
+	shared     kindCluster
+	sharedErr  error
+)
+
+const powerFenceTemplate = "power-off"
+
+func kindEnv(t *testing.T) *kindPlatform {
+	t.Helper()
+	p, ok := env.(*kindPlatform)
+	if !ok {
+		t.Fatalf("the kind faults run on the kind platform only, not on %s", env.name())
+	}
+	return p
+}
+
+// sharedCluster creates the shared cluster on first use, in the first test that asks; it is deleted
+// after the last test (TestMain's afterAll), and kind-down removes what a failed deletion leaves.
+func sharedCluster(t *testing.T) kindCluster {
+	t.Helper()
+	p := kindEnv(t)
+	sharedOnce.Do(func() {
+		sharedErr = errors.New("creating the shared workload cluster failed in an earlier test")
+		g := NewWithT(t)
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capr-kind-"}}
+		g.Expect(p.c.Create(ctx, ns)).To(Succeed())
+		installPowerFence(t, p, ns.Name)
+		name := p.createClusterOf(t, ns.Name, "kind", 3, 2, func(f func()) { afterAll = append(afterAll, f) })
+		cp := sandbox.ControlPlaneHealthCheck(ns.Name, "control-plane", name, p.nodeUnhealthySeconds())
+		g.Expect(p.c.Create(ctx, cp)).To(Succeed())
+		w := sandbox.WorkerHealthCheck(ns.Name, "workers", name, p.nodeUnhealthySeconds())
+		w.Spec.Remediation.Fencing = &caprv1.FencingSpec{
+			Policy:         caprv1.FencingRequired,
+			TimeoutSeconds: ptr.To[int32](300),
+			Backends: []caprv1.FencingBackend{{Type: caprv1.FencingBackendExternal, TemplateRef: &caprv1.TemplateReference{
+				APIVersion: "fencing.kind.capr.io/v1alpha1", Kind: "DockerPowerFenceTemplate", Name: powerFenceTemplate}}},
+		}
+		g.Expect(p.c.Create(ctx, w)).To(Succeed())
+		shared = kindCluster{ns: ns.Name, name: name}
+		sharedErr = nil
+	})
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	return shared
+}
+
+// installPowerFence installs the power-fencing provider's CRDs and RBAC, and its template in ns.
+func installPowerFence(t *testing.T, p *kindPlatform, ns string) {
+	t.Helper()
+	g := NewWithT(t)
+	out, err := exec.CommandContext(ctx, p.env["KUBECTL"], "--kubeconfig", os.Getenv(kubeconfigEnv), "apply", "--server-side",
+		"-f", filepath.Join(repoRoot(), "test", "kind", "manifests", "powerfence.yaml")).CombinedOutput()
+	g.Expect(err).NotTo(HaveOccurred(), "%s", out)
+	tmpl := &unstructured.Unstructured{}
+	tmpl.SetGroupVersionKind(schema.GroupVersionKind{Group: "fencing.kind.capr.io", Version: "v1alpha1", Kind: "DockerPowerFenceTemplate"})
+	tmpl.SetNamespace(ns)
+	tmpl.SetName(powerFenceTemplate)
+	g.Expect(unstructured.SetNestedField(tmpl.Object, "SIGKILL", "spec", "template", "spec", "signal")).To(Succeed())
+	g.Eventually(func() error { return p.c.Create(ctx, tmpl) }, time.Minute, time.Second).Should(Succeed())
+}
+
+// powerFencer is the power-fencing provider: for each DockerPowerFence CAPR creates in ns, it kills
+// the node's container and, once docker reports it stopped, sets Fenced=True. It records when.
+type powerFencer struct {
+	mu     sync.Mutex
+	fenced map[string]time.Time // by Machine name
+	done   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func startPowerFencer(t *testing.T, c client.Client, ns string) *powerFencer {
+	f := &powerFencer{fenced: map[string]time.Time{}, done: make(chan struct{})}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			list := &unstructured.UnstructuredList{}
+			list.SetGroupVersionKind(schema.GroupVersionKind{Group: "fencing.kind.capr.io", Version: "v1alpha1", Kind: "DockerPowerFenceList"})
+			if err := c.List(ctx, list, client.InNamespace(ns)); err == nil {
+				for i := range list.Items {
+					f.fence(t, c, &list.Items[i])
+				}
+			}
+			select {
+			case <-f.done:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return f
+}
+
+func (f *powerFencer) fence(t *testing.T, c client.Client, obj *unstructured.Unstructured) {
+	machine := obj.GetName()
+	f.mu.Lock()
+	_, done := f.fenced[machine]
+	f.mu.Unlock()
+	if done || !obj.GetDeletionTimestamp().IsZero() {
+		return
+	}
+	node := obj.GetAnnotations()["remediation.cluster.x-k8s.io/node"]
+	signal, _, _ := unstructured.NestedString(obj.Object, "spec", "signal")
+	if node == "" || signal == "" {
+		return
+	}
+	running, err := dockerOutput("inspect", "-f", "{{.State.Running}}", node)
+	if err != nil && !strings.Contains(err.Error(), "No such") {
+		t.Logf("power fence of %s: %v", node, err)
+		return
+	}
+	if strings.TrimSpace(running) == "true" {
+		if err := dockerRun("kill", "--signal", signal, node); err != nil {
+			t.Logf("power fence of %s: %v", node, err)
+			return
+		}
+		return // confirmed on a later round, once docker reports it stopped
+	}
+	patch := map[string]any{"status": map[string]any{"conditions": []any{map[string]any{
+		"type": "Fenced", "status": "True", "reason": "PoweredOff", "message": "the node's container is stopped",
+		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+	}}}}
+	raw, _ := json.Marshal(patch)
+	if err := c.Status().Patch(ctx, obj, client.RawPatch("application/merge-patch+json", raw)); err != nil {
+		t.Logf("power fence of %s: confirming: %v", node, err)
+		return
+	}
+	f.mu.Lock()
+	f.fenced[machine] = time.Now()
+	f.mu.Unlock()
+}
+
+func (f *powerFencer) fencedAt(machine string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.fenced[machine]
+	return t, ok
+}
+
+func (f *powerFencer) stop() {
+	close(f.done)
+	f.wg.Wait()
+}
+
+// whole is the observer's judgement that the cluster is back at full strength without the victim:
+// cp voting etcd members, all healthy, no learner, none named after the victim's node; cp
+// control-plane and workers worker Nodes, all Ready, the victim's Node gone; the victim Machine gone.
+func whole(g Gomega, p *kindPlatform, o *observer, c kindCluster, victimMachine, victimNode string, cpCount, workerCount int) {
+	err := p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victimMachine}, &clusterv1.Machine{})
+	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the victim Machine %s is still there (%v)", victimMachine, err)
+	v, ok := o.latest()
+	g.Expect(ok).To(BeTrue(), "no etcd reading yet")
+	g.Expect(time.Since(v.At)).To(BeNumerically("<", 30*time.Second), "the last etcd reading is old: %+v", v)
+	g.Expect(v.Voters).To(Equal(cpCount), "etcd: %+v", v)
+	g.Expect(v.HealthyVoter).To(Equal(cpCount), "etcd: %+v", v)
+	g.Expect(v.Learners).To(BeZero(), "etcd: %+v", v)
+	g.Expect(v.Names).NotTo(ContainElement(victimNode), "etcd: %+v", v)
+	nodes, err := workloadNodes(p.c, c.ns, c.name)
+	g.Expect(err).NotTo(HaveOccurred())
+	var cps, workers int
+	for _, n := range nodes {
+		g.Expect(n.Name).NotTo(Equal(victimNode), "the victim's Node is still there")
+		g.Expect(nodeReady(n)).To(BeTrue(), "Node %s is not Ready", n.Name)
+		if _, ok := n.Labels["node-role.kubernetes.io/control-plane"]; ok {
+			cps++
+		} else {
+			workers++
+		}
+	}
+	g.Expect(cps).To(Equal(cpCount), "control-plane Nodes")
+	g.Expect(workers).To(Equal(workerCount), "worker Nodes")
+}
+
+// kindResult is one line of the results file (E2E_KIND_RESULTS).
+type kindResult struct {
+	Date            string   `json:"date"`
+	Commit          string   `json:"commit"`
+	Test            string   `json:"test"`
+	Fault           string   `json:"fault"`
+	Victim          string   `json:"victim"`
+	VictimWasLeader bool     `json:"victimWasLeader"`
+	Passed          bool     `json:"passed"`
+	SecondsToMark   float64  `json:"secondsToMark"`
+	SecondsToWhole  float64  `json:"secondsToWhole"`
+	FencedBeforeDel *bool    `json:"fencedBeforeDelete,omitempty"`
+	Observer        summary  `json:"observer"`
+	Notes           []string `json:"notes,omitempty"`
+}
+
+// record appends r to the results file, whatever the test's outcome: every run is reported.
+func record(t *testing.T, r kindResult) {
+	path := os.Getenv("E2E_KIND_RESULTS")
+	if path == "" {
+		return
+	}
+	commit, _ := exec.Command("git", "-C", repoRoot(), "rev-parse", "--short", "HEAD").Output()
+	r.Commit = strings.TrimSpace(string(commit))
+	if dirty, _ := exec.Command("git", "-C", repoRoot(), "status", "--porcelain", "--", ".", ":!test/e2e/results").Output(); len(dirty) > 0 {
+		r.Commit += "+dirty"
+	}
+	r.Date = time.Now().UTC().Format(time.RFC3339)
+	r.Passed = !t.Failed()
+	raw, err := json.Marshal(r)
+	if err != nil {
+		t.Errorf("encoding the result: %v", err)
+		return
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Errorf("opening %s: %v", path, err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.Write(append(raw, '\n')); err != nil {
+		t.Errorf("writing %s: %v", path, err)
+	}
+	t.Logf("result: %s", raw)
+}
+
+// markedAt waits in the background for the victim's MachineRemediation and returns when it was seen.
+func markedAt(c client.Client, ns, machine string, stop <-chan struct{}) func() (time.Time, bool) {
+	var mu sync.Mutex
+	var at time.Time
+	go func() {
+		for {
+			mr := &caprv1.MachineRemediation{}
+			if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, mr) == nil {
+				mu.Lock()
+				at = mr.CreationTimestamp.Time
+				mu.Unlock()
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return func() (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return at, !at.IsZero()
+	}
+}
+
+// faultUntilWhole injects the platform's fault in the victim's node and waits until the observer finds
+// the cluster whole again. The run is recorded when the test ends, whatever its outcome.
+func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, victim clusterv1.Machine, r *kindResult) {
+	t.Helper()
+	node := victim.Status.NodeRef.Name
+	stopMark := make(chan struct{})
+	marked := markedAt(p.c, c.ns, victim.Name, stopMark)
+	fault := time.Now()
+	t.Cleanup(func() {
+		close(stopMark)
+		r.Observer = o.summarize()
+		if at, ok := marked(); ok {
+			r.SecondsToMark = at.Sub(fault).Seconds()
+		}
+		record(t, *r)
+	})
+	p.breakNode(t, c.ns, c.name, node)
+	// A stopped kubelet leaves the victim's etcd answering; asking only the others keeps the
+	// readings independent of the victim.
+	o.avoidNode(node)
+	NewWithT(t).Eventually(func(g Gomega) {
+		whole(g, p, o, c, victim.Name, node, 3, 2)
+	}, p.remediationTimeout(), 5*time.Second).Should(Succeed())
+	r.SecondsToWhole = time.Since(fault).Seconds()
+}
+
+// TestKindControlPlaneKubeletStopped: the kubelet of a control-plane node that is not the etcd
+// leader stops; its etcd member, a static pod, goes on running and voting. CAPR marks the Machine
+// and replaces it. The observer holds it to what CAPR promises for a live member: the failure margin
+// never below 1, one Machine created, and the cluster whole again.
+func TestKindControlPlaneKubeletStopped(t *testing.T) {
+	controlPlaneKubeletStopped(t, false)
+}
+
+// TestKindLeaderKubeletStopped: the same fault on the etcd leader's node.
+func TestKindLeaderKubeletStopped(t *testing.T) {
+	controlPlaneKubeletStopped(t, true)
+}
+
+func controlPlaneKubeletStopped(t *testing.T, leader bool) {
+	g := NewWithT(t)
+	p := kindEnv(t)
+	c := sharedCluster(t)
+	o := startObserver(p.c, c.ns, c.name)
+	defer o.stop()
+	g.Eventually(func() bool { _, ok := o.latest(); return ok }, time.Minute, time.Second).Should(BeTrue(), "etcd never answered the observer")
+
+	cp, _ := machinesOf(g, c.ns, c.name)
+	g.Expect(cp).To(HaveLen(3))
+	v, _ := o.latest()
+	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
+	var victim clusterv1.Machine
+	for _, m := range cp {
+		if (m.Status.NodeRef.Name == v.Leader) == leader {
+			victim = m
+			break
+		}
+	}
+	g.Expect(victim.Name).NotTo(BeEmpty())
+	node := victim.Status.NodeRef.Name
+	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet), etcd member alive", Victim: node, VictimWasLeader: v.Leader == node}
+	faultUntilWhole(t, p, o, c, victim, r)
+	s := o.summarize()
+	g.Expect(s.MinMargin).To(BeNumerically(">=", 1), "the failure margin fell below 1 with a live member: %+v", s)
+	g.Expect(s.MachinesCreated).To(HaveLen(1), "Machines created: %v", s.MachinesCreated)
+}
+
+// TestKindWorkerNodeStopped: a worker's node container stops. CAPR marks the Machine, fences it
+// through the power-fencing provider before the Machine is deleted, and the MachineDeployment
+// replaces it.
+func TestKindWorkerNodeStopped(t *testing.T) {
+	g := NewWithT(t)
+	p := kindEnv(t)
+	c := sharedCluster(t)
+	fencer := startPowerFencer(t, p.c, c.ns)
+	defer fencer.stop()
+	o := startObserver(p.c, c.ns, c.name)
+	defer o.stop()
+
+	_, workers := machinesOf(g, c.ns, c.name)
+	g.Expect(workers).To(HaveLen(2))
+	victim := workers[0]
+	node := victim.Status.NodeRef.Name
+	r := &kindResult{Test: t.Name(), Fault: "worker node container stopped (docker stop)", Victim: node}
+	faultUntilWhole(t, p, o, c, victim, r)
+	fenced, ok := fencer.fencedAt(victim.Name)
+	g.Expect(ok).To(BeTrue(), "the worker was never fenced")
+	deleting, ok := o.deletingSince(victim.Name)
+	g.Expect(ok).To(BeTrue(), "the watch never saw the worker deleting")
+	before := !fenced.After(deleting)
+	r.FencedBeforeDel = &before
+	g.Expect(before).To(BeTrue(), "fenced at %s, deleting since %s", fenced, deleting)
+	s := o.summarize()
+	g.Expect(slices.ContainsFunc(o.created, func(m machineEvent) bool { return !m.ControlPlane })).To(BeTrue(), "no worker created: %+v", s)
+	g.Expect(s.MinMargin).To(BeNumerically(">=", 1), "a worker's fault moved etcd: %+v", s)
+}

@@ -1,0 +1,348 @@
+//go:build kind
+
+package e2e_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/clientcmd"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The observer judges a run without CAPR's code: it reads the workload cluster's etcd from inside
+// its etcd Pods (etcdctl, through docker and crictl on the nodes, so a broken API server path does
+// not blind it), its Nodes through its API server, and the management cluster's Machines through a
+// watch. None of it asks CAPR, or CAPI, whether the cluster is healthy.
+
+// etcdView is one reading of the etcd cluster.
+type etcdView struct {
+	At time.Time
+	// OK: some member answered; the counts are from that answer.
+	OK                             bool
+	Voters, Learners, HealthyVoter int
+	// Names are the voting members' names (kubeadm names a member after its node).
+	Names  []string
+	Leader string
+	From   string
+	Err    string
+}
+
+// Margin is how many more voting members may fail before quorum is lost.
+func (v etcdView) Margin() int { return v.HealthyVoter - (v.Voters/2 + 1) }
+
+type etcdMember struct {
+	ID         uint64   `json:"ID"`
+	Name       string   `json:"name"`
+	ClientURLs []string `json:"clientURLs"`
+	IsLearner  bool     `json:"isLearner"`
+}
+
+// etcdctl's flags inside a kubeadm etcd container: the health-check client's certificate, short
+// timeouts so that one black-holed member costs a reading seconds, not minutes.
+const etcdctlFlags = "--cacert=/etc/kubernetes/pki/etcd/ca.crt --cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt " +
+	"--key=/etc/kubernetes/pki/etcd/healthcheck-client.key --endpoints=https://127.0.0.1:2379 --dial-timeout=2s --command-timeout=3s"
+
+// readEtcd asks the etcd of the first control-plane container of cluster that answers, other than
+// avoid, for the member list, every member's health and status.
+func readEtcd(cluster string, avoid map[string]bool) etcdView {
+	v := etcdView{At: time.Now()}
+	out, err := dockerOutput("ps", "--filter", "label=io.x-k8s.kind.cluster="+cluster, "--filter", "label=io.x-k8s.kind.role=control-plane", "--format", "{{.Names}}")
+	if err != nil {
+		v.Err = err.Error()
+		return v
+	}
+	nodes := strings.Fields(out)
+	sort.Strings(nodes)
+	for _, node := range nodes {
+		if avoid[node] {
+			continue
+		}
+		script := fmt.Sprintf(`c=$(crictl ps -q --name '^etcd$' --state running | head -1); [ -n "$c" ] || exit 3
+crictl exec "$c" etcdctl %[1]s member list -w json || exit 4; echo
+crictl exec "$c" etcdctl %[1]s endpoint health --cluster -w json; echo
+crictl exec "$c" etcdctl %[1]s endpoint status --cluster -w json; echo`, etcdctlFlags)
+		out, err := dockerOutput("exec", node, "timeout", "15", "sh", "-c", script)
+		if err != nil && out == "" {
+			v.Err = err.Error()
+			continue
+		}
+		if parseEtcd(&v, out) {
+			v.From = node
+			return v
+		}
+	}
+	return v
+}
+
+// parseEtcd reads etcdctl's three JSON answers, one a line.
+func parseEtcd(v *etcdView, out string) bool {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 2 {
+		v.Err = "short etcdctl output: " + out
+		return false
+	}
+	var list struct {
+		Members []etcdMember `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &list); err != nil || len(list.Members) == 0 {
+		v.Err = fmt.Sprintf("member list: %v: %s", err, lines[0])
+		return false
+	}
+	var health []struct {
+		Endpoint string `json:"endpoint"`
+		Health   bool   `json:"health"`
+	}
+	_ = json.Unmarshal([]byte(lines[1]), &health)
+	healthy := map[string]bool{}
+	for _, h := range health {
+		healthy[h.Endpoint] = h.Health
+	}
+	var leaderID uint64
+	if len(lines) > 2 {
+		var status []struct {
+			Status struct {
+				Leader uint64 `json:"leader"`
+			} `json:"Status"`
+		}
+		if json.Unmarshal([]byte(lines[2]), &status) == nil {
+			for _, s := range status {
+				if s.Status.Leader != 0 {
+					leaderID = s.Status.Leader
+				}
+			}
+		}
+	}
+	for _, m := range list.Members {
+		if m.ID == leaderID {
+			v.Leader = m.Name
+		}
+		if m.IsLearner {
+			v.Learners++
+			continue
+		}
+		v.Voters++
+		v.Names = append(v.Names, m.Name)
+		for _, u := range m.ClientURLs {
+			if healthy[u] {
+				v.HealthyVoter++
+				break
+			}
+		}
+	}
+	sort.Strings(v.Names)
+	v.OK = true
+	return true
+}
+
+// machineEvent is a Machine seen created or deleting by the watch.
+type machineEvent struct {
+	At           time.Time
+	Name         string
+	ControlPlane bool
+}
+
+// observer samples etcd every second and watches the namespace's Machines from start to stop.
+type observer struct {
+	cluster, ns string
+	avoid       map[string]bool
+	start       time.Time
+
+	mu       sync.Mutex
+	views    []etcdView
+	created  []machineEvent
+	deleting map[string]time.Time
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func startObserver(c client.WithWatch, ns, cluster string, avoid ...string) *observer {
+	o := &observer{cluster: cluster, ns: ns, avoid: map[string]bool{}, start: time.Now(), deleting: map[string]time.Time{}, done: make(chan struct{})}
+	for _, a := range avoid {
+		o.avoid[a] = true
+	}
+	o.wg.Add(2)
+	go func() {
+		defer o.wg.Done()
+		for {
+			v := readEtcd(cluster, o.avoidSet())
+			o.mu.Lock()
+			o.views = append(o.views, v)
+			o.mu.Unlock()
+			select {
+			case <-o.done:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	go func() {
+		defer o.wg.Done()
+		seen := map[string]bool{}
+		for {
+			w, err := c.Watch(ctx, &clusterv1.MachineList{}, client.InNamespace(ns))
+			if err != nil {
+				select {
+				case <-o.done:
+					return
+				case <-time.After(time.Second):
+					continue
+				}
+			}
+			o.consume(w, seen)
+			w.Stop()
+			select {
+			case <-o.done:
+				return
+			default:
+			}
+		}
+	}()
+	return o
+}
+
+func (o *observer) consume(w watch.Interface, seen map[string]bool) {
+	for {
+		select {
+		case <-o.done:
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return
+			}
+			m, isMachine := ev.Object.(*clusterv1.Machine)
+			if !isMachine {
+				continue
+			}
+			o.mu.Lock()
+			if !seen[m.Name] {
+				seen[m.Name] = true
+				if m.CreationTimestamp.After(o.start) {
+					_, cp := m.Labels[clusterv1.MachineControlPlaneLabel]
+					o.created = append(o.created, machineEvent{At: m.CreationTimestamp.Time, Name: m.Name, ControlPlane: cp})
+				}
+			}
+			if !m.DeletionTimestamp.IsZero() {
+				if _, ok := o.deleting[m.Name]; !ok {
+					o.deleting[m.Name] = m.DeletionTimestamp.Time
+				}
+			}
+			o.mu.Unlock()
+		}
+	}
+}
+
+func (o *observer) avoidSet() map[string]bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]bool{}
+	for k := range o.avoid {
+		out[k] = true
+	}
+	return out
+}
+
+// avoidNode keeps the observer from asking a node it cannot expect an answer from.
+func (o *observer) avoidNode(node string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.avoid[node] = true
+}
+
+func (o *observer) stop() {
+	close(o.done)
+	o.wg.Wait()
+}
+
+// latest is the newest reading that some member answered.
+func (o *observer) latest() (etcdView, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i := len(o.views) - 1; i >= 0; i-- {
+		if o.views[i].OK {
+			return o.views[i], true
+		}
+	}
+	return etcdView{}, false
+}
+
+// summary of a run, as the results file records it.
+type summary struct {
+	// MinMargin is the lowest failure margin read; SecondsAtMarginBelow1 how long it was below 1,
+	// summed over consecutive readings (each counted from its time to the next reading's).
+	MinMargin             int     `json:"minMargin"`
+	SecondsAtMarginBelow1 float64 `json:"secondsAtMarginBelow1"`
+	// Unanswered counts readings no member answered (a lost quorum answers nothing).
+	Unanswered      int      `json:"unanswered"`
+	Readings        int      `json:"readings"`
+	MachinesCreated []string `json:"machinesCreated"`
+}
+
+func (o *observer) summarize() summary {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := summary{MinMargin: 99, Readings: len(o.views)}
+	for i, v := range o.views {
+		if !v.OK {
+			s.Unanswered++
+			continue
+		}
+		if m := v.Margin(); m < s.MinMargin {
+			s.MinMargin = m
+		}
+		if v.Margin() < 1 && i+1 < len(o.views) {
+			s.SecondsAtMarginBelow1 += o.views[i+1].At.Sub(v.At).Seconds()
+		}
+	}
+	for _, m := range o.created {
+		s.MachinesCreated = append(s.MachinesCreated, m.Name)
+	}
+	return s
+}
+
+// deletingSince is when the watch first saw the Machine deleting.
+func (o *observer) deletingSince(name string) (time.Time, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t, ok := o.deleting[name]
+	return t, ok
+}
+
+// workloadNodes lists the workload cluster's Nodes through its kubeconfig Secret, with a short
+// timeout: an API server that hangs is an answer of "not known yet".
+func workloadNodes(c client.Client, ns, cluster string) ([]corev1.Node, error) {
+	secret := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: cluster + "-kubeconfig"}, secret); err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(secret.Data["value"])
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 5 * time.Second
+	wc, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, err
+	}
+	nodes := &corev1.NodeList{}
+	if err := wc.List(ctx, nodes); err != nil {
+		return nil, err
+	}
+	return nodes.Items, nil
+}
+
+func nodeReady(n corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
