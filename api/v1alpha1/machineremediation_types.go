@@ -390,12 +390,26 @@ type FencingBackendStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".spec.reason",priority=10
 // +kubebuilder:printcolumn:name="Waiting",type="string",JSONPath=".status.conditions[?(@.type==\"Progressing\")].message",priority=10
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+// What a Running remediation's plan depends on is frozen: its steps are recomputed from
+// spec.escalation on every reconcile, escalation steps first (remediation/controlplane PlanSteps,
+// remediation/worker), spec.controlPlane gives the order policy chosen again after an escalation and
+// the step timeouts, and spec.reason is what it was started for. The rules are on the object, not on
+// spec, because they read status.phase: an update of the object keeps the stored status, a status
+// update the stored spec. Running is recorded by a write conditional on the resourceVersion the
+// remediation was planned from (remediation.Persist), so the spec frozen is the one it runs.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Running' || ((has(self.spec) && has(self.spec.escalation)) == (has(oldSelf.spec) && has(oldSelf.spec.escalation)) && (!has(self.spec) || !has(self.spec.escalation) || self.spec.escalation == oldSelf.spec.escalation))",message="spec.escalation cannot change while the remediation is Running: its steps are part of the running plan (delete the request to abort it)",fieldPath=".spec.escalation"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Running' || ((has(self.spec) && has(self.spec.controlPlane)) == (has(oldSelf.spec) && has(oldSelf.spec.controlPlane)) && (!has(self.spec) || !has(self.spec.controlPlane) || self.spec.controlPlane == oldSelf.spec.controlPlane))",message="spec.controlPlane cannot change while the remediation is Running: the running plan's order policy and step timeouts come from it (delete the request to abort it)",fieldPath=".spec.controlPlane"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Running' || ((has(self.spec) && has(self.spec.reason)) == (has(oldSelf.spec) && has(oldSelf.spec.reason)) && (!has(self.spec) || !has(self.spec.reason) || self.spec.reason == oldSelf.spec.reason))",message="spec.reason cannot change while the remediation is Running: it is what the running remediation was started for (delete the request to abort it)",fieldPath=".spec.reason"
 
 // MachineRemediation is the remediation of one Machine: same name and namespace as the Machine,
 // owned by it while Pending. Once the remediation starts it is re-owned by the Cluster, so that its
 // record outlives the Machine it deletes. Its status is the durable state of the sequence, so a
 // controller restart continues where it stopped; `kubectl get machineremediations -A` is the
 // operator's dashboard.
+//
+// While it is Running, spec.escalation, spec.controlPlane and spec.reason cannot change: the running
+// plan depends on them. Deleting the request aborts it (undone before its point of no return,
+// finished after it).
 type MachineRemediation struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -268,3 +268,73 @@ func TestMachineRemediationFencingIsImmutable(t *testing.T) {
 	err := testEnv.Client.Update(ctx, unfenced)
 	g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
 }
+
+// TestRunningMachineRemediationPlanIsFrozen: a running remediation's steps come from its spec
+// (spec.escalation's steps first, the timeouts and policies of spec.controlPlane) and its early
+// removal of waiting members trusts spec.reason, so while status.phase is Running those fields cannot
+// change; before the start and after the end they can, and the rest of the request still can.
+func TestRunningMachineRemediationPlanIsFrozen(t *testing.T) {
+	g := NewWithT(t)
+	step := caprv1.EscalationStep{TimeoutSeconds: 60, TemplateRef: caprv1.TemplateReference{
+		APIVersion: "infrastructure.cluster.x-k8s.io/v1beta1", Kind: "Metal3RemediationTemplate", Name: "reboot"}}
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plan-frozen"},
+		Spec: caprv1.MachineRemediationSpec{Reason: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason,
+			ControlPlane: &caprv1.ControlPlaneRemediationSpec{StepTimeoutSeconds: ptr.To[int32](600)}}}
+	g.Expect(testEnv.Client.Create(ctx, mr)).To(Succeed())
+	t.Cleanup(func() { _ = testEnv.Client.Delete(ctx, mr) })
+	current := func(g Gomega) *caprv1.MachineRemediation {
+		got := &caprv1.MachineRemediation{}
+		g.Expect(testEnv.Client.Get(ctx, client.ObjectKeyFromObject(mr), got)).To(Succeed())
+		return got
+	}
+	setPhase := func(g Gomega, phase caprv1.RemediationPhase) {
+		got := current(g)
+		got.Status.Phase = phase
+		g.Expect(testEnv.Client.Status().Update(ctx, got)).To(Succeed())
+	}
+	mutations := map[string]func(*caprv1.MachineRemediation){
+		"spec.escalation": func(m *caprv1.MachineRemediation) { m.Spec.Escalation = append(m.Spec.Escalation, step) },
+		"spec.controlPlane": func(m *caprv1.MachineRemediation) {
+			m.Spec.ControlPlane.Order = caprv1.ControlPlaneOrderRemoveMemberFirst
+		},
+		"spec.reason": func(m *caprv1.MachineRemediation) {
+			m.Spec.Reason = caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason
+		},
+	}
+
+	// Pending: a person may still change them (spec.controlPlane.order: RemoveMemberFirst is the
+	// consent a waiting request asks for).
+	setPhase(g, caprv1.MachineRemediationPhasePending)
+	changed := current(g)
+	changed.Spec.ControlPlane.StepTimeoutSeconds = ptr.To[int32](300)
+	g.Expect(testEnv.Client.Update(ctx, changed)).To(Succeed())
+
+	setPhase(g, caprv1.MachineRemediationPhaseRunning)
+	for field, mutate := range mutations {
+		t.Run(field+" is frozen while Running", func(t *testing.T) {
+			g := NewWithT(t)
+			changed := current(g)
+			mutate(changed)
+			err := testEnv.Client.Update(ctx, changed)
+			g.Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
+			g.Expect(err.Error()).To(ContainSubstring(field + ": Invalid value"))
+			g.Expect(err.Error()).To(ContainSubstring(field + " cannot change while the remediation is Running"))
+		})
+	}
+	t.Run("what the plan does not depend on, the metadata and the status still change", func(t *testing.T) {
+		g := NewWithT(t)
+		changed := current(g)
+		changed.Spec.Message = "a note"
+		changed.Labels = map[string]string{"note": "yes"}
+		g.Expect(testEnv.Client.Update(ctx, changed)).To(Succeed())
+		setPhase(g, caprv1.MachineRemediationPhaseFailed)
+	})
+	t.Run("after the run they change again", func(t *testing.T) {
+		g := NewWithT(t)
+		for _, mutate := range mutations {
+			changed := current(g)
+			mutate(changed)
+			g.Expect(testEnv.Client.Update(ctx, changed)).To(Succeed())
+		}
+	})
+}

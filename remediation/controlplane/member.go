@@ -87,7 +87,10 @@ func (r *Reconciler) stepRemoveMember(ctx context.Context, s *scope) (stepResult
 		c := state.Counts()
 		return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("the victim's member is not in the member list (%d voting, %d healthy)", c.Voting, c.Healthy)}}, nil
 	}
-	s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
+	if s.mr.Status.ControlPlane.MemberID == "" {
+		// Recorded once, never overwritten: from here on only this ID is the victim's (victimMemberOf).
+		s.mr.Status.ControlPlane.MemberID = fmt.Sprintf("%x", victim.ID)
+	}
 	c := state.Counts()
 	if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: victim.Up(), Learner: victim.IsLearner}) {
 		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf(
@@ -230,17 +233,56 @@ func mayRemoveEarly(mr *caprv1.MachineRemediation, m *clusterv1.Machine, at time
 	return !retry.GiveUp && retry.WaitUntil.IsZero()
 }
 
-// victimMemberOf returns the victim's member in the member list, by its name or by the ID recorded
-// when it was first seen (a member that never started has no name); nil when it is not listed.
+// victimMemberOf returns the victim's member in the member list; nil when it is not listed.
+//
+// Before the point of no return it is found by its name (its Node's) or, when no member carries that
+// name, by the ID recorded when it was first seen (a member that never started has no name). From the
+// point of no return on (memberIDOnly) only the recorded ID identifies it, and nothing is chosen by
+// name: once the victim's deletion has begun its Node name can come back with the replacement
+// (bare-metal hosts keep their names, and a replacement may join while CAPR is down), and removing
+// the member that carries the name would remove the replacement's. KCP keys its removal on the
+// member ID too (cluster-api v1.14.2 controlplane/kubeadm/pkg/workload_cluster_etcd.go,
+// RemoveEtcdMember takes an *etcd.Member). etcdutil.Cluster.RemoveMember lists the members again,
+// linearizably, right before it removes that ID, and removes nothing when it is no longer listed.
 func victimMemberOf(s *scope, state *etcdutil.State) *etcdutil.MemberStatus {
+	id, recorded := recordedMemberID(s)
+	if memberIDOnly(s) {
+		switch {
+		case recorded:
+			return state.ByID(id)
+		case victimDeletionBegun(s):
+			return nil // no ID was ever recorded: the member that carries the name may be the replacement's
+		}
+		// RemoveMember's first pass, before the victim's deletion, for a victim without a member at
+		// the start: its Node still exists, so its name is still its own. stepRemoveMember records the
+		// ID found here, and from then on only that ID is the victim's.
+	}
 	if m := state.ByName(s.victimNode()); m != nil {
 		return m
 	}
-	if s.mr.Status.ControlPlane == nil || s.mr.Status.ControlPlane.MemberID == "" {
-		return nil
-	}
-	if id, err := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64); err == nil {
+	if recorded {
 		return state.ByID(id)
 	}
 	return nil
+}
+
+// memberIDOnly is true from the point of no return of the victim's member on: the RemoveMember step
+// has begun (the removal may have been issued), or the victim's deletion has begun.
+func memberIDOnly(s *scope) bool {
+	return findStep(s.mr, caprv1.StepRemoveMember) != nil || victimDeletionBegun(s)
+}
+
+// victimDeletionBegun is true once the victim Machine's deletion has begun (the Delete step, the
+// provider's scale-down, anyone else's deletion) or it is gone: its Node name may then be reused.
+func victimDeletionBegun(s *scope) bool {
+	return findStep(s.mr, caprv1.StepDelete) != nil || s.machineGone || s.machine != nil && !s.machine.DeletionTimestamp.IsZero()
+}
+
+// recordedMemberID is the victim's member ID recorded in status.controlPlane.memberID.
+func recordedMemberID(s *scope) (uint64, bool) {
+	if s.mr.Status.ControlPlane == nil || s.mr.Status.ControlPlane.MemberID == "" {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64)
+	return id, err == nil
 }

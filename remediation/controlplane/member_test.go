@@ -334,3 +334,57 @@ func TestDownMembersOfWaiting(t *testing.T) {
 		})
 	}
 }
+
+// reusedNameWorld is a DeleteBeforeMemberRemoval remediation of m-b after its Delete step, with CAPR
+// down meanwhile: the provider deleted m-b (its deletion removed m-b's member, or not, as etcd says)
+// and created the replacement m-d on the same host, whose Node, and so its etcd member, is named
+// after m-b's (bare metal keeps host names). m-b's member ID was recorded at the start.
+func reusedNameWorld(t *testing.T, g Gomega, etcd *fakeEtcd) *world {
+	t.Helper()
+	w := newWorld(t, withOrder(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), withRecordedMemberID(memberID(nodeB)),
+		withReplacement(cpMachine("m-d", func(m *clusterv1.Machine) { m.Status.NodeRef.Name = nodeB })),
+		withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""),
+		withStep(caprv1.StepFence, caprv1.StepOutcomeSkipped, ""),
+		withStep(caprv1.StepDelete, caprv1.StepOutcomeSucceeded, ""),
+		withEtcd(etcd))
+	setLock(g, w)
+	w.deleteVictim(g)
+	w.s.machineGone = true
+	w.s.machines = slices.DeleteFunc(w.s.machines, func(m *clusterv1.Machine) bool { return m.Name == "m-b" })
+	return w
+}
+
+// TestRemoveMemberAfterTheDeleteIgnoresAReusedNodeName: after the point of no return the victim's
+// member is the one whose ID was recorded at the start, never the one that carries its name now: a
+// replacement that reused the victim's Node name keeps its member, and the recorded ID stays.
+func TestRemoveMemberAfterTheDeleteIgnoresAReusedNodeName(t *testing.T) {
+	const replacementID = 0xbeef
+	t.Run("the provider removed the victim's member: nothing is removed", func(t *testing.T) {
+		g := NewWithT(t)
+		w := reusedNameWorld(t, g, newFakeEtcd(member(nodeA, asLeader()), member(nodeC), member(nodeB, withMemberID(replacementID))))
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.etcd.removeMembers).To(BeEmpty(), "the replacement's member was removed")
+		g.Expect(w.s.mr.Status.ControlPlane.MemberID).To(Equal(fmt.Sprintf("%x", memberID(nodeB))), "the recorded member ID was overwritten")
+		g.Expect(findStep(w.s.mr, caprv1.StepRemoveMember)).To(And(
+			HaveField("Outcome", caprv1.StepOutcomeSucceeded), HaveField("Message", ContainSubstring("not in the member list"))))
+	})
+	t.Run("the victim's member is still listed beside the replacement's: only it is removed", func(t *testing.T) {
+		g := NewWithT(t)
+		w := reusedNameWorld(t, g, newFakeEtcd(member(nodeA, asLeader()), member(nodeB, withMemberID(replacementID)), member(nodeC),
+			member(nodeB, asUnreachable())))
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.etcd.removeMembers).To(Equal([]removeMemberCall{{id: memberID(nodeB), via: []string{nodeA, nodeB, nodeC}}}))
+		g.Expect(w.s.mr.Status.ControlPlane.MemberID).To(Equal(fmt.Sprintf("%x", memberID(nodeB))))
+	})
+	t.Run("no member ID was recorded: nothing is chosen by name once the victim's deletion began", func(t *testing.T) {
+		g := NewWithT(t)
+		w := reusedNameWorld(t, g, newFakeEtcd(member(nodeA, asLeader()), member(nodeC), member(nodeB, withMemberID(replacementID))))
+		w.s.mr.Status.ControlPlane.MemberID = ""
+		_, err := w.r.runSteps(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(w.etcd.removeMembers).To(BeEmpty(), "the replacement's member was removed")
+		g.Expect(w.s.mr.Status.ControlPlane.MemberID).To(BeEmpty())
+	})
+}

@@ -106,7 +106,7 @@ func (r *Reconciler) stepScaleUp(ctx context.Context, s *scope) (stepResult, err
 			c := state.Counts()
 			return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Requeue: waitShort, Message: fmt.Sprintf("adding a member is not quorum-safe now (%d/%d healthy, %d learners)", c.Healthy, c.Voting, c.Learners)}, notQuorumSafe: true}, nil
 		}
-		afterRemoval = state.ByName(s.victimNode()) == nil
+		afterRemoval = victimMemberOf(s, state) == nil
 	}
 	if refusal := s.adapter.ScaleUpRefusal(ProviderView{ControlPlane: s.cp, Machines: s.machines, Victim: s.machine, Etcd: state}, afterRemoval); refusal != "" {
 		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationNotQuorumSafeReason, Message: refusal, Requeue: waitShort}}, nil

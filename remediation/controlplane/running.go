@@ -84,8 +84,8 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 }
 
 // yieldToMoreBroken gives the control plane to a waiting remediation whose victim's etcd member is
-// down while this one's is healthy (YieldTo), as long as this one can still be undone: replicas back,
-// lock released, Pending again (undoThen). Without it the running remediation would wait for its
+// down while this one's is healthy (YieldTo), as long as this one may still give way (mayGiveWay):
+// replicas back, lock released, Pending again (undoThen). Without it the running remediation would wait for its
 // timeout at the quorum check and the broken member would wait behind it. yielded reports that it
 // gives way (res then says when to look again).
 func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (yielded bool, res ctrl.Result, err error) {
@@ -102,13 +102,12 @@ func (r *Reconciler) yieldToMoreBroken(ctx context.Context, s *scope) (yielded b
 			othersWait = true
 		}
 	}
-	if !othersWait || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || r.pastPointOfNoReturn(ctx, s) {
-		// With external etcd no victim is more broken than another: first come, first served. A
-		// remediation that fenced its victim, or whose victim someone else deletes, finishes: the
-		// victim is about to go.
+	if !othersWait || !r.mayGiveWay(ctx, s) {
+		// Nobody waits, or this one may not give way any more (with external etcd no victim is more
+		// broken than another: first come, first served).
 		return false, ctrl.Result{}, nil
 	}
-	state, err := r.inspectEtcd(ctx, s)
+	state, err := r.inspectEtcd(ctx, s) // once per reconcile: the state mayGiveWay read
 	if err != nil {
 		return false, ctrl.Result{}, nil //nolint:nilerr // without etcd state nobody can be judged more broken: the steps say why they wait
 	}
@@ -135,14 +134,27 @@ const notQuorumSafeUndoAfter = 30 * time.Second
 
 // mayUndoNotQuorumSafe reports whether a remediation whose step asks to give way (stepResult.notQuorumSafe) does so
 // now: the step has been waiting for the same reason for notQuorumSafeUndoAfter (the Progressing condition's
-// reason and last transition, so a restart does not reset it), nothing irreversible was done, and no
-// member joined etcd since the start (membersJoined). Undoing after a replacement joined would remove
-// a healthy member, which is no safer than the step the remediation waits to take: it keeps waiting.
-// With external etcd no step waits on quorum.
+// reason and last transition, so a restart does not reset it), and it may still give way (mayGiveWay).
 func (r *Reconciler) mayUndoNotQuorumSafe(ctx context.Context, s *scope, reason string) bool {
 	c := conditions.Get(s.mr, caprv1.MachineRemediationProgressingCondition)
-	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason ||
-		now().Sub(c.LastTransitionTime.Time) < notQuorumSafeUndoAfter || r.pastPointOfNoReturn(ctx, s) {
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != reason || now().Sub(c.LastTransitionTime.Time) < notQuorumSafeUndoAfter {
+		return false
+	}
+	return r.mayGiveWay(ctx, s)
+}
+
+// mayGiveWay reports whether a running remediation may still be undone to give way (to a more broken
+// Machine, yieldToMoreBroken, or because its membership change cannot be made quorum-safe,
+// mayUndoNotQuorumSafe): every way of giving way asks it, so that the rule is in one place.
+//
+// It may not once its victim is about to go (the Machine gone, a fence owed, a deletion held by the
+// fence hook), past the point of no return (pastPointOfNoReturn), with external etcd (no membership
+// change waits on quorum, and no victim is more broken than another), when etcd cannot be read, or
+// when a member joined etcd since the start (membersJoined): undoing then would remove the
+// replacement's member, a healthy one once it votes, and keep the broken victim, which is no safer
+// than going on and costs a whole further remediation at margin 0.
+func (r *Reconciler) mayGiveWay(ctx context.Context, s *scope) bool {
+	if s.machineGone || s.externalEtcd() || fencing.Owed(s.mr) || fencing.HeldDeletion(s.machine) || r.pastPointOfNoReturn(ctx, s) {
 		return false
 	}
 	state, err := r.inspectEtcd(ctx, s)

@@ -293,6 +293,23 @@ func TestYieldToMoreBroken(t *testing.T) {
 		g.Expect(w.s.mr.Status.Conditions).To(ContainElement(HaveField("Message", ContainSubstring("KCP scales down only when"))))
 	})
 
+	t.Run("the replacement's member already votes: keeps going, the replacement kept", func(t *testing.T) {
+		// Undoing now would delete a healthy voting member and keep the broken victim: no safer than
+		// going on, and a whole extra remediation at margin 0 (mayGiveWay).
+		g := NewWithT(t)
+		w := yieldWorld(t, g, member(nodeC, asDown()), caprv1.MachineRemediationPhasePending, true,
+			withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB), member(nodeC, asDown()), member(nodeD))))
+		yielded, _, err := w.r.yieldToMoreBroken(t.Context(), w.s)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(yielded).To(BeFalse(), "gave way after the replacement's member joined")
+		g.Expect(w.s.mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+		g.Expect(w.replicas(g)).To(BeEquivalentTo(4))
+		g.Expect(w.controlPlaneAnnotations(g)).To(HaveKey(caprv1.ControlPlaneLockAnnotation))
+		m := w.machine(g, "m-d")
+		g.Expect(m).NotTo(BeNil())
+		g.Expect(m.Annotations).NotTo(HaveKey(clusterv1.DeleteMachineAnnotation))
+	})
+
 	keepsGoing := []struct {
 		name   string
 		member fakeMember

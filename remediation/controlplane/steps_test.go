@@ -125,9 +125,11 @@ func TestStepsDeleteBeforeMemberRemoval(t *testing.T) {
 			}},
 	})
 	deleted := withStep(caprv1.StepDelete, caprv1.StepOutcomeSucceeded, "")
+	// The victim's member ID, recorded at the start, is how RemoveMember finds it after the Delete.
+	recorded := withRecordedMemberID(memberID(nodeB))
 	runStepCases(t, caprv1.StepRemoveMember, []stepCase{
 		{name: "victim gone, its member removed by the provider's deletion: done",
-			world:  []worldOption{withOrder(order), fenced, deleted, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC)))},
+			world:  []worldOption{withOrder(order), fenced, deleted, recorded, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC)))},
 			before: func(w *world) { w.deleteVictim(NewWithT(w.t)) },
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectDone(g, res, err)
@@ -135,7 +137,7 @@ func TestStepsDeleteBeforeMemberRemoval(t *testing.T) {
 				expectNoEtcdChange(g, w)
 			}},
 		{name: "victim gone, its member still listed: removed",
-			world:  []worldOption{withOrder(order), fenced, deleted, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC)))},
+			world:  []worldOption{withOrder(order), fenced, deleted, recorded, withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeB, asDown()), member(nodeC)))},
 			before: func(w *world) { w.deleteVictim(NewWithT(w.t)) },
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)

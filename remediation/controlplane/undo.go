@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -74,13 +73,7 @@ func (r *Reconciler) pastPointOfNoReturn(ctx context.Context, s *scope) bool {
 	if err != nil {
 		return true
 	}
-	if state.ByName(s.victimNode()) != nil {
-		return false
-	}
-	if id, perr := strconv.ParseUint(ptr.Deref(s.mr.Status.ControlPlane, caprv1.ControlPlaneRemediationStatus{}).MemberID, 16, 64); perr == nil && state.ByID(id) != nil {
-		return false
-	}
-	return true
+	return victimMemberOf(s, state) == nil
 }
 
 // undo returns the control plane to how the remediation found it: replicas back to N, the
