@@ -5,7 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -34,6 +37,19 @@ type Connector interface {
 	Connect(ctx context.Context, node string) (*clientv3.Client, error)
 }
 
+// MetricsConnector is a Connector that also reads a member's Prometheus metrics: GET /metrics on its
+// client port, which etcd serves there next to gRPC over the same TLS listener (embed.Etcd.serveClients,
+// etcdhttp.HandleMetrics; --listen-metrics-urls only adds listeners). It goes the same way as Connect
+// (the node's port-forward tunnel or the direct endpoint, the same TLS configuration), so it reaches
+// exactly the members Connect reaches. The members' view of each other (etcd_network_active_peers)
+// is only there: no gRPC call reports it.
+type MetricsConnector interface {
+	Connector
+	// Metrics returns the body of the member's /metrics (Prometheus text format), at most
+	// maxMetricsBytes.
+	Metrics(ctx context.Context, node string) ([]byte, error)
+}
+
 // SharedConnector is a Connector whose clients are shared between calls (Workload's client cache):
 // callers never close them, and hand back a client whose call failed with Discard, which closes it and
 // makes the next Connect dial again.
@@ -44,7 +60,8 @@ type SharedConnector interface {
 
 // PortForward reaches the member on a node the way KCP does: through the workload cluster's API
 // server, port-forwarding to pod kube-system/etcd-<node> port 2379. It therefore depends on that
-// node's kubelet; a node whose kubelet is down has an unreachable member even if etcd runs.
+// node's kubelet; a node whose kubelet is down has an unreachable member even if etcd runs (Inspect
+// then asks the other members what they see of it: markAlive).
 type PortForward struct {
 	// RESTConfig is the workload cluster's API server.
 	RESTConfig *rest.Config
@@ -59,7 +76,24 @@ func PodName(node string) string { return "etcd-" + node }
 
 // Connect implements Connector.
 func (p *PortForward) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
-	timeout := orDuration(p.DialTimeout, DefaultDialTimeout)
+	dial, err := p.dialer(node)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(ctx, PodName(node), p.TLS, orDuration(p.DialTimeout, DefaultDialTimeout), dial)
+}
+
+// Metrics implements MetricsConnector, through a tunnel of its own to the node's etcd pod.
+func (p *PortForward) Metrics(ctx context.Context, node string) ([]byte, error) {
+	dial, err := p.dialer(node)
+	if err != nil {
+		return nil, err
+	}
+	return getMetrics(ctx, PodName(node)+":"+strconv.Itoa(EtcdPort), p.TLS, orDuration(p.DialTimeout, DefaultDialTimeout), dial)
+}
+
+// dialer returns a dial function that opens a port-forward tunnel to the etcd pod of node.
+func (p *PortForward) dialer(node string) (func(context.Context, string) (net.Conn, error), error) {
 	dialer, err := proxy.NewDialer(proxy.Proxy{
 		Kind:       "pods",
 		Namespace:  "kube-system",
@@ -70,9 +104,9 @@ func (p *PortForward) Connect(ctx context.Context, node string) (*clientv3.Clien
 		return nil, fmt.Errorf("creating port-forward dialer for node %s: %w", node, err)
 	}
 	pod := PodName(node)
-	return newClient(ctx, pod, p.TLS, timeout, func(ctx context.Context, _ string) (net.Conn, error) {
+	return func(ctx context.Context, _ string) (net.Conn, error) {
 		return dialer.DialContextWithAddr(ctx, pod)
-	})
+	}, nil
 }
 
 // Direct reaches members at known client URLs (external etcd, tests). Endpoints maps node (member)
@@ -90,6 +124,63 @@ func (d *Direct) Connect(ctx context.Context, node string) (*clientv3.Client, er
 		return nil, fmt.Errorf("no etcd endpoint known for node %s", node)
 	}
 	return newClient(ctx, ep, d.TLS, orDuration(d.DialTimeout, DefaultDialTimeout), nil)
+}
+
+// Metrics implements MetricsConnector.
+func (d *Direct) Metrics(ctx context.Context, node string) ([]byte, error) {
+	ep, ok := d.Endpoints[node]
+	if !ok {
+		return nil, fmt.Errorf("no etcd endpoint known for node %s", node)
+	}
+	return getMetrics(ctx, ep, d.TLS, orDuration(d.DialTimeout, DefaultDialTimeout), nil)
+}
+
+// maxMetricsBytes bounds the metrics read from one member: etcd's are a few hundred kB.
+const maxMetricsBytes = 16 << 20
+
+// getMetrics GETs /metrics from the member at hostPort (the URL's host; dial, when set, makes the
+// connection instead), over TLS when tlsConfig is set, as the etcd client does. One connection per
+// call, closed after it: metrics are read only while a member cannot be reached, and an idle tunnel
+// would hold a port-forward stream open through the API server.
+func getMetrics(ctx context.Context, hostPort string, tlsConfig *tls.Config, dialTimeout time.Duration,
+	dial func(context.Context, string) (net.Conn, error)) ([]byte, error) {
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+	}
+	transport := &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true, TLSHandshakeTimeout: dialTimeout}
+	transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeoutCause(ctx, dialTimeout, errors.New("etcd dial timeout expired"))
+		defer cancel()
+		if dial != nil {
+			return dial(ctx, addr)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	defer transport.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+hostPort+"/metrics", nil)
+	if err != nil {
+		return nil, fmt.Errorf("etcd metrics request for %s: %w", hostPort, err)
+	}
+	// The text format: what the parser reads (promhttp negotiates it from Accept).
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := (&http.Client{Transport: transport}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading etcd metrics at %s: %w", hostPort, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading etcd metrics at %s: %s", hostPort, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading etcd metrics at %s: %w", hostPort, err)
+	}
+	if len(body) > maxMetricsBytes {
+		return nil, fmt.Errorf("etcd metrics at %s exceed %d bytes", hostPort, maxMetricsBytes)
+	}
+	return body, nil
 }
 
 // etcdLogger is the etcd client's logger: etcd's own default zap configuration

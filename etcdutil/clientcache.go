@@ -41,7 +41,8 @@ func (cc *ClientCache) clock() time.Time {
 }
 
 // For returns a SharedConnector over inner whose clients are cached under scope. generation must be
-// comparable; clients cached under another generation of the same scope and node are replaced.
+// comparable; clients cached under another generation of the same scope and node are replaced. It is
+// also a MetricsConnector, which reads through inner when inner is one.
 func (cc *ClientCache) For(scope string, generation any, inner Connector) SharedConnector {
 	return &cachedConnector{cache: cc, scope: scope, generation: generation, inner: inner}
 }
@@ -131,6 +132,16 @@ func (c *cachedConnector) Connect(ctx context.Context, node string) (*clientv3.C
 	}
 	cc.entries[key] = &cachedClient{cli: cli, generation: c.generation, lastUsed: cc.clock()}
 	return cli, nil
+}
+
+// Metrics implements MetricsConnector through the inner Connector. Nothing is cached: metrics are
+// read only while a member cannot be reached, each time fresh.
+func (c *cachedConnector) Metrics(ctx context.Context, node string) ([]byte, error) {
+	inner, ok := c.inner.(MetricsConnector)
+	if !ok {
+		return nil, errNoMetrics
+	}
+	return inner.Metrics(ctx, node)
 }
 
 // Discard implements SharedConnector: a client whose call failed is closed and not used again.

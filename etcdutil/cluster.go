@@ -25,7 +25,8 @@ type MemberStatus struct {
 	PeerURLs  []string
 	IsLearner bool
 	// Reachable is true when the member answered Status through its own node. A member that is not
-	// reachable is unknown, not dead: its kubelet or node may be down while etcd runs.
+	// reachable is unknown, not dead: its kubelet or node may be down while etcd runs. Inspect counts
+	// it alive (Healthy or Votes, with a Note) when etcd shows that it runs (markAlive, peers.go).
 	Reachable bool
 	// Alarms are the alarms raised for this member (NOSPACE, CORRUPT), from AlarmList.
 	Alarms []string
@@ -36,9 +37,10 @@ type MemberStatus struct {
 	// everything; server/etcdserver/apply), not to raft: the alarmed member still votes, so the quorum
 	// math counts it (Counts.Healthy, through Up) while the health check still reports its Problem.
 	Votes bool
-	// Problem says why the member is not healthy ("" when healthy).
+	// Problem says why the member is not healthy ("" when healthy). An unreachable member not known
+	// alive has "unreachable", followed by why its peers do not show it alive when they were asked.
 	Problem string
-	// Note says how a healthy member that could not be reached is known to be alive ("" otherwise).
+	// Note says how a member that could not be reached is known to be alive ("" otherwise).
 	Note string
 }
 
@@ -316,7 +318,9 @@ func (d *dials) memberList(ctx context.Context, nodes []string, serializable boo
 // Inspect reads the member list and the status of every member through its own node. All members
 // are dialled and asked in parallel, each at most once, within InspectTimeout. The list is read
 // linearizably when any member can serve it (State.QuorumProven); otherwise serializably, so that
-// the state still says which members are down, marked State.Serializable (not authoritative).
+// the state still says which members are down, marked State.Serializable (not authoritative). When
+// a voting member cannot be reached, the reachable ones are asked what they see of it (markAlive),
+// within the same InspectTimeout.
 func (c *Cluster) Inspect(ctx context.Context, nodes []string) (_ *State, err error) {
 	defer observe("inspect", time.Now(), &err)
 	ctx, cancel := context.WithTimeoutCause(ctx, orDuration(c.InspectTimeout, 3*orDuration(c.CallTimeout, DefaultCallTimeout)),
@@ -365,40 +369,8 @@ func (c *Cluster) Inspect(ctx context.Context, nodes []string) (_ *State, err er
 	}
 	wg.Wait()
 	state.LeaderID = electedLeader(state.Members, leaders)
-	markLeaderAlive(state, leaders)
+	c.markAlive(ctx, state, leaders)
 	return state, nil
-}
-
-// markLeaderAlive counts an unreachable leader as healthy (still not Reachable: nothing can be sent
-// to it) when etcd itself shows that it runs: the member list was just read linearizably, which etcd
-// serves only through a leader that has confirmed its leadership with a quorum (ReadIndex), and every
-// reachable member that knows a leader names it. A dead leader stops being named within an election
-// timeout and linearizable reads fail until a new one is elected. This is the case of a Machine whose
-// kubelet died under a running leader (CAPI #8465, #12711): counting that member as down would make a
-// remediation lower the failure margin for nothing.
-func markLeaderAlive(state *State, leaders []uint64) {
-	if !state.QuorumProven || state.LeaderID == 0 {
-		return
-	}
-	leader := state.ByID(state.LeaderID)
-	if leader == nil || leader.Reachable || leader.IsLearner || leader.Name == "" || len(leader.Alarms) > 0 {
-		return
-	}
-	followers := 0
-	for i, m := range state.Members {
-		if !m.Reachable || leaders[i] == 0 {
-			continue
-		}
-		if leaders[i] != state.LeaderID {
-			return
-		}
-		followers++
-	}
-	if followers == 0 {
-		return
-	}
-	leader.Healthy, leader.Votes, leader.Problem = true, true, ""
-	leader.Note = fmt.Sprintf("unreachable through its node, but alive: it leads (%d reachable member(s) follow it, a linearizable read just passed through it)", followers)
 }
 
 // probe fills Reachable/Healthy/Problem of one member and returns the leader it reports. Health is

@@ -9,7 +9,9 @@
 // reads the CA secret at most once a minute, and forgets idle clusters). cluster.go has the
 // membership operations: Inspect dials and asks every member in parallel, each once, within one
 // deadline, and reports whether a linearizable read proved quorum (State.QuorumProven) or the list
-// is one member's node-local view (State.Serializable, never acted on).
+// is one member's node-local view (State.Serializable, never acted on). peers.go decides whether a
+// member that cannot be reached runs anyway, from etcd's own view: the leader the others follow, or
+// the raft connections its peers report in their metrics (MetricsConnector).
 //
 // KCP's exported etcd client (sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/etcd and
 // pkg.EtcdClientGenerator) was evaluated and is not used as a client: etcd.NewClient costs an extra

@@ -12,13 +12,15 @@ type Counts struct {
 	Voting int
 	// Healthy is H, the number of voting members seen healthy: running and following a leader, an
 	// alarmed member included (an etcd alarm stops requests, not its vote; etcdutil.MemberStatus.Up).
-	// A member that could not be reached is not counted: for every safety check an unreachable member
-	// counts as unhealthy.
+	// A member that could not be reached is counted only when etcd itself shows it alive (the leader
+	// the others follow, a member its peers see connected: etcdutil markAlive); otherwise, for every
+	// safety check, it counts as unhealthy.
 	Healthy int
 	// Learners is L, the number of learners (members that do not vote yet).
 	Learners int
 	// Unreachable is how many voting members could not be asked at all (their kubelet or node may be
-	// down while etcd runs). They are unknown, not proven dead; they are not counted in Healthy.
+	// down while etcd runs), those counted in Healthy included. The others are unknown, not proven
+	// dead.
 	Unreachable int
 	// QuorumProven is true when a linearizable read (a member list without WithSerializable) was
 	// answered: etcd serves it only through a leader backed by a quorum, so quorum exists whatever H

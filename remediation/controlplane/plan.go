@@ -90,7 +90,8 @@ const (
 	// the kubelet or the node is broken, or the member carries an etcd alarm (NOSPACE, CORRUPT), which
 	// stops requests but not its vote (OrderInput.VictimProblem says which).
 	VictimHealthy VictimMember = iota
-	// VictimUnhealthy is a voting member that is down, unreachable or has no leader.
+	// VictimUnhealthy is a voting member that is down, unreachable and not known alive
+	// (etcdutil.MemberStatus.Note), or has no leader.
 	VictimUnhealthy
 	// VictimMissing means the member is not in the member list.
 	VictimMissing

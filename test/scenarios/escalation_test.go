@@ -191,7 +191,8 @@ func TestAbortDuringEscalationDeletesTheReboot(t *testing.T) {
 // TestRebootWaitsWhileUnreachableMembersCarryQuorum (issue 34): three members; the victim C's kubelet
 // stops, its etcd member keeps running. The first reboot (2 of 3 healthy: A and B) stops C's member
 // for a while and does not help. Then B's member dies and A leads: a linearizable read is answered
-// (A and C are the quorum), but only A can be seen healthy. Rebooting C again would leave A alone, so
+// (A and C are the quorum; only A answers, and C counts alive when A sees it connected). Rebooting C
+// again would leave A alone, so
 // the second step must wait with NotQuorumSafe, create nothing, and quorum must hold throughout.
 func TestRebootWaitsWhileUnreachableMembersCarryQuorum(t *testing.T) {
 	g := NewWithT(t)
@@ -216,7 +217,7 @@ func TestRebootWaitsWhileUnreachableMembersCarryQuorum(t *testing.T) {
 	g.Expect(stopped).To(BeTrue())
 
 	sb.KillEtcdMember(wc, nodeB)
-	// A must lead: an unreachable leader followed by A would be counted alive (etcdutil markLeaderAlive).
+	// A must lead: an unreachable leader followed by A would be counted alive (etcdutil markAlive).
 	direct := &etcdutil.Cluster{Connector: wc.Etcd.Direct(), CallTimeout: 2 * time.Second}
 	g.Eventually(func(g Gomega) {
 		state, err := sb.EtcdState(ctx, wc)

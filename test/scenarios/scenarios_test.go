@@ -111,6 +111,43 @@ func TestLeaderWithUnreachableKubeletKeepsTheMargin(t *testing.T) {
 	check()
 }
 
+// TestFollowerWithUnreachableKubeletKeepsTheMargin: a follower's kubelet is down, so its member
+// (still running, still voting) cannot be reached through the API server, the commonest real "node
+// not Ready". The other members' metrics, read through their own port-forwards, show their raft
+// streams to it connected, so it counts as alive: CAPR adds the replacement first and removes the
+// old member after, from another member. The failure margin never drops below 1; before, the member
+// counted as down and was removed first (margin 0 until the replacement voted).
+func TestFollowerWithUnreachableKubeletKeepsTheMargin(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t)
+	check := writeData(t, wc)
+	state, err := sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	var victim, victimNode string
+	for _, m := range controlPlane(g, wc) {
+		if m.Status.NodeRef.Name != state.ByID(state.LeaderID).Name {
+			victim, victimNode = m.Name, m.Status.NodeRef.Name
+		}
+	}
+	g.Expect(victim).NotTo(BeEmpty())
+	startCAPR(t)
+	watch := sb.WatchQuorum(ctx, wc)
+
+	g.Expect(sb.StopKubelet(ctx, wc, victimNode)).To(Succeed())
+	mr := waitRemediated(t, wc, victim, 3)
+
+	minMargin, at, _ := watch.Margin()
+	_, lost := watch.Stop()
+	g.Expect(lost).To(BeEmpty())
+	g.Expect(minMargin).To(BeNumerically(">=", 1), "the failure margin dropped to %d at %s", minMargin, at)
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
+	g.Expect(mr.Status.ControlPlane.OrderReason).To(ContainSubstring("is healthy"))
+	state, err = sb.EtcdState(ctx, wc)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(victimNode)).To(BeNil())
+	check()
+}
+
 // TestFiveMembersTwoDeadAreRemediatedOneAtATime: two of five members die. Both Machines are marked
 // (the quorum-safe limit for 5 is 2) and remediated one after the other; the second waits, and its
 // dead member is removed by the first with the first's own (remediation/controlplane

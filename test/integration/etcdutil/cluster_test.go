@@ -64,7 +64,7 @@ func TestInspectDeadMemberAndLostQuorum(t *testing.T) {
 	state, err := inspector(c).Inspect(ctx, []string{"n2", "n1", "n3"}) // the dead one first: skipped
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}))
-	g.Expect(state.ByName("n2").Problem).To(Equal("unreachable"))
+	g.Expect(state.ByName("n2").Problem).To(Equal("unreachable (no raft connection to it from n1, n3)"))
 	g.Expect(etcdutil.QuorumPresent(state.Counts())).To(BeTrue())
 
 	c.Kill("n3")
@@ -291,8 +291,10 @@ func (b blockedNode) Connect(ctx context.Context, node string) (*clientv3.Client
 }
 
 // TestInspectUnreachableLeaderIsAlive: a leader that cannot be reached through its node is counted
-// healthy (alive: the others follow it and a linearizable read passed through it), a follower that
-// cannot be reached is not (nothing shows it runs), and a leader that really died is not either.
+// healthy (alive: the others follow it and a linearizable read passed through it), and a leader that
+// really died is not. blockedNode reads no metrics, so the leader is known alive without its peers'
+// view, and a follower that cannot be reached is not known alive at all (with that view:
+// TestInspectFollowerAliveBehindAStoppedKubelet).
 func TestInspectUnreachableLeaderIsAlive(t *testing.T) {
 	g := NewWithT(t)
 	c := startCluster(t, "n1", "n2", "n3")
@@ -321,7 +323,7 @@ func TestInspectUnreachableLeaderIsAlive(t *testing.T) {
 	state, err = blockFollower.Inspect(ctx, nodes)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(state.ByName(follower).Healthy).To(BeFalse())
-	g.Expect(state.ByName(follower).Problem).To(Equal("unreachable"))
+	g.Expect(state.ByName(follower).Problem).To(Equal("unreachable (its peers' view of it could not be read)"))
 
 	// The leader dies: the others elect a new one and stop naming it.
 	c.Kill(leader)

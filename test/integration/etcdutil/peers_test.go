@@ -1,0 +1,145 @@
+package etcdutil_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation/controlplane"
+	capienv "github.com/capr-io/capr/test/envtest"
+	"github.com/capr-io/capr/test/sandbox"
+)
+
+// refusing accepts TCP connections and closes each at once: the path to a member through a node
+// whose kubelet is stopped (the API server's port-forward to it fails), while the member runs.
+func refusing(t *testing.T) string {
+	t.Helper()
+	l, err := capienv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = conn.Close()
+		}
+	})
+	t.Cleanup(func() {
+		_ = l.Close()
+		wg.Wait()
+	})
+	return l.Addr().String()
+}
+
+// kubeletStopped returns a Connector that reaches every member at its real address except the one on
+// node, whose path refuses every connection (its kubelet is stopped), and that Connector's Cluster.
+func kubeletStopped(t *testing.T, c *sandbox.EtcdCluster, node string) *etcdutil.Cluster {
+	direct := c.Direct()
+	direct.Endpoints[node] = refusing(t)
+	return &etcdutil.Cluster{Connector: direct, CallTimeout: 2 * time.Second}
+}
+
+// roles reads the leader and a follower of a healthy cluster through the real addresses.
+func roles(g *WithT, c *sandbox.EtcdCluster, nodes []string) (leader, follower string) {
+	state, err := inspector(c).Inspect(context.Background(), nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
+	leader = state.ByID(state.LeaderID).Name
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
+		}
+	}
+	return leader, follower
+}
+
+// orderFor is the order decision of a remediation of node's Machine on state, everything else
+// neutral (a provider that accepts any scale up or down, one Machine per surge, voting joins).
+func orderFor(state *etcdutil.State, node string) controlplane.OrderDecision {
+	in := controlplane.OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true,
+		Counts: state.Counts(), Unreachable: state.UnreachableNames(), Victim: controlplane.VictimUnhealthy}
+	if m := state.ByName(node); m != nil && m.Up() {
+		in.Victim, in.VictimProblem = controlplane.VictimHealthy, m.Problem
+	}
+	return controlplane.ChooseOrder(in)
+}
+
+// TestInspectFollowerAliveBehindAStoppedKubelet: a follower's kubelet stops; its etcd member runs and
+// votes, but nothing can be sent to it through its node. Before, it was "unreachable" and not counted
+// up, so the remediation of its Machine removed a voting member before its replacement existed
+// (margin 0 on real nodes for about 48 s). The members that can be asked see their raft streams to
+// it connected, so it counts as up, says how that is known, and its Machine is replaced scale-up
+// first. The oracle is the process itself: running, and healthy when asked at its real address.
+func TestInspectFollowerAliveBehindAStoppedKubelet(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	ctx := context.Background()
+	nodes := []string{"n1", "n2", "n3"}
+	leader, victim := roles(g, c, nodes)
+	ec := kubeletStopped(t, c, victim)
+
+	check := func(g Gomega) {
+		g.Expect(c.Running(victim)).To(BeTrue())
+		state, err := ec.Inspect(ctx, nodes)
+		g.Expect(err).NotTo(HaveOccurred())
+		m := state.ByName(victim)
+		g.Expect(m.Reachable).To(BeFalse(), "nothing can be sent to it")
+		g.Expect(m.Up()).To(BeTrue(), "problem: %s", m.Problem)
+		g.Expect(m.Healthy).To(BeTrue())
+		g.Expect(m.Note).To(ContainSubstring("connected"))
+		g.Expect(state.LeaderID).NotTo(Equal(m.ID))
+		g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, Unreachable: 1, QuorumProven: true}))
+		d := orderFor(state, victim)
+		g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), "%s%s", d.Reason, d.WaitMessage)
+	}
+	g.Eventually(check, 20*time.Second, 200*time.Millisecond).Should(Succeed())
+	g.Consistently(check, 3*time.Second, 200*time.Millisecond).Should(Succeed())
+
+	// The leader behind a stopped kubelet is still known alive because the others follow it.
+	state, err := kubeletStopped(t, c, leader).Inspect(ctx, nodes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(state.ByName(leader).Up()).To(BeTrue(), state.ByName(leader).Problem)
+	g.Expect(state.ByName(leader).Note).To(ContainSubstring("leads"))
+}
+
+// TestInspectDeadFollowerBehindAStoppedKubeletIsNotUp: the same follower, known alive through its
+// peers, then its etcd process dies. Its peers' raft streams to it fail, and it must not be counted
+// up any more: its Machine's remediation removes the member first, which costs no margin.
+func TestInspectDeadFollowerBehindAStoppedKubeletIsNotUp(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	ctx := context.Background()
+	nodes := []string{"n1", "n2", "n3"}
+	_, victim := roles(g, c, nodes)
+	ec := kubeletStopped(t, c, victim)
+	g.Eventually(func(g Gomega) {
+		state, err := ec.Inspect(ctx, nodes)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(state.ByName(victim).Up()).To(BeTrue())
+	}, 20*time.Second, 200*time.Millisecond).Should(Succeed(), "known alive while it runs")
+
+	c.Kill(victim)
+	g.Expect(c.Running(victim)).To(BeFalse())
+	notUp := func(g Gomega) {
+		state, err := ec.Inspect(ctx, nodes)
+		g.Expect(err).NotTo(HaveOccurred())
+		m := state.ByName(victim)
+		g.Expect(m.Up()).To(BeFalse(), "note: %s", m.Note)
+		g.Expect(m.Problem).To(HavePrefix("unreachable (no raft connection to it from "), "the status says why it is not known alive")
+		g.Expect(m.Note).To(BeEmpty())
+		g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}))
+		d := orderFor(state, victim)
+		g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), "%s%s", d.Reason, d.WaitMessage)
+	}
+	g.Eventually(notUp, 20*time.Second, 200*time.Millisecond).Should(Succeed())
+	g.Consistently(notUp, 3*time.Second, 200*time.Millisecond).Should(Succeed())
+}
