@@ -188,9 +188,21 @@ func (f *powerFencer) stop() {
 // whole is the observer's judgement that the cluster is back at full strength without the victim:
 // cp voting etcd members, all healthy, no learner, none named after the victim's node; cp
 // control-plane and workers worker Nodes, all Ready, the victim's Node gone; the victim Machine gone.
+// With no victim ("") it is the state a fault may be injected in.
 func whole(g Gomega, p *kindPlatform, o *observer, c kindCluster, victimMachine, victimNode string, cpCount, workerCount int) {
-	err := p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victimMachine}, &clusterv1.Machine{})
-	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the victim Machine %s is still there (%v)", victimMachine, err)
+	if victimMachine != "" {
+		err := p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victimMachine}, &clusterv1.Machine{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the victim Machine %s is still there (%v)", victimMachine, err)
+	}
+	requests := &caprv1.MachineRemediationList{}
+	g.Expect(p.c.List(ctx, requests, client.InNamespace(c.ns))).To(Succeed())
+	for _, mr := range requests.Items {
+		g.Expect(mr.Status.Phase).To(BeElementOf(caprv1.MachineRemediationPhaseSucceeded, caprv1.MachineRemediationPhaseFailed),
+			"MachineRemediation %s is %s", mr.Name, mr.Status.Phase)
+	}
+	cpMachines, workerMachines := machinesOf(g, c.ns, c.name)
+	g.Expect(cpMachines).To(HaveLen(cpCount))
+	g.Expect(workerMachines).To(HaveLen(workerCount))
 	v, ok := o.latest()
 	g.Expect(ok).To(BeTrue(), "no etcd reading yet")
 	g.Expect(time.Since(v.At)).To(BeNumerically("<", 30*time.Second), "the last etcd reading is old: %+v", v)
@@ -332,7 +344,7 @@ func controlPlaneKubeletStopped(t *testing.T, leader bool) {
 	c := sharedCluster(t)
 	o := startObserver(p.c, c.ns, c.name)
 	defer o.stop()
-	g.Eventually(func() bool { _, ok := o.latest(); return ok }, time.Minute, time.Second).Should(BeTrue(), "etcd never answered the observer")
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "", 3, 2) }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
 
 	cp, _ := machinesOf(g, c.ns, c.name)
 	g.Expect(cp).To(HaveLen(3))
@@ -365,6 +377,7 @@ func TestKindWorkerNodeStopped(t *testing.T) {
 	defer fencer.stop()
 	o := startObserver(p.c, c.ns, c.name)
 	defer o.stop()
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "", 3, 2) }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
 
 	_, workers := machinesOf(g, c.ns, c.name)
 	g.Expect(workers).To(HaveLen(2))

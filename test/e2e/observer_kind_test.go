@@ -3,7 +3,6 @@
 package e2e_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -15,6 +14,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/capr-io/capr/test/kind"
 )
 
 // The observer judges a run without CAPR's code: it reads the workload cluster's etcd from inside
@@ -22,28 +23,8 @@ import (
 // not blind it), its Nodes through its API server, and the management cluster's Machines through a
 // watch. None of it asks CAPR, or CAPI, whether the cluster is healthy.
 
-// etcdView is one reading of the etcd cluster.
-type etcdView struct {
-	At time.Time
-	// OK: some member answered; the counts are from that answer.
-	OK                             bool
-	Voters, Learners, HealthyVoter int
-	// Names are the voting members' names (kubeadm names a member after its node).
-	Names  []string
-	Leader string
-	From   string
-	Err    string
-}
-
-// Margin is how many more voting members may fail before quorum is lost.
-func (v etcdView) Margin() int { return v.HealthyVoter - (v.Voters/2 + 1) }
-
-type etcdMember struct {
-	ID         uint64   `json:"ID"`
-	Name       string   `json:"name"`
-	ClientURLs []string `json:"clientURLs"`
-	IsLearner  bool     `json:"isLearner"`
-}
+// etcdView is one reading of the etcd cluster (test/kind).
+type etcdView = kind.EtcdView
 
 // etcdctl's flags inside a kubeadm etcd container: the health-check client's certificate, short
 // timeouts so that one black-holed member costs a reading seconds, not minutes.
@@ -74,72 +55,15 @@ crictl exec "$c" etcdctl %[1]s endpoint status --cluster -w json; echo`, etcdctl
 			v.Err = err.Error()
 			continue
 		}
-		if parseEtcd(&v, out) {
-			v.From = node
-			return v
-		}
-	}
-	return v
-}
-
-// parseEtcd reads etcdctl's three JSON answers, one a line.
-func parseEtcd(v *etcdView, out string) bool {
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 2 {
-		v.Err = "short etcdctl output: " + out
-		return false
-	}
-	var list struct {
-		Members []etcdMember `json:"members"`
-	}
-	if err := json.Unmarshal([]byte(lines[0]), &list); err != nil || len(list.Members) == 0 {
-		v.Err = fmt.Sprintf("member list: %v: %s", err, lines[0])
-		return false
-	}
-	var health []struct {
-		Endpoint string `json:"endpoint"`
-		Health   bool   `json:"health"`
-	}
-	_ = json.Unmarshal([]byte(lines[1]), &health)
-	healthy := map[string]bool{}
-	for _, h := range health {
-		healthy[h.Endpoint] = h.Health
-	}
-	var leaderID uint64
-	if len(lines) > 2 {
-		var status []struct {
-			Status struct {
-				Leader uint64 `json:"leader"`
-			} `json:"Status"`
-		}
-		if json.Unmarshal([]byte(lines[2]), &status) == nil {
-			for _, s := range status {
-				if s.Status.Leader != 0 {
-					leaderID = s.Status.Leader
-				}
-			}
-		}
-	}
-	for _, m := range list.Members {
-		if m.ID == leaderID {
-			v.Leader = m.Name
-		}
-		if m.IsLearner {
-			v.Learners++
+		parsed, err := kind.ParseEtcdctl(out)
+		if err != nil {
+			v.Err = err.Error()
 			continue
 		}
-		v.Voters++
-		v.Names = append(v.Names, m.Name)
-		for _, u := range m.ClientURLs {
-			if healthy[u] {
-				v.HealthyVoter++
-				break
-			}
-		}
+		parsed.At, parsed.From = v.At, node
+		return parsed
 	}
-	sort.Strings(v.Names)
-	v.OK = true
-	return true
+	return v
 }
 
 // machineEvent is a Machine seen created or deleting by the watch.

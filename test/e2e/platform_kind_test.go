@@ -70,9 +70,12 @@ func newKindPlatform(kubeconfig string) (*kindPlatform, error) {
 	return &kindPlatform{c: c, env: env, template: template}, nil
 }
 
-func (p *kindPlatform) name() string                      { return "kind" }
-func (p *kindPlatform) client() client.Client             { return p.c }
-func (p *kindPlatform) nodeUnhealthySeconds() int32       { return 20 }
+func (p *kindPlatform) name() string          { return "kind" }
+func (p *kindPlatform) client() client.Client { return p.c }
+
+// nodeUnhealthySeconds: a joining node is NotReady until its pod network is configured, which takes
+// tens of seconds here; a minute keeps the health checks off the joins.
+func (p *kindPlatform) nodeUnhealthySeconds() int32       { return 60 }
 func (p *kindPlatform) remediationTimeout() time.Duration { return 20 * time.Minute }
 
 // render returns the template rendered by clusterctl, as a user renders it.

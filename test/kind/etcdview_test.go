@@ -1,0 +1,67 @@
+package kind
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+)
+
+// etcdctl v3.6's answers as a kubeadm member prints them (IDs are decimal in JSON), captured on the
+// kind platform: three voters, one of them unhealthy, the leader 5989846029734297070.
+const (
+	memberList = `{"header":{"cluster_id":13122874208970909450,"member_id":3305490284527677042,"raft_term":2},"members":[` +
+		`{"ID":3305490284527677042,"name":"cp-a","peerURLs":["https://172.18.0.7:2380"],"clientURLs":["https://172.18.0.7:2379"]},` +
+		`{"ID":4246620370066203932,"name":"cp-b","peerURLs":["https://172.18.0.5:2380"],"clientURLs":["https://172.18.0.5:2379"]},` +
+		`{"ID":5989846029734297070,"name":"cp-c","peerURLs":["https://172.18.0.4:2380"],"clientURLs":["https://172.18.0.4:2379"]}]}`
+	health = `[{"endpoint":"https://172.18.0.7:2379","health":true,"took":"167ms"},` +
+		`{"endpoint":"https://172.18.0.4:2379","health":true,"took":"183ms"},` +
+		`{"endpoint":"https://172.18.0.5:2379","health":false,"took":"3s","error":"context deadline exceeded"}]`
+	status = `[{"Endpoint":"https://172.18.0.7:2379","Status":{"header":{"member_id":3305490284527677042},"leader":5989846029734297070}},` +
+		`{"Endpoint":"https://172.18.0.4:2379","Status":{"header":{"member_id":5989846029734297070},"leader":5989846029734297070}}]`
+	learnerList = `{"members":[` +
+		`{"ID":1,"name":"cp-a","clientURLs":["https://10.0.0.1:2379"]},` +
+		`{"ID":2,"name":"cp-b","clientURLs":["https://10.0.0.2:2379"]},` +
+		`{"ID":3,"name":"cp-c","clientURLs":["https://10.0.0.3:2379"]},` +
+		`{"ID":4,"name":"cp-d","clientURLs":["https://10.0.0.4:2379"],"isLearner":true}]}`
+	learnerHealth = `[{"endpoint":"https://10.0.0.1:2379","health":true},{"endpoint":"https://10.0.0.2:2379","health":true},` +
+		`{"endpoint":"https://10.0.0.3:2379","health":true},{"endpoint":"https://10.0.0.4:2379","health":true}]`
+)
+
+func TestParseEtcdctl(t *testing.T) {
+	for _, tc := range []struct {
+		name, out string
+		want      EtcdView
+		margin    int
+		err       string
+	}{{
+		name:   "one voter of three unhealthy, blank lines between the answers",
+		out:    memberList + "\n\n" + health + "\n\n" + status + "\n",
+		want:   EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c"},
+		margin: 0,
+	}, {
+		name:   "a learner is not a voter; without the status there is no leader",
+		out:    learnerList + "\n" + learnerHealth,
+		want:   EtcdView{OK: true, Voters: 3, Learners: 1, HealthyVoter: 3, Names: []string{"cp-a", "cp-b", "cp-c"}},
+		margin: 1,
+	}, {
+		name: "no health answer",
+		out:  memberList + "\n",
+		err:  "want the member list and the health",
+	}, {
+		name: "garbage",
+		out:  "Error: context deadline exceeded\n" + health,
+		err:  "member list",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			v, err := ParseEtcdctl(tc.out)
+			if tc.err != "" {
+				g.Expect(err).To(MatchError(ContainSubstring(tc.err)))
+				return
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(v).To(Equal(tc.want))
+			g.Expect(v.Margin()).To(Equal(tc.margin))
+		})
+	}
+}
