@@ -130,8 +130,8 @@ test-scenarios: envtest-assets storage-assets ## Every control-plane scenario on
 	go test ./test/scenarios -count=1 -v -timeout 60m $(GO_TEST_FLAGS)
 
 .PHONY: e2e
-e2e: ## The end-to-end suite on a real management cluster (E2E_KUBECONFIG, E2E_CLUSTER_TEMPLATE; docs/developer/testing.md); make test runs it on the sandbox.
-	@test -n "$(E2E_KUBECONFIG)" || { echo "E2E_KUBECONFIG must name the management cluster's kubeconfig (make test runs the suite on the sandbox)"; exit 2; }
+e2e: ## The end-to-end suite on a management cluster with CAPD (E2E_KUBECONFIG; E2E_CLUSTER_TEMPLATE, default test/kind/templates; clusterctl from make kind-images); make test runs it on the sandbox, make e2e-kind on kind.
+	@test -n "$(E2E_KUBECONFIG)" || { echo "E2E_KUBECONFIG must name the management cluster's kubeconfig (make test runs the suite on the sandbox, make e2e-kind on kind)"; exit 2; }
 	E2E_KUBECONFIG=$(E2E_KUBECONFIG) E2E_CLUSTER_TEMPLATE=$(E2E_CLUSTER_TEMPLATE) go test ./test/e2e -count=1 -v -timeout 90m $(GO_TEST_FLAGS)
 
 .PHONY: compare-kcp
