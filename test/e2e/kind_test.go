@@ -103,16 +103,24 @@ func installPowerFence(t *testing.T, p *kindPlatform, ns string) {
 }
 
 // powerFencer is the power-fencing provider: for each DockerPowerFence CAPR creates in ns, it kills
-// the node's container and, once docker reports it stopped, sets Fenced=True. It records when.
+// the node's container and, once docker reports it stopped, sets Fenced=True. Before it confirms, it
+// reads the fenced Machine: whether it was already deleting then is what "fenced before delete" is
+// judged on (a deletionTimestamp has a resolution of one second, too coarse to compare times with).
 type powerFencer struct {
 	mu     sync.Mutex
-	fenced map[string]time.Time // by Machine name
+	fenced map[string]fenceRecord // by Machine name
 	done   chan struct{}
 	wg     sync.WaitGroup
 }
 
+type fenceRecord struct {
+	at time.Time
+	// machineDeleting: the Machine was already deleting when its node was found powered off.
+	machineDeleting bool
+}
+
 func startPowerFencer(t *testing.T, c client.Client, ns string) *powerFencer {
-	f := &powerFencer{fenced: map[string]time.Time{}, done: make(chan struct{})}
+	f := &powerFencer{fenced: map[string]fenceRecord{}, done: make(chan struct{})}
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -159,6 +167,12 @@ func (f *powerFencer) fence(t *testing.T, c client.Client, obj *unstructured.Uns
 		}
 		return // confirmed on a later round, once docker reports it stopped
 	}
+	m := &clusterv1.Machine{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: obj.GetNamespace(), Name: machine}, m); err != nil && !apierrors.IsNotFound(err) {
+		t.Logf("power fence of %s: reading Machine %s: %v", node, machine, err)
+		return
+	}
+	rec := fenceRecord{at: time.Now(), machineDeleting: !m.DeletionTimestamp.IsZero() || m.Name == ""}
 	patch := map[string]any{"status": map[string]any{"conditions": []any{map[string]any{
 		"type": "Fenced", "status": "True", "reason": "PoweredOff", "message": "the node's container is stopped",
 		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
@@ -169,15 +183,15 @@ func (f *powerFencer) fence(t *testing.T, c client.Client, obj *unstructured.Uns
 		return
 	}
 	f.mu.Lock()
-	f.fenced[machine] = time.Now()
+	f.fenced[machine] = rec
 	f.mu.Unlock()
 }
 
-func (f *powerFencer) fencedAt(machine string) (time.Time, bool) {
+func (f *powerFencer) record(machine string) (fenceRecord, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t, ok := f.fenced[machine]
-	return t, ok
+	r, ok := f.fenced[machine]
+	return r, ok
 }
 
 func (f *powerFencer) stop() {
@@ -385,13 +399,13 @@ func TestKindWorkerNodeStopped(t *testing.T) {
 	node := victim.Status.NodeRef.Name
 	r := &kindResult{Test: t.Name(), Fault: "worker node container stopped (docker stop)", Victim: node}
 	faultUntilWhole(t, p, o, c, victim, r)
-	fenced, ok := fencer.fencedAt(victim.Name)
+	fenced, ok := fencer.record(victim.Name)
 	g.Expect(ok).To(BeTrue(), "the worker was never fenced")
-	deleting, ok := o.deletingSince(victim.Name)
+	_, ok = o.deletingSince(victim.Name)
 	g.Expect(ok).To(BeTrue(), "the watch never saw the worker deleting")
-	before := !fenced.After(deleting)
+	before := !fenced.machineDeleting
 	r.FencedBeforeDel = &before
-	g.Expect(before).To(BeTrue(), "fenced at %s, deleting since %s", fenced, deleting)
+	g.Expect(before).To(BeTrue(), "the Machine was already deleting (or gone) when its node was found powered off at %s", fenced.at)
 	s := o.summarize()
 	g.Expect(slices.ContainsFunc(o.created, func(m machineEvent) bool { return !m.ControlPlane })).To(BeTrue(), "no worker created: %+v", s)
 	g.Expect(s.MinMargin).To(BeNumerically(">=", 1), "a worker's fault moved etcd: %+v", s)
