@@ -279,9 +279,11 @@ func record(t *testing.T, r kindResult) {
 		t.Errorf("opening %s: %v", path, err)
 		return
 	}
-	defer f.Close()
 	if _, err := f.Write(append(raw, '\n')); err != nil {
 		t.Errorf("writing %s: %v", path, err)
+	}
+	if err := f.Close(); err != nil {
+		t.Errorf("closing %s: %v", path, err)
 	}
 	t.Logf("result: %s", raw)
 }

@@ -1,5 +1,3 @@
-// Package kind holds the kind platform's own programs (cmd/), its stand-in for cert-manager
-// (certissuer), its manifests and its workload cluster templates (docs/developer/kind.md).
 package kind_test
 
 import (
