@@ -11,6 +11,11 @@
 #      apply caps: operation not permitted". Only then is a runtime wrapper (hack/kind/runc-wrapper)
 #      installed as docker's default runtime; it drops that one capability from what runc is asked for.
 #   3. debootstrap and jq, which the offline images are built with (hack/kind/images.sh).
+#   4. inotify limits for about ten nodes. Every node's systemd, kubelet and containerd take inotify
+#      instances from the host's one per-user pool; at Linux's default of 128 instances the seventh
+#      or so node's kubelet fails to start ("inotify_init: too many open files") and restarts for
+#      ever, so a replacement Machine never gets a Node. Limits below kind's recommended values
+#      (kind's "known issues": 512 instances, 524288 watches) are raised to them; higher ones are kept.
 #
 # Nothing is changed on a host that passes every check. Prints one line per decision.
 set -euo pipefail
@@ -108,6 +113,18 @@ grep -q -e 'no such file' -e 'not found' <<<"$out" || die "the privileged probe 
 missing=()
 for tool in debootstrap jq; do command -v $tool >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+
+# 4. inotify limits (see the header).
+raise_limit() { # sysctl minimum
+	local now
+	now=$(sysctl -n "$1")
+	if [ "$now" -ge "$2" ]; then return; fi
+	is_root || die "$1 is $now, below the $2 that kind's nodes need: run 'sudo sysctl -w $1=$2'"
+	sysctl -qw "$1=$2"
+	log "raised $1 from $now to $2"
+}
+raise_limit fs.inotify.max_user_instances 512
+raise_limit fs.inotify.max_user_watches 524288
 
 # cgroup v1: kubelet >= 1.35 refuses it unless told (--fail-cgroupv1=false), and kubeadm's preflight
 # refuses it (SystemVerification). The node image and the workload templates carry both settings;

@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/test/sandbox"
 )
 
 // machinesOf returns the cluster's control-plane and worker Machines that are not being deleted,
@@ -45,8 +44,9 @@ func TestRemediatesAControlPlaneMachineAndAWorker(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capr-e2e-"}}
 	g.Expect(c.Create(ctx, ns)).To(Succeed())
 	cluster := env.createCluster(t, ns.Name)
-	g.Expect(c.Create(ctx, sandbox.ControlPlaneHealthCheck(ns.Name, "control-plane", cluster, env.nodeUnhealthySeconds()))).To(Succeed())
-	g.Expect(c.Create(ctx, sandbox.WorkerHealthCheck(ns.Name, "workers", cluster, env.nodeUnhealthySeconds()))).To(Succeed())
+	cpCheck, workerCheck := env.healthChecks(ns.Name, cluster)
+	g.Expect(c.Create(ctx, cpCheck)).To(Succeed())
+	g.Expect(c.Create(ctx, workerCheck)).To(Succeed())
 
 	cp, workers := machinesOf(g, ns.Name, cluster)
 	g.Expect(cp).To(HaveLen(3))

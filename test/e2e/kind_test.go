@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/test/sandbox"
 )
 
 // The kind faults (make e2e-kind): real CAPD nodes, a fault injected in a node's container, CAPR as
@@ -68,9 +67,8 @@ func sharedCluster(t *testing.T) kindCluster {
 		g.Expect(p.c.Create(ctx, ns)).To(Succeed())
 		installPowerFence(t, p, ns.Name)
 		name := p.createClusterOf(t, ns.Name, "kind", 3, 2, func(f func()) { afterAll = append(afterAll, f) })
-		cp := sandbox.ControlPlaneHealthCheck(ns.Name, "control-plane", name, p.nodeUnhealthySeconds())
+		cp, w := p.healthChecks(ns.Name, name)
 		g.Expect(p.c.Create(ctx, cp)).To(Succeed())
-		w := sandbox.WorkerHealthCheck(ns.Name, "workers", name, p.nodeUnhealthySeconds())
 		w.Spec.Remediation.Fencing = &caprv1.FencingSpec{
 			Policy:         caprv1.FencingRequired,
 			TimeoutSeconds: ptr.To[int32](300),
@@ -325,6 +323,7 @@ func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, 
 	fault := time.Now()
 	t.Cleanup(func() {
 		close(stopMark)
+		p.dumpOnFailure(t, c.ns)
 		r.Observer = o.summarize()
 		if at, ok := marked(); ok {
 			r.SecondsToMark = at.Sub(fault).Seconds()

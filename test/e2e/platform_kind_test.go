@@ -12,13 +12,18 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	utilyaml "sigs.k8s.io/cluster-api/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
+	"github.com/capr-io/capr/test/sandbox"
 )
 
 // kindPlatform is the kind management cluster of make kind-up (docs/developer/kind.md): CAPI, CAPD
@@ -73,9 +78,26 @@ func newKindPlatform(kubeconfig string) (*kindPlatform, error) {
 func (p *kindPlatform) name() string          { return "kind" }
 func (p *kindPlatform) client() client.Client { return p.c }
 
-// nodeUnhealthySeconds: a joining node is NotReady until its pod network is configured, which takes
-// tens of seconds here; a minute keeps the health checks off the joins.
-func (p *kindPlatform) nodeUnhealthySeconds() int32       { return 60 }
+// healthChecks tell a silent node from a joining one, as CAPI's own templates do with their
+// five-minute Ready timeouts. A node whose kubelet stopped, or whose container did, turns Ready=Unknown
+// (the node lifecycle controller's grace period, then Unknown): a minute of it marks. A joining
+// control-plane node reports Ready=False until its pod network runs, which was measured at 73 s here
+// (registered, then the network's pod started 49 s later on a busy two-core host); with the same minute
+// the replacement itself was marked, and a second remediation began. Ready=False marks after five
+// minutes, longer than any join seen here.
+func (p *kindPlatform) healthChecks(ns, cluster string) (controlPlane, workers *caprv1.MachineHealthCheck) {
+	const silent, joining = 60, 300
+	controlPlane = sandbox.ControlPlaneHealthCheck(ns, "control-plane", cluster, silent)
+	workers = sandbox.WorkerHealthCheck(ns, "workers", cluster, silent)
+	for _, mhc := range []*caprv1.MachineHealthCheck{controlPlane, workers} {
+		for i, c := range mhc.Spec.Checks.UnhealthyNodeConditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionFalse {
+				mhc.Spec.Checks.UnhealthyNodeConditions[i].TimeoutSeconds = ptr.To[int32](joining)
+			}
+		}
+	}
+	return controlPlane, workers
+}
 func (p *kindPlatform) remediationTimeout() time.Duration { return 20 * time.Minute }
 
 // render returns the template rendered by clusterctl, as a user renders it.
@@ -185,4 +207,64 @@ func dockerOutput(args ...string) (string, error) {
 		return "", fmt.Errorf("docker %s: %w", strings.Join(args, " "), err)
 	}
 	return string(out), nil
+}
+
+// dumpOnFailure logs, when the test has failed, what an operator would look at first: each
+// MachineRemediation's phase, conditions and steps, each Machine, the namespace's Warning events and
+// the tail of CAPR's, CAPI's and KCP's logs. CI shows a test's output, not the cluster, which
+// kind-down deletes.
+func (p *kindPlatform) dumpOnFailure(t *testing.T, ns string) {
+	t.Helper()
+	if !t.Failed() {
+		return
+	}
+	var b strings.Builder
+	requests := &caprv1.MachineRemediationList{}
+	if err := p.c.List(ctx, requests, client.InNamespace(ns)); err != nil {
+		fmt.Fprintf(&b, "listing MachineRemediations: %v\n", err)
+	}
+	for _, mr := range requests.Items {
+		fmt.Fprintf(&b, "MachineRemediation %s: phase %s, created %s\n", mr.Name, mr.Status.Phase, mr.CreationTimestamp.UTC().Format(time.RFC3339))
+		if cps := mr.Status.ControlPlane; cps != nil {
+			fmt.Fprintf(&b, "  order %s: %s\n", cps.Order, cps.OrderReason)
+		}
+		for _, c := range mr.Status.Conditions {
+			fmt.Fprintf(&b, "  condition %s=%s %s: %s\n", c.Type, c.Status, c.Reason, c.Message)
+		}
+		for _, s := range mr.Status.Steps {
+			fmt.Fprintf(&b, "  step %s %s (%s): %s\n", s.Name, s.Outcome, stamp(s.StartTime), s.Message)
+		}
+	}
+	machines := &clusterv1.MachineList{}
+	if err := p.c.List(ctx, machines, client.InNamespace(ns)); err != nil {
+		fmt.Fprintf(&b, "listing Machines: %v\n", err)
+	}
+	for _, m := range machines.Items {
+		fmt.Fprintf(&b, "Machine %s: phase %s, node %q, created %s, deleting %s\n", m.Name, m.Status.Phase, m.Status.NodeRef.Name,
+			m.CreationTimestamp.UTC().Format(time.RFC3339), stamp(m.DeletionTimestamp))
+		for _, c := range m.Status.Conditions {
+			if c.Status != metav1.ConditionTrue {
+				fmt.Fprintf(&b, "  condition %s=%s %s: %s\n", c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+	}
+	kubectl := func(args ...string) {
+		out, err := exec.CommandContext(ctx, p.env["KUBECTL"], append([]string{"--kubeconfig", os.Getenv(kubeconfigEnv)}, args...)...).CombinedOutput()
+		fmt.Fprintf(&b, "$ kubectl %s\n%s", strings.Join(args, " "), out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	kubectl("get", "events", "-n", ns, "--field-selector", "type=Warning", "--sort-by", ".lastTimestamp")
+	kubectl("logs", "-n", "capr-system", "deployment/capr-controller-manager", "--tail", "60")
+	kubectl("logs", "-n", "capi-system", "deployment/capi-controller-manager", "--tail", "30")
+	kubectl("logs", "-n", "capi-kubeadm-control-plane-system", "deployment/capi-kubeadm-control-plane-controller-manager", "--tail", "30")
+	t.Logf("the state at the failure:\n%s", b.String())
+}
+
+func stamp(t *metav1.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }

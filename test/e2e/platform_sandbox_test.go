@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
@@ -18,8 +19,12 @@ type sandboxPlatform struct {
 
 func (p *sandboxPlatform) name() string                      { return "sandbox" }
 func (p *sandboxPlatform) client() client.Client             { return p.sb.Client }
-func (p *sandboxPlatform) nodeUnhealthySeconds() int32       { return 2 }
 func (p *sandboxPlatform) remediationTimeout() time.Duration { return 6 * time.Minute }
+
+// healthChecks: the sandbox's nodes change state at once, so two seconds of not Ready marks.
+func (p *sandboxPlatform) healthChecks(ns, cluster string) (controlPlane, workers *caprv1.MachineHealthCheck) {
+	return sandbox.ControlPlaneHealthCheck(ns, "control-plane", cluster, 2), sandbox.WorkerHealthCheck(ns, "workers", cluster, 2)
+}
 
 // createCluster creates the cluster on the sandbox's KCP and starts the built manager (in a real
 // management cluster CAPR is already installed).

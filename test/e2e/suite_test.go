@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
@@ -34,8 +35,9 @@ type platform interface {
 	createCluster(t *testing.T, ns string) string
 	// breakNode makes a Node stop working (its kubelet stops reporting).
 	breakNode(t *testing.T, ns, cluster, node string)
-	// nodeUnhealthySeconds is how long a Node may be not Ready before CAPR marks its Machine.
-	nodeUnhealthySeconds() int32
+	// healthChecks returns CAPR's health checks of the cluster's control plane and workers, with
+	// timeouts that suit the platform's nodes.
+	healthChecks(ns, cluster string) (controlPlane, workers *caprv1.MachineHealthCheck)
 	// remediationTimeout bounds the wait for both remediations and the replacements.
 	remediationTimeout() time.Duration
 }
