@@ -88,6 +88,32 @@ func TestManagerManifestUsesRealFlagsWithTheirDefaults(t *testing.T) {
 	g.Expect(args).To(ContainElement("--leader-elect"))
 }
 
+// CAPI's ClusterCache reaches the cluster the manager runs on directly, not through its load
+// balancer, only when it knows its own Pod (clustercache.SetupWithManager reads POD_NAMESPACE,
+// POD_NAME and POD_UID), as on a self-hosted management cluster after clusterctl move. CAPI's
+// managers set the three from the downward API; so must CAPR's Deployment.
+func TestManagerManifestGivesThePodItsOwnIdentity(t *testing.T) {
+	g := NewWithT(t)
+	raw, err := os.ReadFile(filepath.Join("config", "manager", "manager.yaml"))
+	g.Expect(err).NotTo(HaveOccurred())
+	env := map[string]string{}
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		d := &appsv1.Deployment{}
+		g.Expect(yaml.Unmarshal([]byte(doc), d)).To(Succeed())
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Name != "manager" {
+				continue
+			}
+			for _, e := range c.Env {
+				if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+					env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+				}
+			}
+		}
+	}
+	g.Expect(env).To(Equal(map[string]string{"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name", "POD_UID": "metadata.uid"}))
+}
+
 // A reconcile timeout shorter than an etcd inspection would cut legitimate control-plane
 // remediations short: refused, naming the flag.
 func TestReconcileTimeoutMustLeaveRoomForEtcd(t *testing.T) {
