@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -66,6 +67,9 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 	if s.mr.Status.ControlPlane.Undo != nil {
 		// Being undone (it waits for the provider): nothing else is done meanwhile.
 		_, res, err := r.continueUndo(ctx, s)
+		return res, err
+	}
+	if res, done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
 		return res, err
 	}
 	if res, done, err := r.checkStepTimeout(ctx, s); done || err != nil {
@@ -252,6 +256,60 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 	}
 	res, err := r.fail(ctx, s, caprv1.MachineRemediationStepTimedOutReason, fmt.Sprintf(
 		"step %s did not finish within %s (last: %s)", step, limit, rec.Message))
+	return res, true, err
+}
+
+// endWithoutReplacement ends, Failed, a remediation whose victim is deleted (its member removed)
+// while its replacement does not come up. Nothing is left to undo, and waiting on would hold the
+// control-plane lock, and every other request of the cluster with it, for as long as the replacement
+// stays down: the replacement's own request among them, should a health check mark it, so that its
+// retry limits could never apply. KCP's remediation ends the same way, once the Machine is deleted.
+// The provider keeps its replicas and its replacement; a fence still owed is undone as at any end
+// (reconcileFinishedFence).
+func (r *Reconciler) endWithoutReplacement(ctx context.Context, s *scope, why string) (ctrl.Result, error) {
+	if err := r.releaseLock(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	rep := "its replacement"
+	if name := s.mr.Status.ControlPlane.Replacement; name != "" {
+		rep = "its replacement " + name
+	}
+	r.failed(ctx, s, caprv1.MachineRemediationStepTimedOutReason, fmt.Sprintf(
+		"%s; Machine %s is deleted and its etcd member removed, so nothing is undone: the remediation ends and releases the control plane, "+
+			"which its provider keeps at %s with %s. A health check that marks the replacement starts its remediation next",
+		why, s.mr.Name, replicasString(s), rep))
+	return ctrl.Result{}, nil
+}
+
+// replacementWaitEnds bounds the wait for the replacement of a victim already deleted
+// (WaitForReplacement after Delete, where the victim's Machine is usually gone and nothing is left to
+// undo): it ends the remediation (endWithoutReplacement) once the step's timeout has passed, or at
+// once when a replacement is itself to be remediated (a request for it exists, from a health check
+// or a person), since that request waits for the lock this one holds. done reports that it ended.
+func (r *Reconciler) replacementWaitEnds(ctx context.Context, s *scope) (res ctrl.Result, done bool, err error) {
+	rec := findStep(s.mr, caprv1.StepWaitForReplacement)
+	if currentStep(s.mr) != caprv1.StepWaitForReplacement || rec == nil || !StepFinished(findStep(s.mr, caprv1.StepDelete)) {
+		return ctrl.Result{}, false, nil
+	}
+	for _, rep := range replacements(s) {
+		other := &caprv1.MachineRemediation{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.mr.Namespace, Name: rep.Name}, other); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return ctrl.Result{}, false, fmt.Errorf("reading the MachineRemediation of replacement %s: %w", rep.Name, err)
+		}
+		if !other.DeletionTimestamp.IsZero() || remediation.Terminal(other) {
+			continue
+		}
+		res, err := r.endWithoutReplacement(ctx, s, fmt.Sprintf("the replacement %s is itself to be remediated (MachineRemediation %s, reason %q)", rep.Name, other.Name, other.Spec.Reason))
+		return res, true, err
+	}
+	limit := stepTimeout(s.mr, caprv1.StepWaitForReplacement)
+	if rec.StartTime == nil || limit == 0 || now().Before(rec.StartTime.Add(limit)) {
+		return ctrl.Result{}, false, nil
+	}
+	res, err = r.endWithoutReplacement(ctx, s, fmt.Sprintf("step %s did not finish within %s (last: %s)", caprv1.StepWaitForReplacement, limit, rec.Message))
 	return res, true, err
 }
 

@@ -88,7 +88,11 @@ func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.R
 		return r.runSteps(ctx, s)
 	}
 	if r.pastPointOfNoReturn(ctx, s) {
-		// The victim lost its member and is gone: what is left is to get the replacement.
+		// The victim lost its member and is gone: what is left is to get the replacement, within the
+		// bound of that wait.
+		if res, done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
+			return res, err
+		}
 		return r.runSteps(ctx, s)
 	}
 	return r.fail(ctx, s, caprv1.MachineRemediationCannotRemediateReason, fmt.Sprintf(

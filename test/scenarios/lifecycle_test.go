@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -152,6 +153,78 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 		g.Expect(mr.Status.Phase).NotTo(Equal(caprv1.MachineRemediationPhaseFailed))
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
 	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationRetried)).To(Equal(1))
+}
+
+// TestReplacementThatNeverComesUpAfterThePointOfNoReturnEnds: a dead member is removed first and
+// its Machine deleted; then the replacement never comes up. Nothing can be undone, but waiting for
+// ever would hold the control-plane lock for ever, and every other request of the cluster with it
+// (the replacement's own among them, when a health check marks it). Past the replacement timeout the
+// remediation ends, Failed, saying why, with the lock released and nothing undone: the provider keeps
+// the replicas and its replacement, which comes up once provisioning works again.
+func TestReplacementThatNeverComesUpAfterThePointOfNoReturnEnds(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To[int32](3)}
+	}))
+	victim := controlPlane(g, wc)[1]
+	startCAPR(t)
+
+	sb.HoldProvisioning(wc, true)
+	sb.KillEtcdMember(wc, victim.Status.NodeRef.Name)
+	var failed *caprv1.MachineRemediation
+	g.Eventually(func(g Gomega) {
+		failed = getRemediation(g, wc, victim.Name)
+		g.Expect(failed.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseFailed), "step %s: %s",
+			failed.Status.CurrentStep, conditions.GetMessage(failed, caprv1.MachineRemediationProgressingCondition))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+	g.Expect(failed.Status.Steps).To(ContainElement(And(
+		HaveField("Name", caprv1.StepDelete), HaveField("Outcome", caprv1.StepOutcomeSucceeded))), "the victim was deleted before the wait")
+	g.Expect(failed.Status.Conditions).To(ContainElement(And(
+		HaveField("Type", caprv1.MachineRemediationSucceededCondition),
+		HaveField("Reason", caprv1.MachineRemediationStepTimedOutReason),
+		HaveField("Message", ContainSubstring("nothing is undone")))))
+	cp := controlPlaneObject(g, wc)
+	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "the lock is released")
+	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3))
+
+	sb.HoldProvisioning(wc, false)
+	g.Expect(sb.WaitForControlPlane(ctx, wc, 3, time.Minute)).To(Succeed())
+}
+
+// TestMarkedReplacementAfterThePointOfNoReturnTakesOver: the same, but a request for the replacement
+// exists (a health check marked it, or a person asked) before the replacement timeout: the
+// remediation that waits for it ends at once, nothing undone, and the replacement's own request runs
+// next (it never would while the first held the lock).
+func TestMarkedReplacementAfterThePointOfNoReturnTakesOver(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t)
+	victim := controlPlane(g, wc)[1]
+	startCAPR(t)
+
+	sb.HoldProvisioning(wc, true)
+	sb.KillEtcdMember(wc, victim.Status.NodeRef.Name)
+	var replacement string
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, wc, victim.Name)
+		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.StepWaitForReplacement))
+		g.Expect(mr.Status.Steps).To(ContainElement(And(
+			HaveField("Name", caprv1.StepDelete), HaveField("Outcome", caprv1.StepOutcomeSucceeded))))
+		g.Expect(mr.Status.ControlPlane.Replacement).NotTo(BeEmpty())
+		replacement = mr.Status.ControlPlane.Replacement
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+
+	pendingRequest(g, wc, replacement, caprv1.MachineRemediationSourceManual)
+	g.Eventually(func(g Gomega) {
+		mr := getRemediation(g, wc, victim.Name)
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseFailed))
+		g.Expect(conditions.GetMessage(mr, caprv1.MachineRemediationSucceededCondition)).To(ContainSubstring(replacement + " is itself to be remediated"))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(getRemediation(g, wc, replacement).Status.Phase).To(BeElementOf(caprv1.MachineRemediationPhaseRunning, caprv1.MachineRemediationPhaseSucceeded))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+
+	sb.HoldProvisioning(wc, false)
+	waitRemediated(t, wc, replacement, 3)
 }
 
 // TestLostLockNeverAllowsTwoRunning: the lock annotation is stripped again and again (a GitOps tool
