@@ -69,8 +69,8 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 		_, res, err := r.continueUndo(ctx, s)
 		return res, err
 	}
-	if res, done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
-		return res, err
+	if done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
+		return ctrl.Result{}, err
 	}
 	if res, done, err := r.checkStepTimeout(ctx, s); done || err != nil {
 		return res, err
@@ -266,9 +266,9 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 // retry limits could never apply. KCP's remediation ends the same way, once the Machine is deleted.
 // The provider keeps its replicas and its replacement; a fence still owed is undone as at any end
 // (reconcileFinishedFence).
-func (r *Reconciler) endWithoutReplacement(ctx context.Context, s *scope, why string) (ctrl.Result, error) {
+func (r *Reconciler) endWithoutReplacement(ctx context.Context, s *scope, why string) error {
 	if err := r.releaseLock(ctx, s); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	rep := "its replacement"
 	if name := s.mr.Status.ControlPlane.Replacement; name != "" {
@@ -278,7 +278,7 @@ func (r *Reconciler) endWithoutReplacement(ctx context.Context, s *scope, why st
 		"%s; Machine %s is deleted and its etcd member removed, so nothing is undone: the remediation ends and releases the control plane, "+
 			"which its provider keeps at %s with %s. A health check that marks the replacement starts its remediation next",
 		why, s.mr.Name, replicasString(s), rep))
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // replacementWaitEnds bounds the wait for the replacement of a victim already deleted
@@ -286,10 +286,10 @@ func (r *Reconciler) endWithoutReplacement(ctx context.Context, s *scope, why st
 // undo): it ends the remediation (endWithoutReplacement) once the step's timeout has passed, or at
 // once when a replacement is itself to be remediated (a request for it exists, from a health check
 // or a person), since that request waits for the lock this one holds. done reports that it ended.
-func (r *Reconciler) replacementWaitEnds(ctx context.Context, s *scope) (res ctrl.Result, done bool, err error) {
+func (r *Reconciler) replacementWaitEnds(ctx context.Context, s *scope) (done bool, err error) {
 	rec := findStep(s.mr, caprv1.StepWaitForReplacement)
 	if currentStep(s.mr) != caprv1.StepWaitForReplacement || rec == nil || !StepFinished(findStep(s.mr, caprv1.StepDelete)) {
-		return ctrl.Result{}, false, nil
+		return false, nil
 	}
 	for _, rep := range replacements(s) {
 		other := &caprv1.MachineRemediation{}
@@ -297,20 +297,19 @@ func (r *Reconciler) replacementWaitEnds(ctx context.Context, s *scope) (res ctr
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return ctrl.Result{}, false, fmt.Errorf("reading the MachineRemediation of replacement %s: %w", rep.Name, err)
+			return false, fmt.Errorf("reading the MachineRemediation of replacement %s: %w", rep.Name, err)
 		}
 		if !other.DeletionTimestamp.IsZero() || remediation.Terminal(other) {
 			continue
 		}
-		res, err := r.endWithoutReplacement(ctx, s, fmt.Sprintf("the replacement %s is itself to be remediated (MachineRemediation %s, reason %q)", rep.Name, other.Name, other.Spec.Reason))
-		return res, true, err
+		return true, r.endWithoutReplacement(ctx, s, fmt.Sprintf("the replacement %s is itself to be remediated (MachineRemediation %s, reason %q)",
+			rep.Name, other.Name, other.Spec.Reason))
 	}
 	limit := stepTimeout(s.mr, caprv1.StepWaitForReplacement)
 	if rec.StartTime == nil || limit == 0 || now().Before(rec.StartTime.Add(limit)) {
-		return ctrl.Result{}, false, nil
+		return false, nil
 	}
-	res, err = r.endWithoutReplacement(ctx, s, fmt.Sprintf("step %s did not finish within %s (last: %s)", caprv1.StepWaitForReplacement, limit, rec.Message))
-	return res, true, err
+	return true, r.endWithoutReplacement(ctx, s, fmt.Sprintf("step %s did not finish within %s (last: %s)", caprv1.StepWaitForReplacement, limit, rec.Message))
 }
 
 func currentStepDone(mr *caprv1.MachineRemediation, step caprv1.StepName) bool {

@@ -90,8 +90,8 @@ func (r *Reconciler) reconcileMachineGone(ctx context.Context, s *scope) (ctrl.R
 	if r.pastPointOfNoReturn(ctx, s) {
 		// The victim lost its member and is gone: what is left is to get the replacement, within the
 		// bound of that wait.
-		if res, done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
-			return res, err
+		if done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
+			return ctrl.Result{}, err
 		}
 		return r.runSteps(ctx, s)
 	}

@@ -24,11 +24,12 @@ import (
 	"github.com/capr-io/capr/test/sandbox"
 )
 
-// TestKCPDeadMemberRemovesFirst: the victim's etcd process dies (its Node is fine). Removing a dead
-// member first costs no failure margin (adding a voter first would need 3 healthy of 4), so CAPR
-// removes it, then asks KCP for 5 replicas and returns to 3 as soon as the one replacement exists:
-// the replacement is provisioned while the victim is still there, and exactly one Machine is created.
-func TestKCPDeadMemberRemovesFirst(t *testing.T) {
+// TestKCPDeadMemberDeletesFirst: the victim's etcd process dies (its Node is fine). Removing a dead
+// member first costs no failure margin (adding a voter first would need 3 healthy of 4). KCP creates
+// no Machine while another is deleting (preflight.go: HasDeletingMachine), so a surge would be
+// provisioned only after the victim is gone: CAPR removes the member, deletes the victim without a
+// surge (DeleteFirst) and KCP creates the one replacement at the replicas it has.
+func TestKCPDeadMemberDeletesFirst(t *testing.T) {
 	var victim string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-dead", kubeadm.Scenario{ControlPlane: 3,
 		Inject: func(_ context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
@@ -38,9 +39,9 @@ func TestKCPDeadMemberRemovesFirst(t *testing.T) {
 		}})
 	g := NewWithT(t)
 	mr := res.Remediations[victim]
-	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst), mr.Status.ControlPlane.OrderReason)
-	g.Expect(mr.Status.ControlPlane.Replacements).To(Equal(int32(1)), mr.Status.ControlPlane.SurgeReason)
-	g.Expect(res.Created).To(ConsistOf(mr.Status.ControlPlane.Replacement), "control-plane Machines created")
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), mr.Status.ControlPlane.OrderReason)
+	g.Expect(mr.Status.ControlPlane.Replacements).To(BeZero(), "no surge: %s", mr.Status.ControlPlane.SurgeReason)
+	g.Expect(res.Created).To(HaveLen(1), "control-plane Machines created")
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 }
 
@@ -239,7 +240,7 @@ func TestKCPQuorumLostDoesNothing(t *testing.T) {
 // the remediation created one replacement and returned the replicas to 3 at once, so it deletes the
 // victim itself and leaves KCP nothing to scale down (before one replacement per remediation, a
 // surge of two left a surplus that CAPR had to delete itself). The second Machine's remediation runs
-// next: no deadlock, one Machine per remediation, never two at once, quorum never lost.
+// next, delete-first: no deadlock, one Machine per remediation, never two at once, quorum never lost.
 func TestKCPSecondFailureAfterPointOfNoReturn(t *testing.T) {
 	var first, second string
 	gate := &sandbox.GateBackend{}
@@ -273,7 +274,12 @@ func TestKCPSecondFailureAfterPointOfNoReturn(t *testing.T) {
 	g.Expect(res.Remediations[second].Status.StartTime.Time).To(BeTemporally(">=", res.Remediations[first].Status.CompletionTime.Time),
 		"the first remediation finishes before the second starts (status times are whole seconds)")
 	g.Expect(res.Created).To(HaveLen(2), "control-plane Machines created: one per remediation")
-	for _, v := range []string{first, second} {
-		g.Expect(res.Remediations[v].Status.ControlPlane.Replacements).To(Equal(int32(1)), res.Remediations[v].Status.ControlPlane.SurgeReason)
-	}
+	// The first surged (its member was healthy); the second's member is dead, so it is deleted first
+	// and KCP creates its replacement (TestKCPDeadMemberDeletesFirst).
+	cps := res.Remediations[first].Status.ControlPlane
+	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), cps.OrderReason)
+	g.Expect(cps.Replacements).To(Equal(int32(1)), cps.SurgeReason)
+	cps = res.Remediations[second].Status.ControlPlane
+	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), cps.OrderReason)
+	g.Expect(cps.Replacements).To(BeZero(), cps.SurgeReason)
 }
