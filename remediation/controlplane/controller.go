@@ -61,6 +61,7 @@ const (
 	EventOrderReplanned            = "OrderReplanned"
 	EventReplicasChangedElsewhere  = "ReplicasChangedElsewhere"
 	EventDownMemberRemoved         = "DownMemberRemoved"
+	EventDrainSkipped              = "DrainSkipped"
 )
 
 // EtcdProvider gives access to a workload cluster's etcd (WorkloadEtcd in production).

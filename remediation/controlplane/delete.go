@@ -88,9 +88,14 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	}
 	cps := s.mr.Status.ControlPlane
 	surged := Surges(cps.Order)
+	skip, why := drainSkipped(s, m)
 	if !m.DeletionTimestamp.IsZero() {
 		// Being deleted: by this step before a crash (held by the replicas-back hook until the
 		// replicas are back), or by someone else (a rollout, a person). The surge still has to go.
+		// A drain that started before the Node went silent is skipped from now on.
+		if err := r.skipDrain(ctx, s, m, skip, why); err != nil {
+			return stepResult{}, err
+		}
 		note := ""
 		if surged {
 			var err error
@@ -112,6 +117,10 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
 			return stepResult{}, fmt.Errorf("annotating Machine %s for deletion: %w", m.Name, err)
 		}
+	}
+	// Before the delete, so that CAPI never starts a drain that cannot finish.
+	if err := r.skipDrain(ctx, s, m, skip, why); err != nil {
+		return stepResult{}, err
 	}
 	// After a surge of two the provider removes one more Machine when it returns to N: it is to be
 	// the surplus replacement, not the provider's default (the oldest), which may be the Machine of
@@ -151,6 +160,49 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 	}
 	return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("deleting Machine %s; replicas back to %d%s%s",
 		m.Name, ptr.Deref(cps.DesiredReplicas, 0), held, s.adapter.Explain(s.cp)), Requeue: heldRequeue(held)}}, nil
+}
+
+// drainSkipped tells whether CAPI must not drain the victim: its Node is unreachable (the Machine's
+// NodeReady condition is Unknown: the kubelet is silent, or CAPI cannot reach the workload cluster)
+// and its etcd member was removed before this delete (the RemoveMember step finished). The victim's
+// kube-apiserver then still runs, as nothing restarts it without its kubelet, but it cannot serve:
+// kubeadm's stacked API server talks only to its local etcd member, which has left the cluster. A
+// connection CAPI's ClusterCache holds to it through the load balancer stays on it, because the
+// cache's health probe (GET /) is answered without etcd, and every cordon and eviction sent on it
+// times out; CAPI retries the drain for ever, so the Machine is never deleted (seen on kind when the
+// etcd leader's kubelet stopped: docs/developer/kind.md). The drain gains nothing on an unreachable
+// Node anyway: CAPI waits only a second for its pods and does not wait for its volumes there
+// (core/reconcilers/machine: drainNode and shouldWaitForNodeVolumes check
+// noderefutil.IsNodeUnreachable). A reachable Node is drained: its kubelet restarts an API server that
+// cannot serve, which closes the connections it held. why says so, for the step's message and event.
+func drainSkipped(s *scope, m *clusterv1.Machine) (skip bool, why string) {
+	removed := findStep(s.mr, caprv1.StepRemoveMember)
+	if removed == nil || (removed.Outcome != caprv1.StepOutcomeSucceeded && removed.Outcome != caprv1.StepOutcomeSkipped) {
+		return false, ""
+	}
+	ready := conditions.Get(m, clusterv1.MachineNodeReadyCondition)
+	if ready == nil || ready.Status != metav1.ConditionUnknown {
+		return false, ""
+	}
+	return true, fmt.Sprintf("CAPI skips the drain of Machine %s and the wait for its volumes: its Node is unreachable (%s: %s) and its etcd member is gone, so its API server cannot serve a drain",
+		m.Name, clusterv1.MachineNodeReadyCondition, ready.Reason)
+}
+
+// skipDrain puts CAPI's annotations that skip the drain and the wait for volume detachment on the
+// victim when drainSkipped says so, with a Normal event the first time.
+func (r *Reconciler) skipDrain(ctx context.Context, s *scope, m *clusterv1.Machine, skip bool, why string) error {
+	if !skip {
+		return nil
+	}
+	base := m.DeepCopy()
+	if !annotations.AddAnnotations(m, map[string]string{clusterv1.ExcludeNodeDrainingAnnotation: "capr", clusterv1.ExcludeWaitForNodeVolumeDetachAnnotation: "capr"}) {
+		return nil
+	}
+	if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("annotating Machine %s to skip its drain: %w", m.Name, err)
+	}
+	r.event(s.mr, corev1.EventTypeNormal, EventDrainSkipped, why)
+	return nil
 }
 
 // heldRequeue is the Delete step's requeue: while the replicas-back hook holds the victim, the step

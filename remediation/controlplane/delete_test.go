@@ -9,6 +9,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -134,6 +135,57 @@ func TestStepDelete(t *testing.T) {
 				g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 			}},
 	})
+
+	// The victim's member is gone, so its API server cannot serve; with its kubelet silent nothing
+	// restarts it, and a drain CAPI sends on a connection held to it never finishes (seen on kind).
+	drainSkippedAnnotations := []string{clusterv1.ExcludeNodeDrainingAnnotation, clusterv1.ExcludeWaitForNodeVolumeDetachAnnotation}
+	expectDrain := func(g Gomega, m *clusterv1.Machine, skipped bool) {
+		for _, a := range drainSkippedAnnotations {
+			if skipped {
+				g.Expect(m.Annotations).To(HaveKey(a))
+			} else {
+				g.Expect(m.Annotations).NotTo(HaveKey(a))
+			}
+		}
+	}
+	memberRemoved := withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeSucceeded, "")
+	fenced := withStep(caprv1.StepFence, caprv1.StepOutcomeSkipped, "")
+	for _, tc := range []struct {
+		name    string
+		victim  *clusterv1.Machine
+		steps   []worldOption
+		skipped bool
+	}{
+		{name: "Node unreachable, member removed: CAPI is told not to drain it", victim: cpMachine("m-b", withFinalizer(), nodeUnreachable()),
+			steps: []worldOption{memberRemoved, fenced}, skipped: true},
+		{name: "Node unreachable, member found gone: the same", victim: cpMachine("m-b", withFinalizer(), nodeUnreachable()),
+			steps: []worldOption{withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeSkipped, ""), fenced}, skipped: true},
+		{name: "deleting already, its drain stuck: the same from then on", victim: cpMachine("m-b", beingDeleted(), nodeUnreachable()),
+			steps: []worldOption{memberRemoved, fenced}, skipped: true},
+		{name: "Node reachable, member removed: drained", victim: cpMachine("m-b", withFinalizer()),
+			steps: []worldOption{memberRemoved, fenced}},
+		{name: "Node unreachable, member still there (left to the provider's hook): drained", victim: cpMachine("m-b", withFinalizer(), nodeUnreachable()),
+			steps: []worldOption{withOrder(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), fenced}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			w := newWorld(t, append([]worldOption{withMachines(cpMachine("m-a"), tc.victim, cpMachine("m-c")), withReplicas(4),
+				withReplacement(cpMachine("m-d"))}, tc.steps...)...)
+			recorder := events.NewFakeRecorder(10)
+			w.r.recorder = recorder
+			res, err := w.run(caprv1.StepDelete)
+			expectIssued(g, res, err)
+			m := w.machine(g, "m-b")
+			g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is being deleted")
+			expectDrain(g, m, tc.skipped)
+			for _, other := range []string{"m-a", "m-c", "m-d"} {
+				expectDrain(g, w.machine(g, other), false)
+			}
+			if tc.skipped {
+				g.Expect(recorder.Events).To(Receive(SatisfyAll(HavePrefix("Normal DrainSkipped"), ContainSubstring("its Node is unreachable"))))
+			}
+		})
+	}
 
 	// What the hook is for: the replicas' write fails (as if the controller died after the delete),
 	// and the victim stays, being deleted, instead of going while the replicas still ask for 4.

@@ -229,6 +229,14 @@ func withMachineAnnotation(key, value string) machineOption {
 	}
 }
 
+// nodeUnreachable gives the Machine CAPI's NodeReady condition of a Node whose kubelet is silent.
+func nodeUnreachable() machineOption {
+	return func(m *clusterv1.Machine) {
+		m.Status.Conditions = append(m.Status.Conditions, metav1.Condition{Type: clusterv1.MachineNodeReadyCondition,
+			Status: metav1.ConditionUnknown, Reason: "NodeStatusUnknown", Message: "Kubelet stopped posting node status"})
+	}
+}
+
 // kcpHealthy gives the Machine the conditions KCP reads as fully healthy.
 func kcpHealthy() machineOption {
 	return func(m *clusterv1.Machine) { m.Status.Conditions = kcpMachine(m.Name).Status.Conditions }
