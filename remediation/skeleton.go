@@ -2,6 +2,7 @@ package remediation
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -154,4 +155,19 @@ func (w Watches) Complete(ctx context.Context, mgr ctrl.Manager, options control
 		return nil, err //nolint:wrapcheck // each remediator says which controller failed
 	}
 	return mgr.GetEventRecorder(w.Name), nil
+}
+
+// finalWriteTimeout bounds the status write of a reconcile that the reconcile timeout cut short.
+const finalWriteTimeout = 10 * time.Second
+
+// WriteContext is the context of a reconcile's final status write. When the reconcile timeout
+// (controllers.DefaultReconcileTimeout) has cut the reconcile short, ctx is done, yet what the
+// reconcile decided must still be written, or it is lost (the condition saying why it waits, a step's
+// message): the write gets a context of its own, bounded by finalWriteTimeout. On shutdown (ctx
+// canceled) ctx is kept: the manager is leaving, and whoever runs next starts from the API's state.
+func WriteContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
 }

@@ -242,15 +242,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	s := &scope{mr: mr, base: mr.DeepCopy(), machine: machine, machineGone: machineGone}
 	defer func() {
-		err := r.persist(ctx, s)
+		writeCtx, cancel := remediation.WriteContext(ctx)
+		defer cancel()
+		err := r.persist(writeCtx, s)
 		switch {
 		case errors.Is(ctx.Err(), context.Canceled):
 			// Shutting down: nothing unrecorded was issued (see persist); the next run continues.
 			reterr = nil
 		case ctx.Err() != nil:
 			// The reconcile timeout (controllers.DefaultReconcileTimeout) cut it short: as when
-			// shutting down nothing unrecorded was issued, and the error has the request reconciled
-			// again, with backoff, instead of at the next event.
+			// shutting down nothing unrecorded was issued, what it decided was written all the same
+			// (WriteContext), and the error has the request reconciled again, with backoff, instead
+			// of at the next event.
 			reterr = kerrors.NewAggregate([]error{reterr, err, fmt.Errorf("reconciling MachineRemediation: %w", context.Cause(ctx))})
 		case apierrors.IsConflict(err):
 			// Someone wrote first: read again and redo from the new state (nothing was issued on

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
@@ -79,6 +81,41 @@ func TestRunningWithoutControlPlaneRecordIsReportedNotRun(t *testing.T) {
 	_, err = r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(apierrors.IsNotFound(c.Get(context.Background(), key, &caprv1.MachineRemediation{}))).To(BeTrue(), "the finalizer was removed")
+}
+
+// TestStatusWrittenAfterTheReconcileTimeout: the reconcile timeout cut a reconcile short; what it
+// decided (here: why it waits) is still written, and the error has it reconciled again. The client
+// refuses a done context, as client-go does before it sends.
+func TestStatusWrittenAfterTheReconcileTimeout(t *testing.T) {
+	g := NewWithT(t)
+	sch := newTestScheme(g)
+	mr := &caprv1.MachineRemediation{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "m-b", Finalizers: []string{caprv1.MachineRemediationFinalizer}},
+		Status: caprv1.MachineRemediationStatus{Phase: caprv1.MachineRemediationPhaseRunning}}
+	refuseDone := func(ctx context.Context) error { return ctx.Err() }
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(cpMachine("m-b"), mr).WithStatusSubresource(mr).WithInterceptorFuncs(interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if err := refuseDone(ctx); err != nil {
+				return err
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if err := refuseDone(ctx); err != nil {
+				return err
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	}).Build()
+	r := &Reconciler{Client: c, APIReader: c}
+	key := client.ObjectKeyFromObject(mr)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+
+	_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+	g.Expect(err).To(MatchError(context.DeadlineExceeded), "reconciled again, with backoff")
+	stored := &caprv1.MachineRemediation{}
+	g.Expect(c.Get(context.Background(), key, stored)).To(Succeed())
+	g.Expect(stored.Status.Conditions).To(ContainElement(HaveField("Message", ContainSubstring("status.controlPlane is missing"))))
 }
 
 // TestPersistKeepsStatusAcrossTheMetadataWrite: a start changes metadata (owner, label) and status

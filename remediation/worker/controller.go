@@ -172,7 +172,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	defer func() {
-		if err := r.persist(ctx, s); err != nil {
+		writeCtx, cancel := remediation.WriteContext(ctx)
+		defer cancel()
+		if err := r.persist(writeCtx, s); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
