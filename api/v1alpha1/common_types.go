@@ -210,10 +210,10 @@ const (
 	// another control-plane Machine is unhealthy (its scale-down preflight has no relaxed path).
 	ControlPlaneOrderDeleteFirst ControlPlaneOrder = "DeleteFirst"
 	// ControlPlaneOrderDeleteBeforeMemberRemoval (status only) is DeleteFirst for a victim whose member
-	// still votes, where the provider's own deletion removes the member at its pre-terminate point
-	// (KCP's kcp-cleanup hook): the victim is fenced and deleted first, and its member keeps voting
-	// until that point instead of leaving before the delete. The RemoveMember step follows the Delete
-	// step and removes the member should it still be listed.
+	// still votes and answers through its node, where the provider's own deletion removes the member
+	// at its pre-terminate point (KCP's kcp-cleanup hook): the victim is fenced and deleted first, and
+	// its member keeps voting until that point instead of leaving before the delete. The RemoveMember
+	// step follows the Delete step and removes the member should it still be listed.
 	ControlPlaneOrderDeleteBeforeMemberRemoval ControlPlaneOrder = "DeleteBeforeMemberRemoval"
 )
 

@@ -39,6 +39,14 @@ func (r *Reconciler) stepMoveLeader(ctx context.Context, s *scope, rec *caprv1.R
 			return stepResult{StepResult: remediation.StepResult{Done: true, Message: fmt.Sprintf("leadership moved, the leader is now %s", name)}}, nil
 		}
 		return stepResult{StepResult: remediation.StepResult{Done: true, Skipped: true, Message: fmt.Sprintf("the leader is %s, not the victim", name)}}, nil
+	case !victim.Reachable && s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval:
+		// The provider's deletion removes the member, and KCP's hook first asks the leader to hand
+		// over, through the leader's node: it would retry for ever (CAPI #8465, #12711). The order was
+		// chosen while the node answered (deleteFirst never hands an unreachable member to the
+		// provider); nothing is changed yet, so the step waits for the node, within its timeout, after
+		// which the remediation fails undone and the next one removes the member itself (DeleteFirst).
+		return stepResult{StepResult: remediation.StepResult{WaitReason: caprv1.MachineRemediationEtcdUnreachableReason, Requeue: waitLong, Message: fmt.Sprintf(
+			"the victim's member leads but its node %s stopped answering since the order was chosen; the provider's deletion would have to move leadership through it, so nothing is done until it answers again", victim.Name)}}, nil
 	case !victim.Reachable:
 		// The case that stalls KCP (#8465, #12711): MoveLeader must be sent to the leader, which
 		// cannot be reached. Removing it from another member is safe: etcd steps the leader down once

@@ -53,6 +53,15 @@ func TestStepMoveLeader(t *testing.T) {
 				g.Expect(res.Message).To(ContainSubstring("cannot be reached"))
 				expectNoEtcdChange(g, w)
 			}},
+		// KCP's hook would have to move leadership through the victim's node (CAPI #8465).
+		{name: "victim leads but cannot be reached, its removal left to the provider's deletion: waits, nothing sent",
+			world: []worldOption{withOrder(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval),
+				withEtcd(newFakeEtcd(member(nodeA), member(nodeB, asLeader(), asUnreachable()), member(nodeC)))},
+			check: func(g Gomega, w *world, res stepResult, err error) {
+				expectWaiting(g, res, err, caprv1.MachineRemediationEtcdUnreachableReason)
+				g.Expect(res.Message).To(ContainSubstring("stopped answering"))
+				expectNoEtcdChange(g, w)
+			}},
 		{name: "victim leads, no healthy voter to move to: wait, nothing sent",
 			world: []worldOption{withEtcd(newFakeEtcd(member(nodeA, asDown()), member(nodeB, asLeader()), member(nodeC, asUnreachable())))},
 			check: func(g Gomega, w *world, res stepResult, err error) {

@@ -198,8 +198,11 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 			}
 			in.Counts = state.Counts()
 			in.Victim = victimMember(state, s.victimNode())
-			if m := state.ByName(s.victimNode()); m != nil && in.Victim == VictimHealthy {
-				in.VictimProblem = m.Problem
+			if m := state.ByName(s.victimNode()); m != nil {
+				in.VictimUnreachable = !m.Reachable
+				if in.Victim == VictimHealthy {
+					in.VictimProblem = m.Problem
+				}
 			}
 		}
 		if !running {

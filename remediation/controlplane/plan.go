@@ -148,9 +148,14 @@ type OrderInput struct {
 	SurgeWaitsForDeletion string
 	// MemberRemovedOnDelete is how the provider's own deletion removes a Machine's etcd member at its
 	// pre-terminate point (Adapter.MemberRemovedOnDelete; "" when it does not). Where DeleteFirst is
-	// taken for a victim whose member votes, DeleteBeforeMemberRemoval is taken instead: the member
-	// keeps voting through the first stages of the deletion, as under KCP's own remediation.
+	// taken for a victim whose member votes and can be reached (VictimUnreachable),
+	// DeleteBeforeMemberRemoval is taken instead: the member keeps voting through the first stages of
+	// the deletion, as under KCP's own remediation.
 	MemberRemovedOnDelete string
+	// VictimUnreachable is true when the victim's member is in the member list but did not answer
+	// through its own node (etcdutil.MemberStatus.Reachable false: its kubelet or node is down), even
+	// if its peers show it alive.
+	VictimUnreachable bool
 	// ExternalEtcd is true when etcd runs outside the control-plane Machines: Counts, Unreachable,
 	// Victim and AddsLearners are then unused, and ServingOthers and VictimServes decide.
 	ExternalEtcd bool
@@ -422,8 +427,17 @@ func removeFirst(why string, in OrderInput) OrderDecision {
 // earlier would only start the time at the lower failure margin sooner, as the replacement is
 // provisioned after the deletion either way (compare-kcp's "etcd member degraded": KCP's own
 // remediation removes the member there, docs/design/kcp-comparison.md).
+//
+// Never for a member that cannot be reached through its node (OrderInput.VictimUnreachable): KCP's
+// hook first moves etcd leadership off the member it removes, which it must ask the leader itself
+// for, through the leader's node; for an unreachable leader it retries for ever (CAPI #8465, #12711)
+// and the deletion never ends. CAPR removes such a member through another member instead (etcd steps a
+// removed leader down), which is DeleteFirst.
 func deleteFirst(in OrderInput, why, then string) OrderDecision {
-	if in.Victim == VictimHealthy && in.MemberRemovedOnDelete != "" {
+	if in.Victim == VictimHealthy && in.MemberRemovedOnDelete != "" && in.VictimUnreachable {
+		why += "; its member cannot be reached through its node, and the provider's deletion would have to reach it"
+	}
+	if in.Victim == VictimHealthy && in.MemberRemovedOnDelete != "" && !in.VictimUnreachable {
 		return OrderDecision{Order: caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval, Reason: fmt.Sprintf(
 			"%s, so the victim is fenced and deleted while its member still votes: %s, where the member leaves; then %s", why, in.MemberRemovedOnDelete, then)}
 	}

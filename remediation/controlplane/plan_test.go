@@ -351,11 +351,12 @@ type orderCase struct {
 	refuseSurge                            bool
 	waitsForDeletion                       bool
 	removedOnDelete                        bool
+	victimUnreachable                      bool
 }
 
 func (oc orderCase) String() string {
-	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t waitsForDeletion=%t removedOnDelete=%t",
-		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge, oc.waitsForDeletion, oc.removedOnDelete)
+	return fmt.Sprintf("%s V%d H%d U%d L%d proven=%t serializable=%t victim=%s addsLearners=%t surge=%d refuseUpNow=%t refuseDown=%t refuseUpAfter=%t refuseSurge=%t waitsForDeletion=%t removedOnDelete=%t victimUnreachable=%t",
+		oc.policy, oc.v, oc.h, oc.u, oc.learners, oc.proven, oc.serializable, oc.victim, oc.addsLearners, oc.surge, oc.refuseUpNow, oc.refuseDown, oc.refuseUpAfter, oc.refuseSurge, oc.waitsForDeletion, oc.removedOnDelete, oc.victimUnreachable)
 }
 
 func (oc orderCase) input() OrderInput {
@@ -376,6 +377,7 @@ func (oc orderCase) input() OrderInput {
 		SurgeMachines:                      int32(oc.surge),
 		SurgeWaitsForDeletion:              refuse(oc.waitsForDeletion, "KCP creates no Machine while another is deleting"),
 		MemberRemovedOnDelete:              refuse(oc.removedOnDelete, "KCP's kcp-cleanup hook removes the member"),
+		VictimUnreachable:                  oc.victimUnreachable,
 	}
 }
 
@@ -405,11 +407,14 @@ func TestChosenOrdersNeverLoseQuorum(t *testing.T) {
 								if victim == VictimHealthy && h == 0 || victim == VictimUnhealthy && h == v || victim == VictimLearner && learners == 0 {
 									continue
 								}
-								for bits := range 1 << 8 {
+								for bits := range 1 << 9 {
 									oc := orderCase{policy: policy, v: v, h: h, u: u, learners: learners, proven: flags[0], serializable: flags[1],
 										victim: victim, addsLearners: bits&1 != 0, surge: 1 + bits>>1&1,
 										refuseUpNow: bits&4 != 0, refuseDown: bits&8 != 0, refuseUpAfter: bits&16 != 0, refuseSurge: bits&32 != 0, waitsForDeletion: bits&64 != 0,
-										removedOnDelete: bits&128 != 0}
+										removedOnDelete: bits&128 != 0, victimUnreachable: bits&256 != 0}
+									if oc.victimUnreachable && victim == VictimMissing {
+										continue // only a listed member is reached or not
+									}
 									cases++
 									chosen[ChooseOrder(oc.input()).Order]++
 									if msg := checkChosenOrder(oc); msg != "" {
@@ -715,6 +720,12 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		if !oc.removedOnDelete {
 			return "the provider's deletion does not remove the member", value
 		}
+		// KCP's hook asks the leader to hand leadership over before it removes a member, through the
+		// leader's own node; for a leader it cannot reach it retries for ever (CAPI #8465). A
+		// healthy voter may lead, or come to lead before the hook runs.
+		if oc.victimUnreachable && oc.victim == VictimHealthy {
+			return "the provider's deletion must reach the victim's member through its node, which does not answer", value
+		}
 		remove(victimName)
 		add("new1", true)
 		value.afterDeletion = 1
@@ -824,5 +835,38 @@ func TestYieldTo(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			NewWithT(t).Expect(YieldTo(tt.running, tt.waiting)).To(Equal(tt.want))
 		})
+	}
+}
+
+// Every route to a deletion without a surge, for a live member on KCP: the provider's deletion
+// removes a member it can reach, and CAPR removes one it cannot (KCP's hook would have to move
+// leadership through the victim's node, CAPI #8465).
+func TestUnreachableMemberIsNeverLeftToTheProvidersDeletion(t *testing.T) {
+	routes := map[string]func(*OrderInput){
+		"policy RemoveMemberFirst": func(in *OrderInput) { in.Policy = caprv1.ControlPlaneOrderRemoveMemberFirst },
+		"the Cluster topology owns replicas": func(in *OrderInput) {
+			in.Policy, in.SurgeRefused = caprv1.ControlPlaneOrderRemoveMemberFirst, "the Cluster topology owns the replicas"
+		},
+		"a surge of two Machines": func(in *OrderInput) { in.Policy, in.SurgeMachines = caprv1.ControlPlaneOrderRemoveMemberFirst, 2 },
+	}
+	for name, route := range routes {
+		for _, unreachable := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, unreachable=%t", name, unreachable), func(t *testing.T) {
+				g := NewWithT(t)
+				in := OrderInput{Policy: caprv1.ControlPlaneOrderAuto, Initialized: true, Victim: VictimHealthy,
+					Counts:                quorum.Counts{Voting: 3, Healthy: 3, QuorumProven: true},
+					MemberRemovedOnDelete: "KCP's kcp-cleanup hook removes the member", VictimUnreachable: unreachable,
+					SurgeWaitsForDeletion: "KCP creates no Machine while another is deleting"}
+				route(&in)
+				d := ChooseOrder(in)
+				g.Expect(d.WaitReason).To(BeEmpty(), d.WaitMessage)
+				if unreachable {
+					g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst))
+					g.Expect(d.Reason).To(ContainSubstring("cannot be reached"))
+				} else {
+					g.Expect(d.Order).To(Equal(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval))
+				}
+			})
+		}
 	}
 }

@@ -353,7 +353,50 @@ func TestKindLeaderKubeletStopped(t *testing.T) {
 	controlPlaneKubeletStopped(t, true)
 }
 
+// TestKindLeaderKubeletStoppedRemoveMemberFirst: the same fault on the leader's node, with the order
+// a person sets to accept a lower failure margin (RemoveMemberFirst, which CAPR's
+// WouldLoseFailureMargin message names). KCP creates no Machine while another is deleting, so the
+// victim is deleted without a surge; KCP's own deletion would remove the member only after moving
+// leadership off it, through the leader's node whose kubelet is stopped (CAPI #8465). The member must
+// leave through another member, and the cluster be whole again with one Machine created.
+func TestKindLeaderKubeletStoppedRemoveMemberFirst(t *testing.T) {
+	g := NewWithT(t)
+	c := sharedCluster(t)
+	p := kindEnv(t)
+	mhc := &caprv1.MachineHealthCheck{}
+	key := client.ObjectKey{Namespace: c.ns, Name: "control-plane"}
+	g.Expect(p.c.Get(ctx, key, mhc)).To(Succeed())
+	before := mhc.Spec.Remediation.ControlPlane.DeepCopy()
+	if mhc.Spec.Remediation.ControlPlane == nil {
+		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{}
+	}
+	mhc.Spec.Remediation.ControlPlane.Order = caprv1.ControlPlaneOrderRemoveMemberFirst
+	g.Expect(p.c.Update(ctx, mhc)).To(Succeed())
+	t.Cleanup(func() {
+		NewWithT(t).Eventually(func() error {
+			if err := p.c.Get(ctx, key, mhc); err != nil {
+				return err
+			}
+			mhc.Spec.Remediation.ControlPlane = before
+			return p.c.Update(ctx, mhc)
+		}, time.Minute, time.Second).Should(Succeed())
+	})
+	victim, s := kubeletStopped(t, true, 0)
+	mr := &caprv1.MachineRemediation{}
+	g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victim}, mr)).To(Succeed())
+	g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "%+v", mr.Status.Conditions)
+	g.Expect(s.MachinesCreated).To(HaveLen(1), "Machines created: %v", s.MachinesCreated)
+}
+
 func controlPlaneKubeletStopped(t *testing.T, leader bool) {
+	_, s := kubeletStopped(t, leader, 1)
+	NewWithT(t).Expect(s.MachinesCreated).To(HaveLen(1), "Machines created: %v", s.MachinesCreated)
+}
+
+// kubeletStopped stops the kubelet of a control-plane node, the etcd leader's or a follower's, waits
+// until the cluster is whole again, and checks the failure margin never fell below minMargin. It
+// returns the victim Machine and what the observer saw.
+func kubeletStopped(t *testing.T, leader bool, minMargin int) (string, summary) {
 	g := NewWithT(t)
 	p := kindEnv(t)
 	c := sharedCluster(t)
@@ -377,8 +420,8 @@ func controlPlaneKubeletStopped(t *testing.T, leader bool) {
 	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet), etcd member alive", Victim: node, VictimWasLeader: v.Leader == node}
 	faultUntilWhole(t, p, o, c, victim, r)
 	s := o.summarize()
-	g.Expect(s.MinMargin).To(BeNumerically(">=", 1), "the failure margin fell below 1 with a live member: %+v", s)
-	g.Expect(s.MachinesCreated).To(HaveLen(1), "Machines created: %v", s.MachinesCreated)
+	g.Expect(s.MinMargin).To(BeNumerically(">=", minMargin), "the failure margin fell below %d with a live member: %+v", minMargin, s)
+	return victim.Name, s
 }
 
 // TestKindWorkerNodeStopped: a worker's node container stops. CAPR marks the Machine, fences it
