@@ -237,6 +237,19 @@ func nodeUnreachable() machineOption {
 	}
 }
 
+// markedBy gives the Machine the mark of CAPR's health check "ns/cp" with reason (controllers/
+// machinehealthcheck mark.go).
+func markedBy(reason string) machineOption {
+	return func(m *clusterv1.Machine) {
+		msg, err := caprv1.MarkEntries{{Checker: testNamespace + "/cp", Reason: reason, Message: "for more than 1m0s"}}.Marshal()
+		if err != nil {
+			panic(err)
+		}
+		m.Status.Conditions = append(m.Status.Conditions, metav1.Condition{Type: caprv1.MachineCAPRHealthCheckSucceededCondition,
+			Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	}
+}
+
 // kcpHealthy gives the Machine the conditions KCP reads as fully healthy.
 func kcpHealthy() machineOption {
 	return func(m *clusterv1.Machine) { m.Status.Conditions = kcpMachine(m.Name).Status.Conditions }

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -223,7 +225,9 @@ func downMembersOfWaiting(state *etcdutil.State, holder string, requests []caprv
 
 // mayRemoveEarly says whether a request and its Machine allow their member to be removed before
 // the request starts: what its own start would check first (reconcilePending, startPreconditions),
-// and that the request is CAPR's health check's for the etcd member (reason UnhealthyEtcdMember).
+// and that the request is CAPR's health check's for the etcd member (reason UnhealthyEtcdMember)
+// and the Machine carries that health check's mark for it (markedForEtcdMember): the removal cannot
+// be undone, and a request's spec.reason is whatever its writer (a person, a template) put there.
 // That check keeps requesting a Machine whose member is missing, so a request withdrawn after the
 // removal (the member answering again before it was removed) is made again and the Machine replaced.
 // A request from Node conditions alone (CAPI's MachineHealthCheck, a kubelet down while etcd runs:
@@ -231,7 +235,7 @@ func downMembersOfWaiting(state *etcdutil.State, holder string, requests []caprv
 // ever ask again for the Machine left without its member; such a member stays for the request's own
 // start to decide.
 func mayRemoveEarly(mr *caprv1.MachineRemediation, m *clusterv1.Machine, at time.Time) bool {
-	if mr.Spec.Reason != caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason ||
+	if mr.Spec.Reason != caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason || !markedForEtcdMember(m) ||
 		(mr.Status.Phase != "" && mr.Status.Phase != caprv1.MachineRemediationPhasePending) || !mr.DeletionTimestamp.IsZero() ||
 		annotations.HasPaused(mr) || !m.DeletionTimestamp.IsZero() || !m.Status.NodeRef.IsDefined() ||
 		annotations.HasSkipRemediation(m) || annotations.HasPaused(m) {
@@ -293,4 +297,21 @@ func recordedMemberID(s *scope) (uint64, bool) {
 	}
 	id, err := strconv.ParseUint(s.mr.Status.ControlPlane.MemberID, 16, 64)
 	return id, err == nil
+}
+
+// markedForEtcdMember reports whether one of CAPR's health checks marks the Machine for its etcd
+// member: an entry with reason UnhealthyEtcdMember in the mark condition (controllers/machinehealthcheck
+// mark.go), which only the health checker writes, on the Machine's status.
+func markedForEtcdMember(m *clusterv1.Machine) bool {
+	c := conditions.Get(m, caprv1.MachineCAPRHealthCheckSucceededCondition)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		return false
+	}
+	entries, err := caprv1.MarkEntriesFromMessage(c.Message)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(entries, func(e caprv1.MarkEntry) bool {
+		return e.Reason == caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason
+	})
 }

@@ -209,7 +209,7 @@ func TestWaitingDownMemberRemovedWhileTheReplacementJoins(t *testing.T) {
 	runStepCases(t, caprv1.StepWaitForReplacement, []stepCase{
 		{name: "replacement voting, waiting request's member down: removed in the same pass",
 			world: []worldOption{withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst), withReplicas(6),
-				withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e"), cpMachine("m-f")), withReplacement(cpMachine("m-d")),
+				withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e", markedBy(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason)), cpMachine("m-f")), withReplacement(cpMachine("m-d")),
 				withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC), member(nodeD), member(nodeE, asUnreachable()), member(nodeF))),
 				withRequests(waitingRequest("m-e"))},
 			check: func(g Gomega, w *world, res stepResult, err error) {
@@ -269,8 +269,17 @@ func TestDownMembersOfWaiting(t *testing.T) {
 		members  []fakeMember
 		machines []*clusterv1.Machine
 		requests []*caprv1.MachineRemediation
-		want     []string // requests whose member is removed, in order
+		// mark is the reason of CAPR's health check's mark on every Machine; UnhealthyEtcdMember
+		// when empty, none when "-".
+		mark string
+		want []string // requests whose member is removed, in order
 	}{
+		// The removal cannot be undone: it rests on CAPR's own mark, not on what a request says.
+		{name: "request saying UnhealthyEtcdMember, its Machine not marked (a reason written by hand or by a template)", members: etcd(down, nil),
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}, mark: "-"},
+		{name: "request saying UnhealthyEtcdMember, its Machine marked for its Node only", members: etcd(down, nil),
+			machines: machines(cpMachine("m-e"), cpMachine("m-f")), requests: []*caprv1.MachineRemediation{waitingRequest("m-e")},
+			mark: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason},
 		{name: "unreachable member of a Pending request", members: etcd(down, nil), machines: machines(cpMachine("m-e"), cpMachine("m-f")),
 			requests: []*caprv1.MachineRemediation{waitingRequest("m-e")}, want: []string{"m-e"}},
 		{name: "reachable member that is down (no leader) of a request not yet given a phase", members: etcd([]memberOption{asDown()}, nil),
@@ -333,6 +342,14 @@ func TestDownMembersOfWaiting(t *testing.T) {
 			requests := make([]caprv1.MachineRemediation, 0, len(tc.requests))
 			for _, r := range tc.requests {
 				requests = append(requests, *r)
+			}
+			if tc.mark == "" {
+				tc.mark = caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason
+			}
+			if tc.mark != "-" {
+				for _, m := range tc.machines {
+					markedBy(tc.mark)(m)
+				}
 			}
 			var got []string
 			for _, w := range downMembersOfWaiting(state, "m-b", requests, tc.machines, now) {
