@@ -158,7 +158,7 @@ func TestStepRemoveMember(t *testing.T) {
 // other Machine whose request waits is down too and goes in the same pass (margin 0 → 1 a whole
 // remediation earlier); what its own start would refuse, or a member that may still vote, stays.
 func TestStepRemoveMemberRemovesWaitingDownMembers(t *testing.T) {
-	five := []worldOption{withReplicas(5), withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e"), cpMachine("m-f"))}
+	five := []worldOption{withReplicas(5), withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), cpMachine("m-e", markedBy(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason)), cpMachine("m-f"))}
 	fiveWith := func(etcd *fakeEtcd, extra ...worldOption) []worldOption {
 		return append(append(slices.Clone(five), withEtcd(etcd)), extra...)
 	}
