@@ -86,6 +86,16 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 		return r.wait(s, w), nil
 	}
 	plan.retryCount = retry.RetryCount
+	// The checks above read the Machine from the cache; CAPI's skip-remediation set a moment ago may
+	// not be there yet, and a remediation started on it would run. The start decides on a live read.
+	live := &clusterv1.Machine{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s.machine), live); err != nil {
+		return ctrl.Result{}, fmt.Errorf("reading Machine %s before the start: %w", s.machine.Name, err)
+	}
+	if annotations.HasSkipRemediation(live) {
+		s.machine = live
+		return ctrl.Result{}, r.withdraw(ctx, s)
+	}
 	return r.start(ctx, s, plan)
 }
 

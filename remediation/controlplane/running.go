@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -68,6 +69,9 @@ func (r *Reconciler) reconcileRunning(ctx context.Context, s *scope) (ctrl.Resul
 		// Being undone (it waits for the provider): nothing else is done meanwhile.
 		_, res, err := r.continueUndo(ctx, s)
 		return res, err
+	}
+	if stopped, err := r.stopForSkipRemediation(ctx, s); stopped || err != nil {
+		return ctrl.Result{}, err
 	}
 	if done, err := r.replacementWaitEnds(ctx, s); done || err != nil {
 		return ctrl.Result{}, err
@@ -321,4 +325,23 @@ func replicasString(s *scope) string {
 		return fmt.Sprintf("%d replicas", n)
 	}
 	return "unknown replicas"
+}
+
+// stopForSkipRemediation withdraws a running request whose Machine was given CAPI's
+// cluster.x-k8s.io/skip-remediation (a moment before the start, or since), while stopping is still
+// safe: the request is deleted, and its deletion undoes what was done (reconcileDelete: replicas
+// back, lock released). Past the point of no return the remediation goes on, as a deleted request's
+// does. stopped reports that the request was withdrawn.
+func (r *Reconciler) stopForSkipRemediation(ctx context.Context, s *scope) (stopped bool, err error) {
+	if s.machineGone || !s.mr.DeletionTimestamp.IsZero() || !annotations.HasSkipRemediation(s.machine) || r.pastPointOfNoReturn(ctx, s) {
+		return false, nil
+	}
+	msg := fmt.Sprintf("Machine %s has annotation %s and the remediation can still be undone: the request is withdrawn, and what was done is undone",
+		s.machine.Name, clusterv1.MachineSkipRemediationAnnotation)
+	if err := r.Client.Delete(ctx, s.mr, client.Preconditions{UID: &s.mr.UID}); client.IgnoreNotFound(err) != nil {
+		return false, fmt.Errorf("withdrawing the request of skipped Machine %s: %w", s.machine.Name, err)
+	}
+	r.event(s.mr, corev1.EventTypeNormal, EventRemediationWithdrawn, msg)
+	ctrl.LoggerFrom(ctx).Info("Running remediation withdrawn: the Machine skips remediation")
+	return true, nil
 }

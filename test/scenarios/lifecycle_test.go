@@ -369,6 +369,34 @@ func TestStopSignals(t *testing.T) {
 	waitRemediated(t, wc, paused.Name, 3)
 }
 
+// TestSkipRemediationStopsARunningRemediationWhileItCanBeUndone: CAPI's
+// cluster.x-k8s.io/skip-remediation set on a Machine whose remediation already runs (the
+// replacement is provisioning, nothing irreversible done) stops it: the request goes, the replicas
+// are back to 3, the lock is released and the Machine is kept.
+func TestSkipRemediationStopsARunningRemediationWhileItCanBeUndone(t *testing.T) {
+	g := NewWithT(t)
+	wc := newCluster(t)
+	victim := controlPlane(g, wc)[1]
+	startCAPR(t)
+
+	sb.HoldProvisioning(wc, true)
+	t.Cleanup(func() { sb.HoldProvisioning(wc, false) })
+	g.Expect(sb.StopHeartbeat(ctx, wc, victim.Status.NodeRef.Name)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(getRemediation(g, wc, victim.Name).Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
+		g.Expect(*controlPlaneObject(g, wc).Spec.Replicas).To(BeEquivalentTo(4))
+	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
+
+	g.Expect(sb.AnnotateMachine(ctx, wc, victim.Name, clusterv1.MachineSkipRemediationAnnotation, true)).To(Succeed())
+	expectRequestGone(t, wc, victim.Name)
+	cp := controlPlaneObject(g, wc)
+	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3))
+	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
+	m := &clusterv1.Machine{}
+	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim.Name}, m)).To(Succeed())
+	g.Expect(m.DeletionTimestamp.IsZero()).To(BeTrue(), "the skipped Machine is kept")
+}
+
 // TestUninitializedControlPlaneFailsClosedThenReplacesWithShippedRBAC: when the Cluster does not say
 // whether its control plane is initialized, nothing is done; when it says it is not, the Machine is
 // replaced by deleting it (as KCP does for the first Machine) — which the manager may do with the
