@@ -174,9 +174,10 @@ type FencingSpec struct {
 	// +kubebuilder:validation:MaxItems=8
 	Backends []FencingBackend `json:"backends,omitempty"`
 
-	// timeoutSeconds bounds the wait for all backends to confirm. Defaults to 300.
+	// timeoutSeconds bounds the wait for all backends to confirm. Defaults to 300, at most a day.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
 	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
 }
 
@@ -258,18 +259,23 @@ type ControlPlaneRemediationSpec struct {
 
 	// replacementTimeoutSeconds bounds the steps ScaleUp and WaitForReplacement: how long the
 	// control-plane provider may take to create the replacement and for its etcd member to become a
-	// healthy voter. Defaults to 1800. Before the victim's etcd member is removed, a timeout undoes
-	// the remediation (replicas back) and marks it Failed; after it, the remediation keeps trying and
-	// says so in its Progressing condition and a Warning event (it cannot be undone).
+	// healthy voter. Defaults to 1800, at most a day. Before the victim's etcd member is removed, a
+	// timeout undoes the remediation (replicas back) and marks it Failed; once the victim was deleted,
+	// it marks it Failed with nothing undone and releases the control plane, the provider keeping its
+	// replacement.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
 	ReplacementTimeoutSeconds *int32 `json:"replacementTimeoutSeconds,omitempty"`
 
 	// stepTimeoutSeconds bounds each of the steps MoveLeader, RemoveMember and Delete (a provider
-	// that never deletes the Machine, etcd that never allows the removal). Defaults to 600. A timeout
-	// is handled as for replacementTimeoutSeconds.
+	// that never deletes the Machine, etcd that never allows the removal). Defaults to 600, at most a
+	// day. Before the victim's etcd member is removed, a timeout undoes the remediation and marks it
+	// Failed; after it, the remediation keeps trying and says so in its Progressing condition and a
+	// Warning event (it cannot be undone).
 	// +optional
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
 	StepTimeoutSeconds *int32 `json:"stepTimeoutSeconds,omitempty"`
 
 	// order is the ordering policy: Auto (default) or RemoveMemberFirst. Auto never removes a healthy

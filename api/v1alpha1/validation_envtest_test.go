@@ -106,6 +106,14 @@ func TestBadHealthCheckIsRefusedNamingTheField(t *testing.T) {
 		{"machine condition OwnerRemediated", func(m *caprv1.MachineHealthCheck) {
 			m.Spec.Checks.UnhealthyMachineConditions = []caprv1.UnhealthyMachineCondition{{Type: "OwnerRemediated", Status: metav1.ConditionFalse, TimeoutSeconds: ptr.To[int32](1)}}
 		}, "spec.checks.unhealthyMachineConditions[0].type", "must not be a condition written by remediation"},
+		{"step timeout above a day", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{StepTimeoutSeconds: ptr.To[int32](86401)}
+		}, "spec.remediation.controlPlane.stepTimeoutSeconds", "less than or equal to 86400"},
+		{"replacement timeout above a day", func(m *caprv1.MachineHealthCheck) {
+			m.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To[int32](86401)}
+		}, "spec.remediation.controlPlane.replacementTimeoutSeconds", "less than or equal to 86400"},
+		{"fencing timeout above a day", func(m *caprv1.MachineHealthCheck) { m.Spec.Remediation.Fencing.TimeoutSeconds = ptr.To[int32](86401) },
+			"spec.remediation.fencing.timeoutSeconds", "less than or equal to 86400"},
 		{"etcd member timeout too short", func(m *caprv1.MachineHealthCheck) { m.Spec.Checks.EtcdMember.TimeoutSeconds = ptr.To[int32](3) },
 			"spec.checks.etcdMember.timeoutSeconds", "greater than or equal to 10"},
 		{"unhealthyInRange min above max", func(m *caprv1.MachineHealthCheck) {
