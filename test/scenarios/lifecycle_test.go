@@ -9,7 +9,6 @@ import (
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,9 +118,7 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 // retry annotation starts it again.
 func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
-		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To[int32](3)}
-	}))
+	wc := newCluster(t, withReplacementTimeout(3))
 	victim := controlPlane(g, wc)[1]
 	startCAPR(t)
 	undo := watchUndo(t, wc)
@@ -163,9 +160,7 @@ func TestTimeoutBeforePointOfNoReturnFailsAndCanBeRetried(t *testing.T) {
 // the replicas and its replacement, which comes up once provisioning works again.
 func TestReplacementThatNeverComesUpAfterThePointOfNoReturnEnds(t *testing.T) {
 	g := NewWithT(t)
-	wc := newCluster(t, withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
-		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To[int32](3)}
-	}))
+	wc := newCluster(t, withReplacementTimeout(3))
 	victim := controlPlane(g, wc)[1]
 	startCAPR(t)
 

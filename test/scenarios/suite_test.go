@@ -8,6 +8,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -57,6 +58,13 @@ func withControlPlane(n int32) clusterOption {
 // withHealthCheck changes the cluster's CAPR health check before it is created.
 func withHealthCheck(mutate func(*caprv1.MachineHealthCheck)) clusterOption {
 	return func(o *clusterOptions) { o.healthCheck = append(o.healthCheck, mutate) }
+}
+
+// withReplacementTimeout sets the health check's replacementTimeoutSeconds.
+func withReplacementTimeout(seconds int32) clusterOption {
+	return withHealthCheck(func(mhc *caprv1.MachineHealthCheck) {
+		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{ReplacementTimeoutSeconds: ptr.To(seconds)}
+	})
 }
 
 // newCluster creates a sandbox cluster in a fresh namespace with a CAPR health check on its control
