@@ -15,6 +15,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -363,24 +364,7 @@ func TestKindLeaderKubeletStoppedRemoveMemberFirst(t *testing.T) {
 	g := NewWithT(t)
 	c := sharedCluster(t)
 	p := kindEnv(t)
-	mhc := &caprv1.MachineHealthCheck{}
-	key := client.ObjectKey{Namespace: c.ns, Name: "control-plane"}
-	g.Expect(p.c.Get(ctx, key, mhc)).To(Succeed())
-	before := mhc.Spec.Remediation.ControlPlane.DeepCopy()
-	if mhc.Spec.Remediation.ControlPlane == nil {
-		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{}
-	}
-	mhc.Spec.Remediation.ControlPlane.Order = caprv1.ControlPlaneOrderRemoveMemberFirst
-	g.Expect(p.c.Update(ctx, mhc)).To(Succeed())
-	t.Cleanup(func() {
-		NewWithT(t).Eventually(func() error {
-			if err := p.c.Get(ctx, key, mhc); err != nil {
-				return err
-			}
-			mhc.Spec.Remediation.ControlPlane = before
-			return p.c.Update(ctx, mhc)
-		}, time.Minute, time.Second).Should(Succeed())
-	})
+	setControlPlaneRemediation(t, p, c, func(s *caprv1.ControlPlaneRemediationSpec) { s.Order = caprv1.ControlPlaneOrderRemoveMemberFirst })
 	victim, s := kubeletStopped(t, true, 0)
 	mr := &caprv1.MachineRemediation{}
 	g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victim}, mr)).To(Succeed())
@@ -453,4 +437,127 @@ func TestKindWorkerNodeStopped(t *testing.T) {
 	s := o.summarize()
 	g.Expect(slices.ContainsFunc(o.created, func(m machineEvent) bool { return !m.ControlPlane })).To(BeTrue(), "no worker created: %+v", s)
 	g.Expect(s.MinMargin).To(BeNumerically(">=", 1), "a worker's fault moved etcd: %+v", s)
+}
+
+// TestKindReplacementThatNeverComesUp: a follower's node container stops, its etcd member dead, so
+// the victim's member is removed and the victim deleted before its replacement exists (DeleteFirst);
+// the kubeadm bootstrap provider is stopped meanwhile, so the replacement KCP creates never gets its
+// bootstrap data and never comes up. Past the replacement timeout the remediation must end, Failed
+// with StepTimedOut, nothing undone and the control plane released (waiting for ever would hold every
+// other request of the cluster); once the bootstrap provider runs again the replacement comes up and
+// the cluster is whole.
+func TestKindReplacementThatNeverComesUp(t *testing.T) {
+	const replacementTimeout = 120
+	g := NewWithT(t)
+	c := sharedCluster(t)
+	p := kindEnv(t)
+	setControlPlaneRemediation(t, p, c, func(s *caprv1.ControlPlaneRemediationSpec) {
+		s.ReplacementTimeoutSeconds = ptr.To[int32](replacementTimeout)
+	})
+	o := startObserver(p.c, c.ns, c.name)
+	defer o.stop()
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "", 3, 2) }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+
+	cp, _ := machinesOf(g, c.ns, c.name)
+	v, _ := o.latest()
+	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
+	var victim clusterv1.Machine
+	for _, m := range cp {
+		if m.Status.NodeRef.Name != v.Leader {
+			victim = m
+			break
+		}
+	}
+	node := victim.Status.NodeRef.Name
+	r := &kindResult{Test: t.Name(), Fault: "control-plane node container stopped (docker stop), the kubeadm bootstrap provider stopped until the remediation ended", Victim: node}
+	stopMark := make(chan struct{})
+	marked := markedAt(p.c, c.ns, victim.Name, stopMark)
+	fault := time.Now()
+	t.Cleanup(func() {
+		close(stopMark)
+		p.dumpOnFailure(t, c.ns)
+		r.Observer = o.summarize()
+		if at, ok := marked(); ok {
+			r.SecondsToMark = at.Sub(fault).Seconds()
+		}
+		record(t, *r)
+	})
+	scaleDeployment(t, p, "capi-kubeadm-bootstrap-system", "capi-kubeadm-bootstrap-controller-manager", 0)
+	bootstrapBack := func() {
+		scaleDeployment(t, p, "capi-kubeadm-bootstrap-system", "capi-kubeadm-bootstrap-controller-manager", 1)
+	}
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			bootstrapBack()
+		}
+	})
+	g.Expect(dockerRun("stop", node)).To(Succeed())
+	o.avoidNode(node)
+
+	key := client.ObjectKey{Namespace: c.ns, Name: victim.Name}
+	g.Eventually(func(g Gomega) {
+		mr := &caprv1.MachineRemediation{}
+		g.Expect(p.c.Get(ctx, key, mr)).To(Succeed())
+		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseFailed), "%s %+v", mr.Status.CurrentStep, mr.Status.Conditions)
+		g.Expect(mr.Status.Conditions).To(ContainElement(And(
+			HaveField("Type", caprv1.MachineRemediationSucceededCondition),
+			HaveField("Reason", caprv1.MachineRemediationStepTimedOutReason))))
+	}, p.remediationTimeout(), 5*time.Second).Should(Succeed())
+	g.Expect(apierrors.IsNotFound(p.c.Get(ctx, key, &clusterv1.Machine{}))).To(BeTrue(), "the victim was deleted before the remediation ended")
+	kcp := &unstructured.Unstructured{}
+	kcp.SetGroupVersionKind(schema.GroupVersionKind{Group: "controlplane.cluster.x-k8s.io", Version: "v1beta2", Kind: "KubeadmControlPlane"})
+	g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: c.name + "-control-plane"}, kcp)).To(Succeed())
+	g.Expect(kcp.GetAnnotations()).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "the control plane is released")
+
+	bootstrapBack()
+	restored = true
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, victim.Name, node, 3, 2) }, p.remediationTimeout(), 5*time.Second).Should(Succeed())
+	r.SecondsToWhole = time.Since(fault).Seconds()
+	s := o.summarize()
+	g.Expect(s.MinMargin).To(BeNumerically(">=", 0), "quorum was lost: %+v", s)
+}
+
+// setControlPlaneRemediation changes the control-plane health check's remediation options for the
+// test, and sets them back when it ends.
+func setControlPlaneRemediation(t *testing.T, p *kindPlatform, c kindCluster, change func(*caprv1.ControlPlaneRemediationSpec)) {
+	t.Helper()
+	mhc := &caprv1.MachineHealthCheck{}
+	key := client.ObjectKey{Namespace: c.ns, Name: "control-plane"}
+	NewWithT(t).Expect(p.c.Get(ctx, key, mhc)).To(Succeed())
+	before := mhc.Spec.Remediation.ControlPlane.DeepCopy()
+	if mhc.Spec.Remediation.ControlPlane == nil {
+		mhc.Spec.Remediation.ControlPlane = &caprv1.ControlPlaneRemediationSpec{}
+	}
+	change(mhc.Spec.Remediation.ControlPlane)
+	NewWithT(t).Expect(p.c.Update(ctx, mhc)).To(Succeed())
+	t.Cleanup(func() {
+		NewWithT(t).Eventually(func() error {
+			if err := p.c.Get(ctx, key, mhc); err != nil {
+				return err
+			}
+			mhc.Spec.Remediation.ControlPlane = before
+			return p.c.Update(ctx, mhc)
+		}, time.Minute, time.Second).Should(Succeed())
+	})
+}
+
+// scaleDeployment sets a management-cluster Deployment's replicas and waits until it runs that many.
+func scaleDeployment(t *testing.T, p *kindPlatform, ns, name string, replicas int32) {
+	t.Helper()
+	g := NewWithT(t)
+	g.Eventually(func() error {
+		d := &appsv1.Deployment{}
+		if err := p.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+			return err
+		}
+		d.Spec.Replicas = ptr.To(replicas)
+		return p.c.Update(ctx, d)
+	}, time.Minute, time.Second).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		d := &appsv1.Deployment{}
+		g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d)).To(Succeed())
+		g.Expect(d.Status.Replicas).To(Equal(replicas))
+		g.Expect(d.Status.ReadyReplicas).To(Equal(replicas))
+	}, 3*time.Minute, time.Second).Should(Succeed())
 }
