@@ -37,6 +37,8 @@ func init() { kindOnly = true }
 // workers, CAPR's health checks on both, the workers fenced by powering their container off.
 type kindCluster struct {
 	ns, name string
+	// controlPlane and workers are how many Machines of each the cluster has when whole.
+	controlPlane, workers int
 }
 
 var (
@@ -67,7 +69,8 @@ func sharedCluster(t *testing.T) kindCluster {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capr-kind-"}}
 		g.Expect(p.c.Create(ctx, ns)).To(Succeed())
 		installPowerFence(t, p, ns.Name)
-		name := p.createClusterOf(t, ns.Name, "kind", 3, 2, func(f func()) { afterAll = append(afterAll, f) })
+		const controlPlane, workers = 3, 2
+		name := p.createClusterOf(t, ns.Name, "kind", controlPlane, workers, func(f func()) { afterAll = append(afterAll, f) })
 		cp, w := p.healthChecks(ns.Name, name)
 		g.Expect(p.c.Create(ctx, cp)).To(Succeed())
 		w.Spec.Remediation.Fencing = &caprv1.FencingSpec{
@@ -77,7 +80,7 @@ func sharedCluster(t *testing.T) kindCluster {
 				APIVersion: "fencing.kind.capr.io/v1alpha1", Kind: "DockerPowerFenceTemplate", Name: powerFenceTemplate}}},
 		}
 		g.Expect(p.c.Create(ctx, w)).To(Succeed())
-		shared = kindCluster{ns: ns.Name, name: name}
+		shared = kindCluster{ns: ns.Name, name: name, controlPlane: controlPlane, workers: workers}
 		sharedErr = nil
 	})
 	if sharedErr != nil {
@@ -199,10 +202,12 @@ func (f *powerFencer) stop() {
 }
 
 // whole is the observer's judgement that the cluster is back at full strength without the victim:
-// cp voting etcd members, all healthy, no learner, none named after the victim's node; cp
-// control-plane and workers worker Nodes, all Ready, the victim's Node gone; the victim Machine gone.
+// c.controlPlane voting etcd members, all healthy, no learner, none named after the victim's node;
+// as many control-plane and c.workers worker Nodes, all Ready, the victim's Node gone; the victim
+// Machine gone.
 // With no victim ("") it is the state a fault may be injected in.
-func whole(g Gomega, p *kindPlatform, o *observer, c kindCluster, victimMachine, victimNode string, cpCount, workerCount int) {
+func whole(g Gomega, p *kindPlatform, o *observer, c kindCluster, victimMachine, victimNode string) {
+	cpCount, workerCount := c.controlPlane, c.workers
 	if victimMachine != "" {
 		err := p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victimMachine}, &clusterv1.Machine{})
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the victim Machine %s is still there (%v)", victimMachine, err)
@@ -336,7 +341,7 @@ func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, 
 	// readings independent of the victim.
 	o.avoidNode(node)
 	NewWithT(t).Eventually(func(g Gomega) {
-		whole(g, p, o, c, victim.Name, node, 3, 2)
+		whole(g, p, o, c, victim.Name, node)
 	}, p.remediationTimeout(), 5*time.Second).Should(Succeed())
 	r.SecondsToWhole = time.Since(fault).Seconds()
 }
@@ -386,7 +391,7 @@ func kubeletStopped(t *testing.T, leader bool, minMargin int) (string, summary) 
 	c := sharedCluster(t)
 	o := startObserver(p.c, c.ns, c.name)
 	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "", 3, 2) }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
 
 	cp, _ := machinesOf(g, c.ns, c.name)
 	g.Expect(cp).To(HaveLen(3))
@@ -419,7 +424,7 @@ func TestKindWorkerNodeStopped(t *testing.T) {
 	defer fencer.stop()
 	o := startObserver(p.c, c.ns, c.name)
 	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "", 3, 2) }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
 
 	_, workers := machinesOf(g, c.ns, c.name)
 	g.Expect(workers).To(HaveLen(2))
@@ -456,7 +461,7 @@ func TestKindReplacementThatNeverComesUp(t *testing.T) {
 	})
 	o := startObserver(p.c, c.ns, c.name)
 	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "", 3, 2) }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
 
 	cp, _ := machinesOf(g, c.ns, c.name)
 	v, _ := o.latest()
@@ -512,7 +517,7 @@ func TestKindReplacementThatNeverComesUp(t *testing.T) {
 
 	bootstrapBack()
 	restored = true
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, victim.Name, node, 3, 2) }, p.remediationTimeout(), 5*time.Second).Should(Succeed())
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, victim.Name, node) }, p.remediationTimeout(), 5*time.Second).Should(Succeed())
 	r.SecondsToWhole = time.Since(fault).Seconds()
 	s := o.summarize()
 	g.Expect(s.MinMargin).To(BeNumerically(">=", 0), "quorum was lost: %+v", s)
