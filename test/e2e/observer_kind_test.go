@@ -3,6 +3,7 @@
 package e2e_test
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -49,13 +50,18 @@ func readEtcd(cluster string, avoid map[string]bool) etcdView {
 		script := fmt.Sprintf(`c=$(crictl ps -q --name '^etcd$' --state running | head -1); [ -n "$c" ] || exit 3
 crictl exec "$c" etcdctl %[1]s member list -w json || exit 4; echo
 crictl exec "$c" etcdctl %[1]s endpoint health --cluster -w json; echo
-crictl exec "$c" etcdctl %[1]s endpoint status --cluster -w json; echo`, etcdctlFlags)
+crictl exec "$c" etcdctl %[1]s endpoint status --cluster -w json; echo
+crictl exec "$c" etcdctl %[1]s member list -w json; echo`, etcdctlFlags)
 		out, err := dockerOutput("exec", node, "timeout", "15", "sh", "-c", script)
 		if err != nil && out == "" {
 			v.Err = err.Error()
 			continue
 		}
 		parsed, err := kind.ParseEtcdctl(out)
+		if errors.Is(err, kind.ErrMembershipChanged) {
+			v.Err, v.Changing, v.From = err.Error(), true, node
+			return v
+		}
 		if err != nil {
 			v.Err = err.Error()
 			continue
@@ -204,7 +210,9 @@ type summary struct {
 	MinMargin             int     `json:"minMargin"`
 	SecondsAtMarginBelow1 float64 `json:"secondsAtMarginBelow1"`
 	// Unanswered counts readings no member answered (a lost quorum answers nothing).
-	Unanswered      int      `json:"unanswered"`
+	Unanswered int `json:"unanswered"`
+	// Changing counts readings left out because the membership changed between their reads.
+	Changing        int      `json:"changing,omitempty"`
 	Readings        int      `json:"readings"`
 	MachinesCreated []string `json:"machinesCreated"`
 }
@@ -214,6 +222,10 @@ func (o *observer) summarize() summary {
 	defer o.mu.Unlock()
 	s := summary{MinMargin: 99, Readings: len(o.views)}
 	for i, v := range o.views {
+		if v.Changing {
+			s.Changing++
+			continue
+		}
 		if !v.OK {
 			s.Unanswered++
 			continue

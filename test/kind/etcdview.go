@@ -25,7 +25,15 @@ type EtcdView struct {
 	Leader string
 	// From is the node whose member answered; Err why the last one asked did not.
 	From, Err string
+	// Changing: the member list read again after the health check differed from the first, so the
+	// counts would mix two memberships (a member removed between the two reads counts as a voter
+	// that failed its health check). Such a reading says nothing about the margin.
+	Changing bool
 }
+
+// ErrMembershipChanged is ParseEtcdctl's error when the member list read after the health check
+// differs from the one read before it.
+var ErrMembershipChanged = errors.New("the member list changed during the reading")
 
 // Margin is how many more voting members may fail before quorum is lost: the healthy voters less a
 // quorum of the voters.
@@ -38,8 +46,9 @@ type etcdMember struct {
 	IsLearner  bool     `json:"isLearner"`
 }
 
-// ParseEtcdctl reads the output of three etcdctl commands, each -w json, one document a line, blank
-// lines ignored: member list, endpoint health --cluster, and (optional) endpoint status --cluster.
+// ParseEtcdctl reads the output of etcdctl commands, each -w json, one document a line, blank lines
+// ignored: member list, endpoint health --cluster, then, each optional, endpoint status --cluster (an
+// array) and the member list again (an object), which must equal the first (ErrMembershipChanged).
 func ParseEtcdctl(out string) (EtcdView, error) {
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
@@ -71,13 +80,25 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 		healthy[h.Endpoint] = h.Health
 	}
 	var leaderID uint64
-	if len(lines) > 2 {
+	for _, line := range lines[2:] {
+		if strings.HasPrefix(strings.TrimSpace(line), "{") {
+			var again struct {
+				Members []etcdMember `json:"members"`
+			}
+			if err := json.Unmarshal([]byte(line), &again); err != nil {
+				return EtcdView{}, fmt.Errorf("member list read again: %w", err)
+			}
+			if !sameMembership(list.Members, again.Members) {
+				return EtcdView{}, ErrMembershipChanged
+			}
+			continue
+		}
 		var status []struct {
 			Status struct {
 				Leader uint64 `json:"leader"`
 			} `json:"Status"`
 		}
-		if err := json.Unmarshal([]byte(lines[2]), &status); err != nil {
+		if err := json.Unmarshal([]byte(line), &status); err != nil {
 			return EtcdView{}, fmt.Errorf("endpoint status: %w", err)
 		}
 		for _, st := range status {
@@ -106,4 +127,22 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 	}
 	sort.Strings(v.Names)
 	return v, nil
+}
+
+// sameMembership reports whether two member lists have the same members, each a voter or a learner
+// in both.
+func sameMembership(a, b []etcdMember) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	learner := map[uint64]bool{}
+	for _, m := range a {
+		learner[m.ID] = m.IsLearner
+	}
+	for _, m := range b {
+		if l, ok := learner[m.ID]; !ok || l != m.IsLearner {
+			return false
+		}
+	}
+	return true
 }

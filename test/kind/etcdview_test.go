@@ -1,6 +1,7 @@
 package kind
 
 import (
+	"strings"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -43,6 +44,17 @@ func TestParseEtcdctl(t *testing.T) {
 		out:    learnerList + "\n" + learnerHealth,
 		want:   EtcdView{OK: true, Voters: 3, Learners: 1, HealthyVoter: 3, Names: []string{"cp-a", "cp-b", "cp-c"}},
 		margin: 1,
+	}, {
+		name:   "the member list read again is the same",
+		out:    memberList + "\n" + health + "\n" + status + "\n" + memberList + "\n",
+		want:   EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c"},
+		margin: 0,
+	}, {
+		// A learner promoted (or a member removed) between the two reads: its health was read for a
+		// membership that no longer holds.
+		name: "the member list read again differs",
+		out:  learnerList + "\n" + learnerHealth + "\n" + strings.Replace(learnerList, `,"isLearner":true`, "", 1) + "\n",
+		err:  "the member list changed during the reading",
 	}, {
 		name: "no health answer",
 		out:  memberList + "\n",
