@@ -319,13 +319,13 @@ func markedAt(c client.Client, ns, machine string, stop <-chan struct{}) func() 
 	}
 }
 
-// faultUntilWhole injects the platform's fault in the victim's node and waits until the observer finds
-// the cluster whole again. The run is recorded when the test ends, whatever its outcome.
-func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, victim clusterv1.Machine, r *kindResult) {
+// recordRun starts the run of a fault about to be injected in victim: from now on the time to its
+// mark is measured, and when the test ends, whatever its outcome, the state is dumped on failure and
+// the run recorded with the observer's figures. It returns the fault's time.
+func recordRun(t *testing.T, p *kindPlatform, o *observer, c kindCluster, victim string, r *kindResult) time.Time {
 	t.Helper()
-	node := victim.Status.NodeRef.Name
 	stopMark := make(chan struct{})
-	marked := markedAt(p.c, c.ns, victim.Name, stopMark)
+	marked := markedAt(p.c, c.ns, victim, stopMark)
 	fault := time.Now()
 	t.Cleanup(func() {
 		close(stopMark)
@@ -336,6 +336,15 @@ func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, 
 		}
 		record(t, *r)
 	})
+	return fault
+}
+
+// faultUntilWhole injects the platform's fault in the victim's node and waits until the observer finds
+// the cluster whole again. The run is recorded when the test ends, whatever its outcome.
+func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, victim clusterv1.Machine, r *kindResult) {
+	t.Helper()
+	node := victim.Status.NodeRef.Name
+	fault := recordRun(t, p, o, c, victim.Name, r)
 	p.breakNode(t, c.ns, c.name, node)
 	// A stopped kubelet leaves the victim's etcd answering; asking only the others keeps the
 	// readings independent of the victim.
@@ -475,18 +484,7 @@ func TestKindReplacementThatNeverComesUp(t *testing.T) {
 	}
 	node := victim.Status.NodeRef.Name
 	r := &kindResult{Test: t.Name(), Fault: "control-plane node container stopped (docker stop), the kubeadm bootstrap provider stopped until the remediation ended", Victim: node}
-	stopMark := make(chan struct{})
-	marked := markedAt(p.c, c.ns, victim.Name, stopMark)
-	fault := time.Now()
-	t.Cleanup(func() {
-		close(stopMark)
-		p.dumpOnFailure(t, c.ns)
-		r.Observer = o.summarize()
-		if at, ok := marked(); ok {
-			r.SecondsToMark = at.Sub(fault).Seconds()
-		}
-		record(t, *r)
-	})
+	fault := recordRun(t, p, o, c, victim.Name, r)
 	scaleDeployment(t, p, "capi-kubeadm-bootstrap-system", "capi-kubeadm-bootstrap-controller-manager", 0)
 	bootstrapBack := func() {
 		scaleDeployment(t, p, "capi-kubeadm-bootstrap-system", "capi-kubeadm-bootstrap-controller-manager", 1)
