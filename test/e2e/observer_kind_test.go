@@ -212,8 +212,11 @@ type summary struct {
 	// Unanswered counts readings no member answered (a lost quorum answers nothing).
 	Unanswered int `json:"unanswered"`
 	// Changing counts readings left out because the membership changed between their reads.
-	Changing        int      `json:"changing,omitempty"`
-	Readings        int      `json:"readings"`
+	Changing int `json:"changing,omitempty"`
+	Readings int `json:"readings"`
+	// BelowOne describes every reading with a margin below 1: when, the counts, which member
+	// answered, and which voters failed the health check and why.
+	BelowOne        []string `json:"belowOne,omitempty"`
 	MachinesCreated []string `json:"machinesCreated"`
 }
 
@@ -233,9 +236,14 @@ func (o *observer) summarize() summary {
 		if m := v.Margin(); m < s.MinMargin {
 			s.MinMargin = m
 		}
-		if v.Margin() < 1 && i+1 < len(o.views) {
+		if v.Margin() >= 1 {
+			continue
+		}
+		if i+1 < len(o.views) {
 			s.SecondsAtMarginBelow1 += o.views[i+1].At.Sub(v.At).Seconds()
 		}
+		s.BelowOne = append(s.BelowOne, fmt.Sprintf("%s voters %v (%d healthy), %d learners, read from %s; unhealthy: %s",
+			v.At.UTC().Format("15:04:05"), v.Names, v.HealthyVoter, v.Learners, v.From, strings.Join(v.Unhealthy, "; ")))
 	}
 	for _, m := range o.created {
 		s.MachinesCreated = append(s.MachinesCreated, m.Name)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -21,6 +22,8 @@ type EtcdView struct {
 	Voters, Learners, HealthyVoter int
 	// Names are the voting members' names (kubeadm names a member after its node).
 	Names []string
+	// Unhealthy are the voters that failed the health check, each as "name: etcdctl's error".
+	Unhealthy []string
 	// Leader is the name of the member the answering members name as leader.
 	Leader string
 	// From is the node whose member answered; Err why the last one asked did not.
@@ -71,13 +74,14 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 	var health []struct {
 		Endpoint string `json:"endpoint"`
 		Health   bool   `json:"health"`
+		Error    string `json:"error"`
 	}
 	if err := json.Unmarshal([]byte(lines[1]), &health); err != nil {
 		return EtcdView{}, fmt.Errorf("endpoint health: %w", err)
 	}
-	healthy := map[string]bool{}
+	healthy, why := map[string]bool{}, map[string]string{}
 	for _, h := range health {
-		healthy[h.Endpoint] = h.Health
+		healthy[h.Endpoint], why[h.Endpoint] = h.Health, h.Error
 	}
 	var leaderID uint64
 	for _, line := range lines[2:] {
@@ -118,14 +122,20 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 		}
 		v.Voters++
 		v.Names = append(v.Names, m.Name)
+		if slices.ContainsFunc(m.ClientURLs, func(u string) bool { return healthy[u] }) {
+			v.HealthyVoter++
+			continue
+		}
+		reason := "no health answer"
 		for _, u := range m.ClientURLs {
-			if healthy[u] {
-				v.HealthyVoter++
-				break
+			if why[u] != "" {
+				reason = why[u]
 			}
 		}
+		v.Unhealthy = append(v.Unhealthy, m.Name+": "+reason)
 	}
 	sort.Strings(v.Names)
+	sort.Strings(v.Unhealthy)
 	return v, nil
 }
 

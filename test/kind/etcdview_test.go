@@ -35,9 +35,10 @@ func TestParseEtcdctl(t *testing.T) {
 		margin    int
 		err       string
 	}{{
-		name:   "one voter of three unhealthy, blank lines between the answers",
-		out:    memberList + "\n\n" + health + "\n\n" + status + "\n",
-		want:   EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c"},
+		name: "one voter of three unhealthy, blank lines between the answers",
+		out:  memberList + "\n\n" + health + "\n\n" + status + "\n",
+		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
+			Unhealthy: []string{"cp-b: context deadline exceeded"}},
 		margin: 0,
 	}, {
 		name:   "a learner is not a voter; without the status there is no leader",
@@ -45,9 +46,10 @@ func TestParseEtcdctl(t *testing.T) {
 		want:   EtcdView{OK: true, Voters: 3, Learners: 1, HealthyVoter: 3, Names: []string{"cp-a", "cp-b", "cp-c"}},
 		margin: 1,
 	}, {
-		name:   "the member list read again is the same",
-		out:    memberList + "\n" + health + "\n" + status + "\n" + memberList + "\n",
-		want:   EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c"},
+		name: "the member list read again is the same",
+		out:  memberList + "\n" + health + "\n" + status + "\n" + memberList + "\n",
+		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
+			Unhealthy: []string{"cp-b: context deadline exceeded"}},
 		margin: 0,
 	}, {
 		// A learner promoted (or a member removed) between the two reads: its health was read for a

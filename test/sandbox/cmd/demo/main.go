@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -135,11 +134,14 @@ func main() {
 		fmt.Fprintf(os.Stderr, "unknown scenario %q; choose one of: %s\n", *name, strings.Join(scenarioNames(), ", "))
 		os.Exit(2)
 	}
-	// The demo prints its own timeline; controller logs go to stderr only with --verbose.
+	// The demo prints its own timeline; controller logs go to stderr only with --verbose. Without
+	// it, their last lines are kept and printed if the demo fails, so that a failure that cannot be
+	// reproduced still says what the controllers did.
+	logTail := &tail{max: 300}
 	if *verbose {
 		ctrl.SetLogger(zap.New(zap.Level(zapcore.InfoLevel)))
 	} else {
-		ctrl.SetLogger(logr.Discard())
+		ctrl.SetLogger(zap.New(zap.Level(zapcore.InfoLevel), zap.WriteTo(logTail)))
 	}
 	// Interrupted, the demo returns through its deferred stops (nothing it started keeps running).
 	base, stop := sandbox.InterruptContext()
@@ -157,8 +159,39 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
+		if !*verbose {
+			fmt.Fprintf(os.Stderr, "the controllers' last %d log lines:\n%s", logTail.max, logTail)
+		}
 		os.Exit(1)
 	}
+}
+
+// tail keeps the last max lines written to it.
+type tail struct {
+	max   int
+	mu    sync.Mutex
+	lines []string
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, l := range strings.SplitAfter(string(p), "\n") {
+		if l == "" {
+			continue
+		}
+		t.lines = append(t.lines, l)
+	}
+	if over := len(t.lines) - t.max; over > 0 {
+		t.lines = append(t.lines[:0], t.lines[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.Join(t.lines, "")
 }
 
 func scenarioNames() []string {
@@ -297,6 +330,7 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 	for {
 		select {
 		case <-ctx.Done():
+			d.explain(victims)
 			return fmt.Errorf("timed out waiting for the remediation")
 		case <-time.After(100 * time.Millisecond):
 		}
@@ -389,6 +423,40 @@ func (d *demo) follow(ctx context.Context, sc scenario, victims []string, faultA
 			d.table(ctx)
 			d.summary(faultAt, marked)
 			return nil
+		}
+	}
+}
+
+// explain prints what the health checks, the victims and their requests say, when the demo gives up.
+func (d *demo) explain(victims []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conds := func(cs []metav1.Condition) string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, fmt.Sprintf("%s=%s %s %q", c.Type, c.Status, c.Reason, c.Message))
+		}
+		return strings.Join(out, "; ")
+	}
+	checks := &caprv1.MachineHealthCheckList{}
+	if err := d.sb.Client.List(ctx, checks, client.InNamespace(d.wc.Namespace)); err != nil {
+		d.say("listing the health checks: %v", err)
+	}
+	for _, c := range checks.Items {
+		d.say("health check %s: %s", c.Name, conds(c.Status.Conditions))
+	}
+	for _, v := range victims {
+		m := &clusterv1.Machine{}
+		if err := d.sb.Client.Get(ctx, client.ObjectKey{Namespace: d.wc.Namespace, Name: v}, m); err != nil {
+			d.say("Machine %s: %v", v, err)
+		} else {
+			d.say("Machine %s (deleting: %t): %s", v, !m.DeletionTimestamp.IsZero(), conds(m.Status.Conditions))
+		}
+		mr := &caprv1.MachineRemediation{}
+		if err := d.sb.Client.Get(ctx, client.ObjectKey{Namespace: d.wc.Namespace, Name: v}, mr); err != nil {
+			d.say("MachineRemediation %s: %v", v, err)
+		} else {
+			d.say("MachineRemediation %s, phase %q: %s", v, mr.Status.Phase, conds(mr.Status.Conditions))
 		}
 	}
 }
