@@ -2,6 +2,7 @@ package etcdutil
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -13,11 +14,35 @@ import (
 // tunnel) per member instead of dialling N+1 times every check. A client whose call failed is closed
 // and dropped (SharedConnector.Discard); a client not used for a while is closed by Sweep; a scope's
 // clients are closed by Forget and Retain. The zero value is ready to use.
+//
+// It also remembers a node whose last dial failed. A black-holed node (powered off, or a
+// port-forward that accepts and never answers) costs its whole dial timeout, 10 s by default, and
+// every health check and remediation of the cluster would pay it on every inspection, holding a
+// worker shared with every other tenant for that long. A node whose last dial failed is dialled
+// again in the background, one dial at a time whoever asks, and a caller waits for that dial at most
+// retryGrace: a node that answers again is reached at once, one that still does not costs a second,
+// and the remembered failure is the answer.
 type ClientCache struct {
 	mu      sync.Mutex
 	entries map[clientKey]*cachedClient
+	// dialing is the dial in progress per node; failed is the error of its last dial, when it failed.
+	dialing map[clientKey]*pendingDial
+	failed  map[clientKey]error
 	// now is time.Now, replaceable in tests.
 	now func() time.Time
+}
+
+// retryGrace is how long a caller waits for the dial of a node whose last dial failed.
+const retryGrace = time.Second
+
+// maxDial bounds a dial run in the background, beyond the Connector's own dial timeout.
+const maxDial = 5 * time.Minute
+
+type pendingDial struct {
+	done       chan struct{}
+	generation any
+	cli        *clientv3.Client
+	err        error
 }
 
 type clientKey struct {
@@ -50,6 +75,7 @@ func (cc *ClientCache) For(scope string, generation any, inner Connector) Shared
 // Forget closes and drops every client of scope (its cluster is gone).
 func (cc *ClientCache) Forget(scope string) {
 	cc.drop(func(k clientKey, _ *cachedClient) bool { return k.scope == scope })
+	cc.forgetFailures(func(k clientKey) bool { return k.scope == scope })
 }
 
 // Retain closes and drops the clients of scope whose node is not in nodes (their Machines are gone).
@@ -59,6 +85,18 @@ func (cc *ClientCache) Retain(scope string, nodes []string) {
 		keep[n] = true
 	}
 	cc.drop(func(k clientKey, _ *cachedClient) bool { return k.scope == scope && !keep[k.node] })
+	cc.forgetFailures(func(k clientKey) bool { return k.scope == scope && !keep[k.node] })
+}
+
+// forgetFailures drops the remembered dial failures of the nodes that match.
+func (cc *ClientCache) forgetFailures(match func(clientKey) bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	for k := range cc.failed {
+		if match(k) {
+			delete(cc.failed, k)
+		}
+	}
 }
 
 // Sweep closes and drops the clients not used for idle.
@@ -99,7 +137,9 @@ type cachedConnector struct {
 	inner      Connector
 }
 
-// Connect implements Connector: the cached client of the node, or a new one (then cached).
+// Connect implements Connector: the cached client of the node, or a new one (then cached). The dial
+// runs in the background, shared by every caller of the node; a caller waits for it until ctx ends,
+// or at most retryGrace when the node's last dial failed (then that failure is returned).
 func (c *cachedConnector) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
 	key := clientKey{scope: c.scope, node: node}
 	cc := c.cache
@@ -113,25 +153,77 @@ func (c *cachedConnector) Connect(ctx context.Context, node string) (*clientv3.C
 		delete(cc.entries, key)
 		defer func() { _ = e.cli.Close() }()
 	}
+	p, ok := cc.dialing[key]
+	if !ok || p.generation != c.generation {
+		p = c.dial(ctx, key)
+	}
+	lastErr := cc.failed[key]
 	cc.mu.Unlock()
 
-	cli, err := c.inner.Connect(ctx, node)
-	if err != nil {
-		return nil, err
+	wait := ctx.Done()
+	if lastErr != nil {
+		grace, cancel := context.WithTimeout(ctx, retryGrace)
+		defer cancel()
+		wait = grace.Done()
 	}
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	if e, ok := cc.entries[key]; ok && e.generation == c.generation {
-		// Dialled concurrently by another caller: keep one.
-		_ = cli.Close()
-		e.lastUsed = cc.clock()
-		return e.cli, nil
+	select {
+	case <-p.done:
+		if p.err != nil {
+			return nil, p.err
+		}
+		return p.cli, nil
+	case <-wait:
+		if lastErr != nil {
+			return nil, fmt.Errorf("%w (its last dial failed; dialling again in the background)", lastErr)
+		}
+		return nil, context.Cause(ctx)
 	}
-	if cc.entries == nil {
-		cc.entries = map[clientKey]*cachedClient{}
+}
+
+// dial starts the background dial of key, with ctx's values but not its end (bounded by maxDial and
+// the inner Connector's dial timeout). Called with cc.mu held.
+func (c *cachedConnector) dial(ctx context.Context, key clientKey) *pendingDial {
+	cc := c.cache
+	p := &pendingDial{done: make(chan struct{}), generation: c.generation}
+	if cc.dialing == nil {
+		cc.dialing = map[clientKey]*pendingDial{}
 	}
-	cc.entries[key] = &cachedClient{cli: cli, generation: c.generation, lastUsed: cc.clock()}
-	return cli, nil
+	cc.dialing[key] = p
+	go func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxDial)
+		defer cancel()
+		cli, err := c.inner.Connect(dctx, key.node)
+		cc.mu.Lock()
+		if cc.dialing[key] == p {
+			delete(cc.dialing, key)
+		}
+		switch e, cached := cc.entries[key]; {
+		case err != nil:
+			if cc.failed == nil {
+				cc.failed = map[clientKey]error{}
+			}
+			cc.failed[key] = err
+		case cached && e.generation == c.generation:
+			// Connected otherwise meanwhile (a replaced generation's dial raced): keep one.
+			_ = cli.Close()
+			cli = e.cli
+			delete(cc.failed, key)
+		default:
+			if cached {
+				// A client of another generation, dialled by a caller of that generation meanwhile.
+				_ = e.cli.Close()
+			}
+			if cc.entries == nil {
+				cc.entries = map[clientKey]*cachedClient{}
+			}
+			cc.entries[key] = &cachedClient{cli: cli, generation: c.generation, lastUsed: cc.clock()}
+			delete(cc.failed, key)
+		}
+		p.cli, p.err = cli, err
+		cc.mu.Unlock()
+		close(p.done)
+	}()
+	return p
 }
 
 // Metrics implements MetricsConnector through the inner Connector. Nothing is cached: metrics are

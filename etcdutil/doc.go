@@ -5,7 +5,8 @@
 // to the etcd-<node> pod (CAPI's controlplane/kubeadm/pkg/proxy dialer) with a client certificate
 // signed by the CA in secret <cluster>-etcd, or direct endpoints for external etcd and tests. The
 // etcd client dials in the background and logs through etcd's own zap configuration at error level.
-// clientcache.go shares connected clients per cluster and node (workload.go wires it per Cluster,
+// clientcache.go shares connected clients per cluster and node, and dials a node whose last dial
+// failed again in the background instead of making every caller wait (workload.go wires it per Cluster,
 // reads the CA secret at most once a minute, and forgets idle clusters). cluster.go has the
 // membership operations: Inspect dials and asks every member in parallel, each once, within one
 // deadline, and reports whether a linearizable read proved quorum (State.QuorumProven) or the list

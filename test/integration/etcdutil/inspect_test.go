@@ -2,6 +2,7 @@ package etcdutil_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -143,6 +144,84 @@ func TestClientCacheSharesClients(t *testing.T) {
 		g.Expect(state.ByName("n3").Problem).To(HavePrefix("unreachable"))
 	}, 20*time.Second, 200*time.Millisecond).Should(Succeed())
 	g.Expect(cache.Len()).To(Equal(2), "the dead member's client is not kept")
+}
+
+// gatedNode fails the first dial of node at once, as the dial of a black-holed node (powered off, or
+// a port-forward that accepts and never answers) fails at its timeout; every later dial of it waits
+// for release or for its context to end, then dials for real.
+type gatedNode struct {
+	etcdutil.Connector
+	node    string
+	release chan struct{}
+	mu      sync.Mutex
+	dials   int
+}
+
+func (gn *gatedNode) Connect(ctx context.Context, node string) (*clientv3.Client, error) {
+	if node != gn.node {
+		return gn.Connector.Connect(ctx, node)
+	}
+	gn.mu.Lock()
+	gn.dials++
+	first := gn.dials == 1
+	gn.mu.Unlock()
+	if first {
+		return nil, errors.New("etcd dial timeout expired")
+	}
+	select {
+	case <-gn.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return gn.Connector.Connect(ctx, node)
+}
+
+func (gn *gatedNode) dialCount() int {
+	gn.mu.Lock()
+	defer gn.mu.Unlock()
+	return gn.dials
+}
+
+// TestClientCacheDoesNotWaitAgainForANodeWhoseDialFailed: a black-holed node costs its whole dial
+// timeout, and every health check and remediation of the cluster paid it again on every inspection,
+// each holding a worker that all tenants share. Once a node's dial has failed, an inspection waits
+// for its next dial only briefly and answers with the remembered failure; that dial goes on in the
+// background, one at a time however many inspections ask, and once it connects the member is
+// reached again. Before, the second Inspect below waited for the dial until its 10-minute deadline.
+func TestClientCacheDoesNotWaitAgainForANodeWhoseDialFailed(t *testing.T) {
+	g := NewWithT(t)
+	c := startCluster(t, "n1", "n2", "n3")
+	gate := &gatedNode{Connector: c.Direct(), node: "n3", release: make(chan struct{})}
+	cache := &etcdutil.ClientCache{}
+	ec := &etcdutil.Cluster{Connector: cache.For("cluster-a", 1, gate), CallTimeout: 2 * time.Second, InspectTimeout: 10 * time.Minute}
+	inspect := func() <-chan *etcdutil.State {
+		done := make(chan *etcdutil.State, 1)
+		go func() {
+			state, err := ec.Inspect(context.Background(), []string{"n1", "n2", "n3"})
+			if err != nil {
+				t.Errorf("Inspect: %v", err)
+			}
+			done <- state
+		}()
+		return done
+	}
+	unreachable := etcdutil.Counts{Voting: 3, Healthy: 2, Unreachable: 1, QuorumProven: true}
+
+	var state *etcdutil.State
+	g.Eventually(inspect(), time.Minute).Should(Receive(&state))
+	g.Expect(state.Counts()).To(Equal(unreachable), "the first dial failed")
+
+	for range 2 {
+		g.Eventually(inspect(), time.Minute).Should(Receive(&state), "Inspect waited again for the dial of a node whose dial failed")
+		g.Expect(state.Counts()).To(Equal(unreachable))
+	}
+	g.Expect(gate.dialCount()).To(Equal(2), "one dial in the background, shared by the inspections that asked")
+
+	close(gate.release)
+	g.Eventually(func(g Gomega) {
+		g.Eventually(inspect(), time.Minute).Should(Receive(&state))
+		g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 3, QuorumProven: true}))
+	}, time.Minute, 200*time.Millisecond).Should(Succeed(), "the member is reached once its node answers again")
 }
 
 // hangingNode is a node whose dial answers only when its context ends, as the node of a member that

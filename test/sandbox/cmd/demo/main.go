@@ -432,7 +432,7 @@ func (d *demo) explain(victims []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conds := func(cs []metav1.Condition) string {
-		var out []string
+		out := make([]string, 0, len(cs))
 		for _, c := range cs {
 			out = append(out, fmt.Sprintf("%s=%s %s %q", c.Type, c.Status, c.Reason, c.Message))
 		}
