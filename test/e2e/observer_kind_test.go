@@ -62,11 +62,14 @@ crictl exec "$c" etcdctl %[1]s member list -w json; echo`, etcdctlFlags)
 			v.Err, v.Changing, v.From = err.Error(), true, node
 			return v
 		}
+		if errors.Is(err, kind.ErrMembershipUnconfirmed) {
+			v.Unconfirmed = true
+		}
 		if err != nil {
 			v.Err = err.Error()
 			continue
 		}
-		parsed.At, parsed.From = v.At, node
+		parsed.At, parsed.From, parsed.Unconfirmed = v.At, node, v.Unconfirmed
 		return parsed
 	}
 	return v
@@ -213,7 +216,10 @@ type summary struct {
 	Unanswered int `json:"unanswered"`
 	// Changing counts readings left out because the membership changed between their reads.
 	Changing int `json:"changing,omitempty"`
-	Readings int `json:"readings"`
+	// Unconfirmed counts readings in which some member's answer was refused for not reading the
+	// member list again after the health check (another member may have answered).
+	Unconfirmed int `json:"unconfirmed,omitempty"`
+	Readings    int `json:"readings"`
 	// BelowOne describes every reading with a margin below 1: when, the counts, which member
 	// answered, and which voters failed the health check and why.
 	BelowOne        []string `json:"belowOne,omitempty"`
@@ -225,6 +231,9 @@ func (o *observer) summarize() summary {
 	defer o.mu.Unlock()
 	s := summary{MinMargin: 99, Readings: len(o.views)}
 	for i, v := range o.views {
+		if v.Unconfirmed {
+			s.Unconfirmed++
+		}
 		if v.Changing {
 			s.Changing++
 			continue

@@ -32,11 +32,18 @@ type EtcdView struct {
 	// counts would mix two memberships (a member removed between the two reads counts as a voter
 	// that failed its health check). Such a reading says nothing about the margin.
 	Changing bool
+	// Unconfirmed: a member's answer was refused because it did not read the member list again
+	// (ErrMembershipUnconfirmed); the counts, if any, are another member's.
+	Unconfirmed bool
 }
 
 // ErrMembershipChanged is ParseEtcdctl's error when the member list read after the health check
 // differs from the one read before it.
 var ErrMembershipChanged = errors.New("the member list changed during the reading")
+
+// ErrMembershipUnconfirmed is ParseEtcdctl's error when the member list was not read again after the
+// health check.
+var ErrMembershipUnconfirmed = errors.New("the member list was not read again after the health check")
 
 // Margin is how many more voting members may fail before quorum is lost: the healthy voters less a
 // quorum of the voters.
@@ -50,8 +57,11 @@ type etcdMember struct {
 }
 
 // ParseEtcdctl reads the output of etcdctl commands, each -w json, one document a line, blank lines
-// ignored: member list, endpoint health --cluster, then, each optional, endpoint status --cluster (an
-// array) and the member list again (an object), which must equal the first (ErrMembershipChanged).
+// ignored: member list, endpoint health --cluster, endpoint status --cluster (an array; optional),
+// and the member list again (an object), which must equal the first (ErrMembershipChanged). Without
+// that second list the reading is refused (ErrMembershipUnconfirmed): the counts could mix two
+// memberships, e.g. a member removed during the health check that the answering member no longer
+// serves a linearizable list for, or a script cut short by its timeout.
 func ParseEtcdctl(out string) (EtcdView, error) {
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
@@ -84,6 +94,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 		healthy[h.Endpoint], why[h.Endpoint] = h.Health, h.Error
 	}
 	var leaderID uint64
+	confirmed := false
 	for _, line := range lines[2:] {
 		if strings.HasPrefix(strings.TrimSpace(line), "{") {
 			var again struct {
@@ -95,6 +106,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 			if !sameMembership(list.Members, again.Members) {
 				return EtcdView{}, ErrMembershipChanged
 			}
+			confirmed = true
 			continue
 		}
 		var status []struct {
@@ -110,6 +122,9 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 				leaderID = st.Status.Leader
 			}
 		}
+	}
+	if !confirmed {
+		return EtcdView{}, ErrMembershipUnconfirmed
 	}
 	v := EtcdView{OK: true}
 	for _, m := range list.Members {

@@ -36,13 +36,13 @@ func TestParseEtcdctl(t *testing.T) {
 		err       string
 	}{{
 		name: "one voter of three unhealthy, blank lines between the answers",
-		out:  memberList + "\n\n" + health + "\n\n" + status + "\n",
+		out:  memberList + "\n\n" + health + "\n\n" + status + "\n\n" + memberList + "\n",
 		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
 			Unhealthy: []string{"cp-b: context deadline exceeded"}},
 		margin: 0,
 	}, {
 		name:   "a learner is not a voter; without the status there is no leader",
-		out:    learnerList + "\n" + learnerHealth,
+		out:    learnerList + "\n" + learnerHealth + "\n" + learnerList,
 		want:   EtcdView{OK: true, Voters: 3, Learners: 1, HealthyVoter: 3, Names: []string{"cp-a", "cp-b", "cp-c"}},
 		margin: 1,
 	}, {
@@ -57,6 +57,12 @@ func TestParseEtcdctl(t *testing.T) {
 		name: "the member list read again differs",
 		out:  learnerList + "\n" + learnerHealth + "\n" + strings.Replace(learnerList, `,"isLearner":true`, "", 1) + "\n",
 		err:  "the member list changed during the reading",
+	}, {
+		// The answering member could not serve the list again (it was removed meanwhile), or the
+		// script was cut short: the health read may belong to another membership.
+		name: "the member list is not read again",
+		out:  memberList + "\n" + health + "\n" + status + "\n",
+		err:  "the member list was not read again after the health check",
 	}, {
 		name: "no health answer",
 		out:  memberList + "\n",
