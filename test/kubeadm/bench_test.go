@@ -15,6 +15,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/builder"
 	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/kubeadm"
 	"github.com/capr-io/capr/test/sandbox"
@@ -159,7 +160,7 @@ func kcpStepLatencyRun(b *testing.B, f kcpBenchFault, run int) map[string]time.D
 		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "step %s: %v", mr.Status.CurrentStep, mr.Status.Conditions)
 		succeeded = time.Now()
 		g.Expect(mr.Status.ControlPlane.Order).To(Equal(f.order), mr.Status.ControlPlane.OrderReason)
-		g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(f.order)))
+		g.Expect(kubeadm.StepNames(mr)).To(Equal(builder.Steps[f.order]))
 	}, 10*time.Minute, 100*time.Millisecond).Should(Succeed())
 	b.StopTimer()
 	g.Eventually(func() bool {
@@ -173,7 +174,7 @@ func kcpStepLatencyRun(b *testing.B, f kcpBenchFault, run int) map[string]time.D
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	g.Expect(st.requested.IsZero() || st.replacementUp.IsZero()).To(BeFalse(), "requested %v, replacement up %v", st.requested, st.replacementUp)
-	steps := controlplane.StepsFor(f.order)
+	steps := builder.Steps[f.order]
 	for _, s := range steps {
 		g.Expect(st.issued).To(HaveKey(s), "step %s never started", s)
 		g.Expect(st.done).To(HaveKey(s), "step %s never seen done", s)

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/builder"
 	"github.com/capr-io/capr/test/kubeadm"
 	"github.com/capr-io/capr/test/sandbox"
 )
@@ -35,7 +35,7 @@ func TestKCPNodeNotReadyMemberHealthyCreatesOneMachine(t *testing.T) {
 	g.Expect(mr.Status.ControlPlane.Surge).To(Equal(int32(2)))
 	g.Expect(mr.Status.ControlPlane.Replacements).To(Equal(int32(1)), mr.Status.ControlPlane.SurgeReason)
 	g.Expect(res.Created).To(ConsistOf(mr.Status.ControlPlane.Replacement), "control-plane Machines created")
-	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
+	g.Expect(kubeadm.StepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderScaleUpFirst]))
 }
 
 // TestKCPSingleMachineIsReplaced: a control plane of one Machine (issue 33 item 4), which KCP's own
@@ -61,7 +61,7 @@ func TestKCPSingleMachineIsReplaced(t *testing.T) {
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
 	g.Expect(mr.Status.ControlPlane.Replacements).To(Equal(int32(1)), mr.Status.ControlPlane.SurgeReason)
 	g.Expect(res.Created).To(ConsistOf(mr.Status.ControlPlane.Replacement), "control-plane Machines created")
-	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
+	g.Expect(kubeadm.StepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderScaleUpFirst]))
 }
 
 // TestKCPExternalEtcdSurgesByOne: the cluster's etcd runs outside the control-plane Machines (KCP's
@@ -165,7 +165,7 @@ func TestKCPAlarmedMemberLeavesDuringItsDeletion(t *testing.T) {
 	mr := res.Remediations[victim]
 	cps := mr.Status.ControlPlane
 	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), cps.OrderReason)
-	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval)))
+	g.Expect(kubeadm.StepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval]))
 	g.Expect(mr.Status.Steps).To(ContainElement(And(HaveField("Name", caprv1.StepRemoveMember),
 		HaveField("Message", ContainSubstring("the victim's member is not in the member list")))), "KCP's hook removed the member while CAPR was stopped")
 	g.Expect(res.Created).To(HaveLen(1), "control-plane Machines created")

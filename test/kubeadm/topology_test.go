@@ -27,6 +27,7 @@ import (
 	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/test/builder"
 	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/kubeadm"
 	"github.com/capr-io/capr/test/sandbox"
@@ -62,7 +63,7 @@ func TestTopologyNodeNotReadyMemberHealthySurgesThroughCluster(t *testing.T) {
 	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), cps.OrderReason)
 	g.Expect(cps.Surge).To(Equal(int32(2)))
 	g.Expect(cps.ReplicasField).To(Equal(caprv1.ReplicasFieldClusterTopology))
-	g.Expect(kubeadm.StepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
+	g.Expect(kubeadm.StepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderScaleUpFirst]))
 	g.Expect(mr.Status.Steps[0].Message).To(ContainSubstring("Cluster wc spec.topology.controlPlane replicas 3 → 5, applied by field manager " + controlplane.TopologyFieldManager))
 	g.Expect(values["Cluster"]).To(Equal([]int32{3, 5, 3}), "Cluster spec.topology.controlPlane.replicas over time")
 	g.Expect(values["KubeadmControlPlane"]).To(Equal([]int32{3, 5, 3}), "KCP spec.replicas over time")

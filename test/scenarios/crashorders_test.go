@@ -15,6 +15,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/builder"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
@@ -77,7 +78,7 @@ func crashVariantsFromEnv(t *testing.T) (variants []crashVariant, all bool) {
 // among those with that many boundaries (or, CRASH_ORDERS=all, in each of them).
 func crashPointsFor(t *testing.T, rng *rand.Rand) []crashPoint {
 	variants, all := crashVariantsFromEnv(t)
-	boundaries := func(v crashVariant) int64 { return int64(2 * len(controlplane.StepsFor(v.order))) }
+	boundaries := func(v crashVariant) int64 { return int64(2 * len(builder.Steps[v.order])) }
 	most := int64(0)
 	for _, v := range variants {
 		most = max(most, boundaries(v))

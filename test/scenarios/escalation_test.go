@@ -18,6 +18,7 @@ import (
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
+	"github.com/capr-io/capr/test/builder"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
@@ -157,7 +158,7 @@ func TestControlPlaneRebootThatDoesNotHelpIsFollowedByReplacement(t *testing.T) 
 	g.Expect(mr.Annotations).NotTo(HaveKey(clusterctlv1.BlockMoveAnnotation), "a finished remediation blocks no move")
 	_, lost := watch.Stop()
 	g.Expect(lost).To(BeEmpty(), "etcd lost quorum during the remediation")
-	g.Expect(stepNames(mr)).To(Equal(append([]caprv1.StepName{caprv1.EscalationStepName(0)}, controlplane.StepsFor(mr.Status.ControlPlane.Order)...)))
+	g.Expect(stepNames(mr)).To(Equal(append([]caprv1.StepName{caprv1.EscalationStepName(0)}, builder.Steps[mr.Status.ControlPlane.Order]...)))
 	g.Expect(stepOutcome(mr, caprv1.EscalationStepName(0))).To(Equal(caprv1.StepOutcomeFailed))
 	g.Expect(mr.Status.Steps[0].FinishTime.Time).To(BeTemporally(">=", mr.Status.Steps[0].StartTime.Add(escalationTimeout(escalationSeconds))))
 	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventOrderReplanned)).To(Equal(1))

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
-	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/builder"
 )
 
 // TestNodeNotReadyMemberHealthyScalesUpFirst: the Node stops reporting but its etcd member is
@@ -32,7 +32,7 @@ func TestNodeNotReadyMemberHealthyScalesUpFirst(t *testing.T) {
 	g.Expect(samples).To(BeNumerically(">", 10))
 	g.Expect(lost).To(BeEmpty(), "etcd lost quorum during the remediation")
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst))
-	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
+	g.Expect(stepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderScaleUpFirst]))
 	g.Expect(mr.Status.ControlPlane.Replacement).NotTo(BeEmpty())
 	g.Expect(memberNames(g, wc)).NotTo(ContainElement(victim.Status.NodeRef.Name))
 	g.Expect(memberNames(g, wc)).To(ContainElement(mr.Status.ControlPlane.Replacement))
@@ -62,7 +62,7 @@ func TestDeadMemberRemovesFirst(t *testing.T) {
 	g.Expect(mr.Spec.Reason).To(Equal(caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason))
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderRemoveMemberFirst))
 	g.Expect(mr.Status.ControlPlane.OrderReason).To(ContainSubstring("not quorum-safe"))
-	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderRemoveMemberFirst)))
+	g.Expect(stepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderRemoveMemberFirst]))
 	g.Expect(stepOutcome(mr, caprv1.StepMoveLeader)).To(Equal(caprv1.StepOutcomeSkipped))
 	check()
 }

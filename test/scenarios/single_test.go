@@ -10,7 +10,7 @@ import (
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
-	"github.com/capr-io/capr/remediation/controlplane"
+	"github.com/capr-io/capr/test/builder"
 	"github.com/capr-io/capr/test/sandbox"
 )
 
@@ -59,7 +59,7 @@ func TestSingleControlPlaneMemberHealthyIsReplaced(t *testing.T) {
 	g.Expect(minMargin).To(BeNumerically(">=", 0), "fewer running voters than a quorum at %s", when)
 	g.Expect(running.Stop()).To(BeEmpty())
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
-	g.Expect(stepNames(mr)).To(Equal(controlplane.StepsFor(caprv1.ControlPlaneOrderScaleUpFirst)))
+	g.Expect(stepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderScaleUpFirst]))
 	var fence, del *caprv1.RemediationStep
 	for i := range mr.Status.Steps {
 		switch mr.Status.Steps[i].Name {
