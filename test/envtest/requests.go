@@ -2,7 +2,9 @@ package envtest
 
 import (
 	"net/http"
+	"slices"
 	"sync"
+	"time"
 )
 
 // RequestCounter counts, at a client's transport (rest.Config.Wrap(c.Wrap)), the requests by method
@@ -12,11 +14,13 @@ import (
 type RequestCounter struct {
 	mu               sync.Mutex
 	counts, notFound map[string]int
+	// answered is when each request's response came back, by method and path.
+	answered map[string][]time.Time
 }
 
 // NewRequestCounter returns a counter with nothing counted.
 func NewRequestCounter() *RequestCounter {
-	return &RequestCounter{counts: map[string]int{}, notFound: map[string]int{}}
+	return &RequestCounter{counts: map[string]int{}, notFound: map[string]int{}, answered: map[string][]time.Time{}}
 }
 
 // Wrap is a rest.Config WrapTransport that counts every request.
@@ -27,6 +31,7 @@ func (c *RequestCounter) Wrap(rt http.RoundTripper) http.RoundTripper {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.counts[key]++
+		c.answered[key] = append(c.answered[key], time.Now())
 		if err == nil && resp.StatusCode == http.StatusNotFound {
 			c.notFound[key]++
 		}
@@ -39,6 +44,14 @@ func (c *RequestCounter) Of(method, path string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.counts[method+" "+path]
+}
+
+// AnsweredAt returns when the responses to the requests of the method to the path came back, oldest
+// first.
+func (c *RequestCounter) AnsweredAt(method, path string) []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.answered[method+" "+path])
 }
 
 // WritesTo returns how many writes (PATCH or PUT) were sent to the object at path and to its status.
