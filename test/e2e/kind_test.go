@@ -260,17 +260,25 @@ type kindResult struct {
 	Notes           []string `json:"notes,omitempty"`
 }
 
+// startCommit is the commit of the tree when the test binary started, "+dirty" when it had changes
+// outside the results: go test built the binary from it, and make kind-up CAPR's image just before.
+// Read at the end of a run it could name a commit made during the run.
+var startCommit = func() string {
+	commit, _ := exec.Command("git", "-C", repoRoot(), "rev-parse", "--short", "HEAD").Output()
+	c := strings.TrimSpace(string(commit))
+	if dirty, _ := exec.Command("git", "-C", repoRoot(), "status", "--porcelain", "--", ".", ":!test/e2e/results").Output(); len(dirty) > 0 {
+		c += "+dirty"
+	}
+	return c
+}()
+
 // record appends r to the results file, whatever the test's outcome: every run is reported.
 func record(t *testing.T, r kindResult) {
 	path := os.Getenv("E2E_KIND_RESULTS")
 	if path == "" {
 		return
 	}
-	commit, _ := exec.Command("git", "-C", repoRoot(), "rev-parse", "--short", "HEAD").Output()
-	r.Commit = strings.TrimSpace(string(commit))
-	if dirty, _ := exec.Command("git", "-C", repoRoot(), "status", "--porcelain", "--", ".", ":!test/e2e/results").Output(); len(dirty) > 0 {
-		r.Commit += "+dirty"
-	}
+	r.Commit = startCommit
 	r.Date = time.Now().UTC().Format(time.RFC3339)
 	r.Passed = !t.Failed()
 	raw, err := json.Marshal(r)
@@ -563,4 +571,54 @@ func scaleDeployment(t *testing.T, p *kindPlatform, ns, name string, replicas in
 		g.Expect(d.Status.Replicas).To(Equal(replicas))
 		g.Expect(d.Status.ReadyReplicas).To(Equal(replicas))
 	}, 3*time.Minute, time.Second).Should(Succeed())
+}
+
+// TestKindSingleControlPlaneKubeletStopped: a cluster of one control-plane Machine (no workers),
+// whose only etcd member keeps running after its kubelet stopped. kubeadm joins members as learners
+// (the control plane carries CAPR's etcd-learner-joins annotation to say so), so CAPR replaces the
+// Machine scale-up-first: the healthy voters never fewer than the one before the fault. The observer
+// asks the victim's etcd too (there is no other until the replacement joins); a reading it cannot
+// confirm is refused.
+func TestKindSingleControlPlaneKubeletStopped(t *testing.T) {
+	g := NewWithT(t)
+	p := kindEnv(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capr-single-"}}
+	g.Expect(p.c.Create(ctx, ns)).To(Succeed())
+	name := p.createClusterOf(t, ns.Name, "single", 1, 0, t.Cleanup)
+	c := kindCluster{ns: ns.Name, name: name, controlPlane: 1}
+	kcp := &unstructured.Unstructured{}
+	kcp.SetGroupVersionKind(schema.GroupVersionKind{Group: "controlplane.cluster.x-k8s.io", Version: "v1beta2", Kind: "KubeadmControlPlane"})
+	g.Eventually(func() error {
+		if err := p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: c.name + "-control-plane"}, kcp); err != nil {
+			return err
+		}
+		a := kcp.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[caprv1.EtcdLearnerJoinsAnnotation] = "true"
+		kcp.SetAnnotations(a)
+		return p.c.Update(ctx, kcp)
+	}, time.Minute, time.Second).Should(Succeed())
+	cp, _ := p.healthChecks(c.ns, c.name)
+	g.Expect(p.c.Create(ctx, cp)).To(Succeed())
+
+	o := startObserver(p.c, c.ns, c.name)
+	defer o.stop()
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	machines, _ := machinesOf(g, c.ns, c.name)
+	g.Expect(machines).To(HaveLen(1))
+	victim := machines[0]
+	node := victim.Status.NodeRef.Name
+	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet) on the only control-plane node, etcd member alive", Victim: node, VictimWasLeader: true}
+	fault := recordRun(t, p, o, c, victim.Name, r)
+	p.breakNode(t, c.ns, c.name, node)
+	g.Eventually(func(g Gomega) { whole(g, p, o, c, victim.Name, node) }, p.remediationTimeout(), 5*time.Second).Should(Succeed())
+	r.SecondsToWhole = time.Since(fault).Seconds()
+	mr := &caprv1.MachineRemediation{}
+	g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victim.Name}, mr)).To(Succeed())
+	g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "%+v", mr.Status.Conditions)
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
+	s := o.summarize()
+	g.Expect(s.MinHealthyVoters).To(BeNumerically(">=", 1), "no healthy voter read: %+v", s)
 }

@@ -210,7 +210,9 @@ func (o *observer) latest() (etcdView, bool) {
 type summary struct {
 	// MinMargin is the lowest failure margin read; SecondsAtMarginBelow1 how long it was below 1,
 	// summed over consecutive readings (each counted from its time to the next reading's).
-	MinMargin             int     `json:"minMargin"`
+	MinMargin int `json:"minMargin"`
+	// MinHealthyVoters is the fewest healthy voting members read.
+	MinHealthyVoters      int     `json:"minHealthyVoters"`
 	SecondsAtMarginBelow1 float64 `json:"secondsAtMarginBelow1"`
 	// Unanswered counts readings no member answered (a lost quorum answers nothing).
 	Unanswered int `json:"unanswered"`
@@ -229,7 +231,7 @@ type summary struct {
 func (o *observer) summarize() summary {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	s := summary{MinMargin: 99, Readings: len(o.views)}
+	s := summary{MinMargin: 99, MinHealthyVoters: 99, Readings: len(o.views)}
 	for i, v := range o.views {
 		if v.Unconfirmed {
 			s.Unconfirmed++
@@ -245,6 +247,7 @@ func (o *observer) summarize() summary {
 		if m := v.Margin(); m < s.MinMargin {
 			s.MinMargin = m
 		}
+		s.MinHealthyVoters = min(s.MinHealthyVoters, v.HealthyVoter)
 		if v.Margin() >= 1 {
 			continue
 		}
