@@ -222,11 +222,16 @@ type summary struct {
 	// member list again after the health check (another member may have answered).
 	Unconfirmed int `json:"unconfirmed,omitempty"`
 	Readings    int `json:"readings"`
-	// BelowOne describes every reading with a margin below 1: when, the counts, which member
-	// answered, and which voters failed the health check and why.
+	// BelowOne describes the first maxBelowOne readings with a margin below 1: when, the counts,
+	// which member answered, and which voters failed the health check and why; BelowOneLeftOut
+	// counts the others (with one voter every reading is below 1).
 	BelowOne        []string `json:"belowOne,omitempty"`
+	BelowOneLeftOut int      `json:"belowOneLeftOut,omitempty"`
 	MachinesCreated []string `json:"machinesCreated"`
 }
+
+// maxBelowOne bounds how many readings below margin 1 a summary describes.
+const maxBelowOne = 20
 
 func (o *observer) summarize() summary {
 	o.mu.Lock()
@@ -253,6 +258,10 @@ func (o *observer) summarize() summary {
 		}
 		if i+1 < len(o.views) {
 			s.SecondsAtMarginBelow1 += o.views[i+1].At.Sub(v.At).Seconds()
+		}
+		if len(s.BelowOne) == maxBelowOne {
+			s.BelowOneLeftOut++
+			continue
 		}
 		s.BelowOne = append(s.BelowOne, fmt.Sprintf("%s voters %v (%d healthy), %d learners, read from %s; unhealthy: %s",
 			v.At.UTC().Format("15:04:05"), v.Names, v.HealthyVoter, v.Learners, v.From, strings.Join(v.Unhealthy, "; ")))
