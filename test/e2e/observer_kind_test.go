@@ -96,11 +96,8 @@ type observer struct {
 	wg       sync.WaitGroup
 }
 
-func startObserver(c client.WithWatch, ns, cluster string, avoid ...string) *observer {
+func startObserver(c client.WithWatch, ns, cluster string) *observer {
 	o := &observer{cluster: cluster, ns: ns, avoid: map[string]bool{}, start: time.Now(), deleting: map[string]time.Time{}, done: make(chan struct{})}
-	for _, a := range avoid {
-		o.avoid[a] = true
-	}
 	o.wg.Add(2)
 	go func() {
 		defer o.wg.Done()
