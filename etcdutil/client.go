@@ -236,8 +236,8 @@ var errRefused = errors.New("every connection attempt failed")
 // waitReady waits until the client's connection is ready, at most timeout. A member whose connection
 // attempts fail (its etcd process is dead: the node, or the kubelet behind the port-forward, refuses
 // the connection at once) is given up after refusedGrace instead of the whole dial timeout: the
-// health check's and the order decision's inspections waited that long for a dead member (issue 32:
-// 3 s on the sandbox, 10 s by default, before each order decision with a dead member). gRPC reports
+// health check's and the order decision's inspections waited that long for a dead member
+// (3 s on the sandbox, 10 s by default, before each order decision with a dead member). gRPC reports
 // a failed attempt as TRANSIENT_FAILURE and keeps the connection in that state until an attempt
 // succeeds, retrying after a backoff of 1 s and more; here a failing connection is retried at once
 // every retryTick (ResetConnectBackoff), so a member that comes back within refusedGrace, or that

@@ -241,7 +241,7 @@ func (d *dials) fail(node string) {
 // close releases every client, each once its dial is done. It does not wait for dials still
 // pending: memberList dials every node at once, and a node whose member is gone or dead (the victim's,
 // while its Machine exists) answers only at the dial timeout, which every operation would otherwise
-// wait for although it never needed that node (issue 32: each Inspect of a cluster with a dead
+// wait for although it never needed that node (each Inspect of a cluster with a dead
 // member took the whole dial timeout). The operation's context ends right after close, which ends
 // such a dial; its client, if any, is released then.
 func (d *dials) close() {

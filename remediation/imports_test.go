@@ -12,7 +12,7 @@ import (
 
 const module = "github.com/capr-io/capr/"
 
-// TestLayering keeps the two imports issue 31 removed from coming back: etcd access knows no CRDs
+// TestLayering keeps two imports from coming back: etcd access knows no CRDs
 // (the placement of a control plane's etcd is decided in remediation.EtcdPlacementOf, which reads the
 // provider's object), and neither remediator imports the other (which remediator owns a request is
 // decided once, in remediation.IsWorkerRequest).

@@ -15,7 +15,7 @@ import (
 // cannot be reached through its Nodes, the remediation waits with reason EtcdUnreachable.
 // This function is the one place where the placement is decided: the health checker's control-plane
 // limit and the control-plane remediator both use it. It lives here, not in etcdutil, because it reads
-// a provider's object and speaks CAPR's API: etcd access knows no CRDs (issue 31).
+// a provider's object and speaks CAPR's API: etcd access knows no CRDs.
 func EtcdPlacementOf(cp *unstructured.Unstructured) caprv1.EtcdPlacement {
 	if cp == nil || cp.GroupVersionKind().Group != controlplanev1.GroupVersion.Group || cp.GetKind() != "KubeadmControlPlane" {
 		return caprv1.EtcdPlacementStacked

@@ -35,7 +35,7 @@ var (
 // hostileHealthChecks is more than the manager's health-check workers (10, the default).
 const hostileHealthChecks = 12
 
-// TestHealthChecksNamingAKindCAPRMayNotReadDoNotStopOthers is issue 30's reproduction: twelve health
+// TestHealthChecksNamingAKindCAPRMayNotReadDoNotStopOthers: twelve health
 // checks whose templateRef or escalation step names a kind CAPR has no role for. Read through the
 // manager's cache, each such read started an informer that could never sync and waited for it with no
 // deadline: every health-check worker hung in checkTemplates, and a Machine in another namespace whose

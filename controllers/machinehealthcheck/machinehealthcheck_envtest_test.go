@@ -1281,7 +1281,7 @@ func TestStatusCountsAreWrittenAtMostOncePerSecond(t *testing.T) {
 	}
 }
 
-// TestANodeHeldDeletingMakesItsMachineUnhealthy: issue 33's node-deletion signal. A Node deleted but
+// TestANodeHeldDeletingMakesItsMachineUnhealthy: the node-deletion signal. A Node deleted but
 // held by a finalizer still reports Ready from its last heartbeat; with checks.nodeDeletingTimeoutSeconds
 // its Machine is unhealthy once the Node has been deleting that long (NodeDeleting), and its
 // remediation is requested.

@@ -26,7 +26,7 @@ import (
 // connection's 2 s), so that every round they start on their own runs within it.
 const overlapQuiet = 5 * time.Second
 
-// overlappingHealthChecks creates the two health checks of issue 30 over pool "a": "ready" finds a
+// overlappingHealthChecks creates two overlapping health checks over pool "a": "ready" finds a
 // Machine unhealthy when its Node is Ready=False or Unknown for 1 s, "disk" only when its Node has
 // DiskPressure=True for 1 s. It returns "disk".
 func (f *fixture) overlappingHealthChecks(g *WithT) *caprv1.MachineHealthCheck {
@@ -58,7 +58,7 @@ func markCheckers(g Gomega, ns string) (*metav1.Condition, []string) {
 	return cond, checkers
 }
 
-// TestOverlappingHealthChecksDoNotFight is issue 30's reproduction: "ready" and "disk" select one
+// TestOverlappingHealthChecksDoNotFight: "ready" and "disk" select one
 // Machine, and its Node goes Ready=Unknown. "ready" marks it; "disk", which finds it healthy, leaves
 // that mark alone. The mark stays (same since) over rounds of both, the request is created once, the
 // Machine is written a bounded number of times, and each health check reports the overlap in

@@ -8,7 +8,7 @@ import (
 	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
-// A control plane of one desired Machine with stacked etcd (issue 33, single control-plane clusters):
+// A control plane of one desired Machine with stacked etcd:
 // floor((N-1)/2) allows no remediation for N = 1, whatever the member's health, and the cluster stays
 // stuck until a person acts, as with KCP (CAPI #4554). When the one member is healthy (the kubelet,
 // the container runtime or the node agent is what broke), the remediator can replace the Machine

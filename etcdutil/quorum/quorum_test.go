@@ -230,7 +230,7 @@ func TestCanTakeDownKnownCases(t *testing.T) {
 		{"1 member, healthy victim: the only voter", Counts{Voting: 1, Healthy: 1}, Victim{Healthy: true}, false},
 		{"quorum lost: nothing automatic", Counts{Voting: 3, Healthy: 1}, Victim{}, false},
 		{"node-local member list: not authoritative", Counts{Voting: 3, Healthy: 3, Serializable: true}, Victim{}, false},
-		// Quorum proven by a linearizable read while members cannot be reached (issue 34): A healthy
+		// Quorum proven by a linearizable read while members cannot be reached: A healthy
 		// and leading, B dead, C's kubelet down with its member alive. A and C carry the quorum, so
 		// C may not go down: A alone is 1 of 3.
 		{"3 voters proven, A healthy, B dead, victim C unreachable: A alone would be 1 of 3", Counts{Voting: 3, Healthy: 1, Unreachable: 2, QuorumProven: true}, Victim{}, false},

@@ -20,7 +20,7 @@ import (
 const allowlistFile = "testdata/rbac-allowlist.txt"
 
 // TestRenderedRBACEqualsTheReviewedAllowlist: the roles in the rendered clusterctl components grant
-// exactly what the allowlist says, rule by rule (issue 34: the packaging test checked a list of
+// exactly what the allowlist says, rule by rule (the packaging test checked a list of
 // permissions that must be denied, so a new grant nobody listed passed). Run with
 // UPDATE_RBAC_ALLOWLIST=1 to rewrite the file after reviewing the change.
 func TestRenderedRBACEqualsTheReviewedAllowlist(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 
 // TestCandidateExplicitOnlyByTheMachineAnnotation: a control-plane request is explicit (goes first
 // among equally broken members) only when its Machine carries cluster.x-k8s.io/remediate-machine;
-// spec.source Manual, which anyone who may write a request can set, is not (issue 30).
+// spec.source Manual, which anyone who may write a request can set, is not.
 func TestCandidateExplicitOnlyByTheMachineAnnotation(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

@@ -56,7 +56,7 @@ func TestWorkerRequestLeftBeforeTheLiveRead(t *testing.T) {
 
 // TestRunningWithoutControlPlaneRecordIsReportedNotRun: a control-plane request whose status says
 // Running without status.controlPlane (written by hand: CAPR records both in one write) panicked the
-// remediator (issue 30). It is reported and left alone, and its deletion goes through.
+// remediator. It is reported and left alone, and its deletion goes through.
 func TestRunningWithoutControlPlaneRecordIsReportedNotRun(t *testing.T) {
 	g := NewWithT(t)
 	sch := newTestScheme(g)

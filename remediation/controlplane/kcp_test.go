@@ -248,7 +248,7 @@ func TestKCPSurge(t *testing.T) {
 
 // TestKCPScaleDownRefusal: KCP refuses to scale down while another Machine fails its strict health
 // check, judged from its Machine conditions; CAPR also predicts the refusal from etcd when KCP's
-// conditions lag it (issue 35: both killed members were down in etcd while KCP still called one
+// conditions lag it (both killed members were down in etcd while KCP still called one
 // healthy, so CAPR surged and then threw a replacement away).
 func TestKCPScaleDownRefusal(t *testing.T) {
 	reachable := func(names ...string) *etcdutil.State {

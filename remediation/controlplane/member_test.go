@@ -144,7 +144,7 @@ func TestStepRemoveMember(t *testing.T) {
 			check: func(g Gomega, w *world, res stepResult, err error) {
 				expectIssued(g, res, err)
 				g.Expect(res.Message).To(ContainSubstring("etcd refused the removal"))
-				g.Expect(res.Requeue).To(BeNumerically("<=", time.Second), "asked again within a second (issue 32, item 3)")
+				g.Expect(res.Requeue).To(BeNumerically("<=", time.Second), "asked again within a second")
 				g.Expect(w.etcd.removeMembers).To(HaveLen(1))
 			}},
 		{name: "etcd cannot be read: wait, nothing sent", world: []worldOption{withEtcd(&fakeEtcd{inspectErr: errInjected})}, check: func(g Gomega, w *world, res stepResult, err error) {

@@ -23,7 +23,7 @@ func StepsFor(order caprv1.ControlPlaneOrder) []caprv1.StepName {
 	case caprv1.ControlPlaneOrderRemoveMemberFirst:
 		// Once the victim's member is removed its Machine serves nothing (a stacked kube-apiserver
 		// reads its local member): it is fenced and deleted while the replacement is provisioned, not
-		// after (issue 32: the deletion after the vote was the last 5-10 s to full strength).
+		// after (the deletion after the vote was the last 5-10 s to full strength).
 		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepScaleUp, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}
 	case caprv1.ControlPlaneOrderDeleteFirst:
 		return []caprv1.StepName{caprv1.StepMoveLeader, caprv1.StepRemoveMember, caprv1.StepFence, caprv1.StepDelete, caprv1.StepWaitForReplacement}

@@ -547,7 +547,7 @@ func (v simValue) better(w simValue) bool {
 }
 
 // bestOrderProblem says what is wrong when ChooseOrder's order under the Auto policy is not the best
-// of the orders that run in every world of oc (item 1 of issue 32: keep the margin first, then create
+// of the orders that run in every world of oc (keep the margin first, then create
 // the fewest Machines, then provision the replacement while the victim is deleted rather than after,
 // which RemoveMemberFirst does unless the provider creates no Machine while one is deleting, then
 // change the replicas least). Orders of equal value are equally good.
@@ -619,7 +619,7 @@ func runOrder(oc orderCase, order caprv1.ControlPlaneOrder, s simCluster, victim
 		value.settled = min(value.settled, margin())
 		value.transient = min(value.transient, margin())
 	}
-	// With one voter, the up voters never drop below what they were before the fault (issue 33).
+	// With one voter, the up voters never drop below what they were before the fault.
 	keepVoters := func(what string) {
 		if _, up := s.voters(); err == "" && oc.v == 1 && up < upBefore {
 			err = fmt.Sprintf("%d up voters after %s, %d before", up, what, upBefore)

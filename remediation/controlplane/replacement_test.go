@@ -206,7 +206,7 @@ func TestStepWaitForReplacement(t *testing.T) {
 		{name: "replacement's member is a learner: waits for its promotion", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers(asLearner())}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)
 			g.Expect(res.Message).To(ContainSubstring("learner"))
-			g.Expect(res.Requeue).To(BeNumerically("<=", time.Second), "etcd is polled: no watch reports the promotion (issue 32, item 3)")
+			g.Expect(res.Requeue).To(BeNumerically("<=", time.Second), "etcd is polled: no watch reports the promotion")
 		}},
 		{name: "replacement's member is unhealthy", world: []worldOption{withReplacement(cpMachine("m-d")), fourMembers(asDown())}, check: func(g Gomega, w *world, res stepResult, err error) {
 			expectIssued(g, res, err)

@@ -14,8 +14,7 @@ import (
 
 // A remediation whose next membership change cannot be made quorum-safe any more (a second member
 // went down after the start) gives way before its point of no return and before any member joined,
-// instead of holding the control plane until its step timeout: the stuck runs of the fault suite
-// (seeds 100148, 100282, 200231) were this.
+// instead of holding the control plane until its step timeout.
 
 // surgedWorld is a scale-up-first remediation of m-b after its scale-up: replicas 4, replacement m-d
 // without a Node, waiting in WaitForReplacement, with etcd as given.

@@ -9,7 +9,7 @@ import (
 	"github.com/capr-io/capr/etcdutil/quorum"
 )
 
-// A control plane of one Machine with stacked etcd (issue 33): its etcd has one voting member, the
+// A control plane of one Machine with stacked etcd: its etcd has one voting member, the
 // victim's. With that member healthy the only safe order is scale-up-first with the replacement
 // joining as a learner (etcd always lets a single-member cluster add a learner, quorum.CanAddMember),
 // promoted before the victim's member is removed: the healthy voters go 1 → 2 (→ 3 with KCP's surge

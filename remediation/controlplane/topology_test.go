@@ -86,7 +86,7 @@ func TestTopologyBusyUntilTheTopologyAppliedItsReplicas(t *testing.T) {
 		ContainSubstring("spec.topology.controlPlane.replicas is 5 and the Cluster topology has not applied it"))
 }
 
-// TestTopologyOrder: the orders a topology-owned KCP of three gets, as issue 33 asks: a dead member
+// TestTopologyOrder: the orders a topology-owned KCP of three gets: a dead member
 // is deleted first (no replicas change, no margin lost), a healthy one surges through the Cluster's
 // replicas, and where CAPR may not surge (policy Leave, topology not reconciled) the healthy one
 // waits for consent, which RemoveMemberFirst gives.

@@ -168,8 +168,7 @@ func (r *Reconciler) undoRest(ctx context.Context, s *scope) ([]string, error) {
 	if cp := s.mr.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil && s.cp != nil {
 		// A surge the provider created after this reconcile's cached read (it acts on the replicas
 		// as soon as they change) would be an unmarked Machine too many once replicas are back: the
-		// provider would then scale down an old Machine, possibly the victim, unfenced (fault-suite
-		// seed 500014). The Machines are read again live, after the replicas went back.
+		// provider would then scale down an old Machine, possibly the victim, unfenced. The Machines are read again live, after the replicas went back.
 		reps := replacements(s)
 		late, err := r.lateReplacements(ctx, s, reps)
 		if err != nil {
@@ -205,7 +204,7 @@ func (r *Reconciler) undoRest(ctx context.Context, s *scope) ([]string, error) {
 	return did, nil
 }
 
-// Why an undo waits for the provider (issue 30, defect 8). KubeadmControlPlane's reconciler reads the
+// Why an undo waits for the provider. KubeadmControlPlane's reconciler reads the
 // KCP from its cache when a reconcile begins and creates a Machine when it counts fewer Machines than
 // the spec.replicas it read (cluster-api v1.14.2, controlplane/kubeadm/reconcilers/kubeadmcontrolplane:
 // kubeadmcontrolplane_controller.go, Reconcile gets the KCP, then reconcile: desiredReplicas :=

@@ -178,7 +178,7 @@ func TestAFencedRemediationDoesNotGiveWay(t *testing.T) {
 // TestUndoMarksASurgeCreatedMeanwhile: the provider created the surge Machine after the reconcile's
 // cached read (it acts on replicas at once). The undo reads the Machines again after replicas are
 // back and marks it, so the provider's scale-down takes the surge, not an old Machine (the victim,
-// unfenced: fault-suite seed 500014).
+// unfenced).
 func TestUndoMarksASurgeCreatedMeanwhile(t *testing.T) {
 	g := NewWithT(t)
 	w := newWorld(t, withReplicas(4), withMachines(cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c")))

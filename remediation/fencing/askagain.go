@@ -12,7 +12,7 @@ const (
 // No watch brings the remediator back when a fence object in the workload cluster changes (the
 // backends read it uncached, NewFencer), so this poll is what notices a confirmation: csi-addons
 // usually confirms a NetworkFence within a second, and a flat 10 s requeue put 10 s between the
-// confirmation and the out-of-service taint (issue 32's demo timeline). Asking after a quarter of
+// confirmation and the out-of-service taint (the demo's timeline). Asking after a quarter of
 // the time waited so far, from 0.5 s up to 10 s, notices an early confirmation within a second and
 // keeps a fence that takes long from being asked more than every 10 s.
 func askAgain(elapsed time.Duration) time.Duration {

@@ -15,7 +15,7 @@ import (
 
 // A fence object is found by its name, which anyone can use: a backend confirms only the object CAPR
 // created for this remediation (its marks and the spec CAPR gives it); any other object of that name,
-// stale or forged, is reported and replaced, never believed (issue 30, defect 7).
+// stale or forged, is reported and replaced, never believed.
 
 // forgeNetworkFence creates the NetworkFence of class under the name CAPR uses, with everything CAPR
 // would give it, as csi-addons would report it fenced, then changed by mutate.

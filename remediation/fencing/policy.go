@@ -16,7 +16,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
-// The fencing policy belongs to the Machine, not to whoever wrote the request (issue 30): a request
+// The fencing policy belongs to the Machine, not to whoever wrote the request: a request
 // written by hand, or created by CAPI's MachineHealthCheck from a template without fencing, must not
 // delete a Machine unfenced that a CAPR health check covering it says must be fenced. A remediation
 // therefore applies the strictest of its own spec.fencing and the fencing of every CAPR health check

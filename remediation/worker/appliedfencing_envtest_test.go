@@ -16,8 +16,8 @@ import (
 )
 
 // TestHandWrittenRequestGetsTheHealthCheckFencing: a request written by hand without fencing, for a
-// Machine that a CAPR health check with Required fencing covers, is fenced as the health check says
-// (issue 30): it waits for the fence, says why in its condition, status.appliedFencing and an event,
+// Machine that a CAPR health check with Required fencing covers, is fenced as the health check says:
+// it waits for the fence, says why in its condition, status.appliedFencing and an event,
 // and the Machine is deleted only once the fence is confirmed. Without the health check's policy the
 // Fence step would be skipped and the Machine deleted at once.
 func TestHandWrittenRequestGetsTheHealthCheckFencing(t *testing.T) {

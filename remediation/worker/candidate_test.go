@@ -11,7 +11,7 @@ import (
 
 // TestCandidateExplicitOnlyByTheMachineAnnotation: a request goes first in the maxInFlight queue only
 // when its Machine carries cluster.x-k8s.io/remediate-machine; spec.source Manual, which anyone who
-// may write a request can set, does not jump the queue (issue 30).
+// may write a request can set, does not jump the queue.
 func TestCandidateExplicitOnlyByTheMachineAnnotation(t *testing.T) {
 	annotated := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m", Annotations: map[string]string{clusterv1.RemediateMachineAnnotation: ""}}}
 	plain := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}}

@@ -18,7 +18,7 @@ import (
 
 // Under Required, a Machine that names no Node when its request is recorded is fenced on the Node it
 // gets later, never deleted unfenced: an empty Node is "cannot confirm" unless the Machine provably
-// never had one (issue 30, defect 3).
+// never had one.
 
 // nodelessWorker creates a worker Machine of the fixture's MachineSet without a nodeRef, with the
 // given providerID and CAPR's health mark.

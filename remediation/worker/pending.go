@@ -131,7 +131,7 @@ func waitsForTurn(cluster *clusterv1.Cluster, mr *caprv1.MachineRemediation, m *
 
 // candidate describes a waiting request for Admit: explicit when its Machine (nil if not found)
 // carries CAPI's remediate-machine annotation. Not spec.source: anyone who may create a request can
-// write Manual there, while the annotation takes write access to the Machine (issue 30).
+// write Manual there, while the annotation takes write access to the Machine.
 func candidate(mr *caprv1.MachineRemediation, m *clusterv1.Machine) Candidate {
 	return Candidate{Name: mr.Name, Requested: m != nil && annotations.HasRemediateMachine(m), Created: mr.CreationTimestamp.Time}
 }

@@ -77,7 +77,7 @@ func TestRequiredFencingWaitsThenAbort(t *testing.T) {
 	g.Eventually(func(g Gomega) []string { return eventReasons(g, f.ns, "w1") }, eventually, poll).
 		Should(ContainElement("RemediationWaiting"))
 	// Waiting holds across the remediator's next look (the backend asked again), not only for a
-	// window shorter than its requeue (issue 34).
+	// window shorter than its requeue.
 	stillWaiting := func(g Gomega) {
 		mr := getRemediation(g, f.ns, "w1")
 		reason, msg := progressing(g, f.ns, "w1")
@@ -503,7 +503,7 @@ func TestRequiredFencingPastItsTimeoutReportsAndKeepsWaiting(t *testing.T) {
 		g.Expect(msg).To(ContainSubstring("not confirmed within 1s, still waiting"))
 		g.Expect(eventReasons(g, f.ns, "w1")).To(ContainElement("StepTimedOut"))
 	}, eventually, poll).Should(Succeed())
-	// Still waiting at the remediator's next look after the timeout (issue 34: the window alone was
+	// Still waiting at the remediator's next look after the timeout (the window alone was
 	// shorter than its requeue).
 	asked := backend.askCount(f.node("w1"))
 	g.Eventually(func(g Gomega) {

@@ -39,7 +39,7 @@ func newHonestTenant(t *testing.T, g *WithT) *tenant {
 	return o
 }
 
-// TestAHostileTenantBesideAnHonestOne writes every hostile input of issue 30 at once (hostile_test.go)
+// TestAHostileTenantBesideAnHonestOne writes every hostile input at once (hostile_test.go)
 // and then lets the honest tenant's Machine go unhealthy. The honest Machine is marked and remediated,
 // fenced first; each hostile object is reported where CAPR promises a condition or an event; none of
 // the hostile Machines is deleted (every request for one is covered by a health check requiring a

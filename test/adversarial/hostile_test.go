@@ -34,7 +34,7 @@ var (
 )
 
 // forbiddenHealthChecks is more than the manager's health-check workers (10, the default): each one
-// that took a worker for good (issue 30, defect 1) would leave the others none.
+// that took a worker for good would leave the others none.
 const forbiddenHealthChecks = 11
 
 // Names of the hostile tenant's objects.

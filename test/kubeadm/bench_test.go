@@ -23,7 +23,7 @@ import (
 
 // BenchmarkKCPStepLatency measures, on the full stack (CAPI's core, CABPK, KCP, kube-controller-manager),
 // where the time of a control-plane remediation goes, per step, on a three-Machine
-// KubeadmControlPlane (issue 32 item 3: `make bench-steps PROVIDER=kubeadm`), for two faults:
+// KubeadmControlPlane (`make bench-steps PROVIDER=kubeadm`), for two faults:
 // "member healthy" (a Node stops renewing its Lease: ScaleUpFirst) and "member dead" (a follower's
 // etcd process is killed: DeleteFirst). Times are taken from CAPR's StepObserver (when each step
 // started and was seen done) and from the world as the benchmark sees it through the API and etcd

@@ -38,7 +38,7 @@ func TestKCPNodeNotReadyMemberHealthyCreatesOneMachine(t *testing.T) {
 	g.Expect(kubeadm.StepNames(mr)).To(Equal(builder.Steps[caprv1.ControlPlaneOrderScaleUpFirst]))
 }
 
-// TestKCPSingleMachineIsReplaced: a control plane of one Machine (issue 33 item 4), which KCP's own
+// TestKCPSingleMachineIsReplaced: a control plane of one Machine, which KCP's own
 // remediation refuses (CAPI #4554). Its Node reports NotReady (container network down) while its
 // kubelet, static pods and etcd member keep running, so KCP's scale-up preflight still sees one
 // Machine with every control-plane component healthy. KCP joins members as learners (kubeadm ≥ 1.29)
@@ -111,8 +111,8 @@ func TestKCPTwoOfFiveDeadNeverDeadlocks(t *testing.T) {
 	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
 	// Both members are down in etcd before the first remediation starts, whatever KCP's conditions say
 	// yet: each victim's dead member is removed first and its Machine deleted before KCP creates the
-	// replacement, as KCP does (issue 32: KCP creates no Machine while one is deleting), and no surge
-	// leaves a surplus for KCP to scale down (issue 35: a surge when KCP's conditions lagged threw a
+	// replacement, as KCP does (KCP creates no Machine while one is deleting), and no surge
+	// leaves a surplus for KCP to scale down (a surge when KCP's conditions lagged threw a
 	// Machine away).
 	first, second := res.Remediations[victims[0]], res.Remediations[victims[1]]
 	if second.Status.StartTime.Before(first.Status.StartTime) {

@@ -20,7 +20,7 @@ import (
 // FirstSeen watches objects through the API server (not through any record of CAPR's, whose
 // timestamps are metav1.Time, whole seconds) and records, on the test's clock with its full
 // resolution, when each object was first seen in a state. A fence-before-delete check compares
-// such a time with a backend's own confirmation time (issue 34, gap 2): a delete issued a few
+// such a time with a backend's own confirmation time: a delete issued a few
 // hundred milliseconds before the fence was confirmed then fails it.
 type FirstSeen struct {
 	cancel context.CancelFunc

@@ -48,8 +48,8 @@ type controlPlaneReconciler struct {
 	// expected is, per SandboxControlPlane, the Machine the provider last created or deleted until its
 	// cache shows that (expectations, as Kubernetes' ReplicaSet controller keeps them). Without it,
 	// a reconcile brought by its own status patch lists Machines from a cache that does not show the
-	// Machine it just created yet, creates a second one, and then scales down the oldest Machine: the
-	// fault suite's seed 600621 lost an unhealthy Machine that way, unfenced.
+	// Machine it just created yet, creates a second one, and then scales down the oldest Machine, which
+	// may be an unhealthy one, unfenced.
 	expected sync.Map
 	// refused is, per SandboxControlPlane, why it last did not scale up (KCPPreflightAnnotation),
 	// logged when it changes.

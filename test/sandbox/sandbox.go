@@ -392,7 +392,7 @@ func (s *Sandbox) CreateCluster(ctx context.Context, spec ClusterSpec) (*Workloa
 	wc, err := s.createCluster(ctx, spec)
 	if err != nil && wc != nil {
 		// A cluster that did not come up stops what it started: its processes would load the
-		// machine for every test after it (issue 35).
+		// machine for every test after it.
 		s.DestroyCluster(ctx, wc)
 		return nil, err
 	}

@@ -139,7 +139,7 @@ func TestQuorumWatcherSeesQuorumLoss(t *testing.T) {
 }
 
 // TestQuorumWatcherCountsAVoterThatNeverStarted: the watcher counts the voters in etcd's own member
-// list, not the processes the sandbox started (issue 34). A voter added but never started (no
+// list, not the processes the sandbox started. A voter added but never started (no
 // process, no name yet) lowers the margin of three running members from 1 to 0; one member killed
 // then leaves 2 of 4 voters, which is no quorum although 2 of the 3 processes the sandbox knows run.
 func TestQuorumWatcherCountsAVoterThatNeverStarted(t *testing.T) {
@@ -175,8 +175,8 @@ func TestQuorumWatcherCountsAVoterThatNeverStarted(t *testing.T) {
 	g.Eventually(w.Lost, 30*time.Second, 100*time.Millisecond).Should(ContainElement(HaveSuffix("2 of 4 voting members running")))
 }
 
-// TestRunningWatcherSeesTwoRunning: the "one control-plane remediation per cluster" oracle fires
-// (issue 34): two requests of one namespace Running at once are a violation, one is not, and it
+// TestRunningWatcherSeesTwoRunning: the "one control-plane remediation per cluster" oracle fires:
+// two requests of one namespace Running at once are a violation, one is not, and it
 // counts its samples.
 func TestRunningWatcherSeesTwoRunning(t *testing.T) {
 	g := NewWithT(t)

@@ -50,7 +50,7 @@ func TestCrashSafety(t *testing.T) {
 			t.Fatalf("CRASH_SEED=%q: %v", v, err)
 		}
 	}
-	// Replay a run's random crash points with CRASH_SEED=<seed> (issue 34, gap 8).
+	// Replay a run's random crash points with CRASH_SEED=<seed>.
 	t.Logf("crash points and their orders use seed %d (CRASH_SEED=%d replays them)", seed, seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	points := crashPointsFor(t, rng)

@@ -19,7 +19,7 @@ import (
 	"github.com/capr-io/capr/test/sandbox"
 )
 
-// crashVariant is an order TestCrashSafety crashes (issue 34, gap 8), and how the remediation is made
+// crashVariant is an order TestCrashSafety crashes, and how the remediation is made
 // to take it. A remediation of a Machine whose Node stops reporting (its member healthy) takes
 // ScaleUpFirst under the Auto policy; RemoveMemberFirst under that policy (which accepts no failure
 // margin until the replacement votes); DeleteFirst under that policy where a surge would create two

@@ -189,7 +189,7 @@ func TestAbortDuringEscalationDeletesTheReboot(t *testing.T) {
 	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationAborted)).To(Equal(1))
 }
 
-// TestRebootWaitsWhileUnreachableMembersCarryQuorum (issue 34): three members; the victim C's kubelet
+// TestRebootWaitsWhileUnreachableMembersCarryQuorum: three members; the victim C's kubelet
 // stops, its etcd member keeps running. The first reboot (2 of 3 healthy: A and B) stops C's member
 // for a while and does not help. Then B's member dies and A leads: a linearizable read is answered
 // (A and C are the quorum; only A answers, and C counts alive when A sees it connected). Rebooting C

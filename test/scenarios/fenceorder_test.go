@@ -11,7 +11,7 @@ import (
 	"github.com/capr-io/capr/test/storage"
 )
 
-// Fence before delete, judged from outside CAPR (issue 34, gap 2): the fence time comes from the
+// Fence before delete, judged from outside CAPR: the fence time comes from the
 // backend that confirmed it (the storage sidecar's call record for the NetworkFence, the Node's
 // out-of-service taint seen through a watch) and the delete time from the API server (a watch seeing
 // the Machine deleting and no longer held by CAPR's hook), both at the test clock's full resolution.

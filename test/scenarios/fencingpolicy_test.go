@@ -18,7 +18,7 @@ import (
 )
 
 // TestHandWrittenControlPlaneRequestGetsTheHealthCheckFencing is the control-plane twin of the worker
-// remediator's TestHandWrittenRequestGetsTheHealthCheckFencing (issue 30, defect 4): a request
+// remediator's TestHandWrittenRequestGetsTheHealthCheckFencing: a request
 // written by hand with fencing Disabled, for a control-plane Machine that a CAPR health check with
 // Required fencing covers, is fenced as the health check says. It starts with
 // status.appliedFencing Required raised by that health check (the start's condition and a

@@ -160,7 +160,7 @@ func TestFiveMembersTwoDeadAreRemediatedOneAtATime(t *testing.T) {
 	a, b := machines[0], machines[3]
 	startCAPR(t)
 	watch := sb.WatchQuorum(ctx, wc)
-	running := sb.WatchRunning(ctx, wc) // from the API server, not CAPR's timestamps (issue 34)
+	running := sb.WatchRunning(ctx, wc) // from the API server, not CAPR's timestamps
 
 	sb.KillEtcdMember(wc, a.Status.NodeRef.Name)
 	sb.KillEtcdMember(wc, b.Status.NodeRef.Name)
@@ -225,7 +225,7 @@ func TestQuorumLostDoesNothing(t *testing.T) {
 		g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhasePending))
 	}, time.Minute, 200*time.Millisecond).Should(Succeed())
 	// Longer than the remediator's requeue while it waits (waitLong, 15 s): its next look must not
-	// act either (issue 34: a 5 s window ended before that look).
+	// act either (a 5 s window ended before that look).
 	g.Consistently(func(g Gomega) {
 		g.Expect(controlPlane(g, wc)).To(HaveLen(3))
 		g.Expect(memberNames(g, wc)).To(HaveLen(3))

@@ -14,7 +14,7 @@ import (
 	"github.com/capr-io/capr/test/sandbox"
 )
 
-// A control plane of one Machine (issue 33 item 4; docs/user/control-plane-remediation.md, "A single
+// A control plane of one Machine (docs/user/control-plane-remediation.md, "A single
 // control-plane Machine"). The sandbox provider joins etcd members as learners, as kubeadm ≥ 1.29
 // does, and its control-plane object says so (caprv1.EtcdLearnerJoinsAnnotation).
 

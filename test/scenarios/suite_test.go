@@ -81,7 +81,7 @@ func newCluster(t testing.TB, opts ...clusterOption) *sandbox.WorkloadCluster {
 	wc, err := sb.CreateCluster(ctx, sandbox.ClusterSpec{Namespace: ns, Name: "wc", ControlPlane: o.controlPlane})
 	g.Expect(err).NotTo(HaveOccurred())
 	// Its etcd members and kubelets stop with the test, passed or failed: clusters left running
-	// loaded the machine until later tests' etcd dials timed out (issue 35).
+	// loaded the machine until later tests' etcd dials timed out.
 	t.Cleanup(func() { sb.DestroyCluster(ctx, wc) })
 	mhc := sandbox.ControlPlaneHealthCheck(ns, "cp", wc.Name, 2)
 	for _, mutate := range o.healthCheck {

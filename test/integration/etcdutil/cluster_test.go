@@ -127,7 +127,7 @@ func TestRemoveMemberIsIdempotentAndKeepsTheLastMember(t *testing.T) {
 // TestRemoveMemberRightAfterAJoinGoesThroughAnOlderMember: a member promoted a moment ago refuses to
 // remove a live voter ("unhealthy cluster": it has not been connected to the others for etcd's 5 s),
 // while a member that was there before it accepts. The removal must not fail because the new member
-// happened to answer the member list first (issue 32: the replacement's own member did, and the
+// happened to answer the member list first (the replacement's own member did, and the
 // remediation waited a retry for nothing).
 func TestRemoveMemberRightAfterAJoinGoesThroughAnOlderMember(t *testing.T) {
 	g := NewWithT(t)

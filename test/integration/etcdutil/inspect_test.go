@@ -244,7 +244,7 @@ func (h hangingNode) Connect(ctx context.Context, node string) (*clientv3.Client
 // TestInspectDoesNotWaitForANodeItDoesNotNeed: the victim's member was removed (or is dead) while its
 // Machine, and so its node, is still there: the member list is asked through every node at once,
 // and that node's dial answers only at its timeout. The state comes from the others, and Inspect
-// returns with it without waiting for that dial, which it ends (issue 32: every Inspect of a
+// returns with it without waiting for that dial, which it ends (every Inspect of a
 // remediation with a dead member took the whole dial timeout, 3 s on the sandbox, several times per
 // remediation). Before, Inspect returned only when its own InspectTimeout ended the dial.
 func TestInspectDoesNotWaitForANodeItDoesNotNeed(t *testing.T) {
@@ -270,8 +270,8 @@ func TestInspectDoesNotWaitForANodeItDoesNotNeed(t *testing.T) {
 
 // TestDeadMemberIsGivenUpWithoutTheDialTimeout: a member whose etcd process is dead refuses every
 // connection; the dial gives up on it after a second of failed attempts, not at the dial timeout (10
-// minutes here), so an Inspect of a cluster with a dead member returns with it unreachable (issue 32:
-// the order decision of every remediation with a dead member waited 3 s on the sandbox, 10 s by
+// minutes here), so an Inspect of a cluster with a dead member returns with it unreachable (the
+// order decision of every remediation with a dead member waited 3 s on the sandbox, 10 s by
 // default, for that dial). Before, both calls below ran into the test's minute.
 func TestDeadMemberIsGivenUpWithoutTheDialTimeout(t *testing.T) {
 	g := NewWithT(t)
