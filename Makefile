@@ -70,7 +70,7 @@ demo: apiserver-assets $(if $(filter kubeadm,$(PROVIDER))$(filter worker-statefu
 # every cluster from a ClusterClass (CAPI's topology controllers run too). `make test` runs
 # TEST_CHAOS_RUNS of them on the lightweight providers from a fixed seed, beside the heavy test
 # packages: 9 runs (three waves of three, about 3 minutes) keep make test within its 30 minutes on
-# 2 cores (issue 31); `make chaos` keeps 20 (`make chaos SEED=1`: seeds 1-20, what make test ran before).
+# 2 cores; `make chaos` keeps 20 (`make chaos SEED=1`: seeds 1-20, what make test ran before).
 RUNS ?= 20
 SEED ?=
 SEEDS ?=

@@ -6,23 +6,23 @@
 #   heavy: the two packages that run many workload clusters one after another (etcd member
 #          processes, kubelet stand-ins) or the full stack (CAPI's core, KCP, kube-controller-manager):
 #          test/kubeadm, then test/scenarios. Side by side they loaded this 2-core machine until
-#          healthy etcd members could not be dialled within the sandbox's timeouts (issue 35). Then
+#          healthy etcd members could not be dialled within the sandbox's timeouts. Then
 #          every fuzz target fuzzing for TEST_FUZZTIME with one worker (hack/fuzz.sh, as `make fuzz`
-#          runs it; go test only replays the seeds; issue 30), then test/sandbox.
+#          runs it; go test only replays the seeds), then test/sandbox.
 #   light: everything else, one package at a time: pure unit tests and envtest suites (test/integration,
 #          test/adversarial, and each package's own, behind the build tag envtest, which both lanes
 #          pass), then the packages that start one sandbox with a cluster or two (test/e2e, test/binary,
 #          test/storage), then the fault suite (`make chaos` with TEST_CHAOS_RUNS runs from
 #          TEST_CHAOS_SEED, TEST_CHAOS_PARALLEL at a time, and the known seeds). Before the fault
 #          suite moved here the light lane idled for about 15 minutes while the heavy lane finished,
-#          and the fault suite ran alone after both (issue 31).
+#          and the fault suite ran alone after both.
 #   checks: at the lowest CPU priority (nice 19), what needs CPU but no test waits for: the fuzz
 #          targets' instrumented test binaries (every dependency compiled again, about 450 s of both
 #          cores from empty caches), which the heavy lane's fuzz step waits for; then golangci-lint
 #          (TEST_CHECKS, a command) and hack/verify-tools.sh. The tests mostly wait (etcd joins,
-#          remediations), so this lane fills their idle CPU instead of delaying them (issue 31's
+#          remediations), so this lane fills their idle CPU instead of delaying them (the
 #          budget from empty caches); nice 19 keeps it from slowing the tests' own processes, which
-#          a loaded machine made miss etcd's dial timeouts (issue 35).
+#          a loaded machine made miss etcd's dial timeouts.
 #
 # Usage: [TEST_CHAOS_RUNS=n TEST_CHAOS_SEED=s TEST_CHAOS_PARALLEL=p TEST_FUZZTIME=t TEST_CHECKS=cmd]
 # hack/test-levels.sh <timeout> [go test flags...]; TEST_CHAOS_RUNS unset or 0 runs no fault suite,
@@ -40,7 +40,7 @@ go_flags=("$@")
 heavy=(./test/kubeadm ./test/scenarios)
 # Heavy scenarios that make test leaves to make test-kcp and make test-scenarios: what each proves is
 # proved at the same level by a test make test keeps, or is listed with the claims resting on it in
-# docs/developer/testing.md#ci (issue 31's budget; issue 34, gap 10).
+# docs/developer/testing.md#ci (the budget).
 heavy_elsewhere=(
 	TestKCPTwoOfFiveDeadNeverDeadlocks # make test-kcp
 	TestCAPIMachineHealthCheckDrivesCAPR # make test-kcp
@@ -60,7 +60,7 @@ heavy_tail=(./test/sandbox)
 # scenarios kept for make test-kcp (test/kubeadm/more).
 mapfile -t light < <(go list ./... | grep -v -e '/test/chaos' -e '/test/kubeadm' \
 	-e '/test/scenarios$' -e '/test/storage$' -e '/test/e2e$' -e '/test/binary$' -e '/test/sandbox$')
-# The adversarial suite (one hostile tenant's objects beside an honest one, issue 30) is what keeps
+# The adversarial suite (one hostile tenant's objects beside an honest one) is what keeps
 # the class of tenant defects from coming back: a filter above that dropped it would fail here.
 if ! printf '%s\n' "${light[@]}" | grep -q '/test/adversarial$'; then
 	echo "hack/test-levels.sh: test/adversarial is missing from the light lane" >&2
