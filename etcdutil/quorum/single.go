@@ -11,7 +11,9 @@ package quorum
 // SingleMemberRecovery names what a person runs when the only voting member of a cluster is down or
 // cannot be reached. Messages of the health checker and the remediator end with it.
 const SingleMemberRecovery = "with a single voting member there is no other member to take over, so nothing is done automatically: " +
-	"a person must bring the member back (restart etcd on its Machine if its data directory is intact) or restore etcd from a snapshot " +
+	"a person must bring the member back; first check the node's kubelet, through which CAPR reaches etcd: if the workload cluster's API server " +
+	"still answers, the member runs and only its kubelet is down, so start the kubelet and restore nothing; otherwise restart etcd on its Machine " +
+	"if its data directory is intact, or restore etcd from a snapshot " +
 	"(etcdutl snapshot restore, then start the one member from the restored data directory); see docs/operations/runbook.md#single-member-etcd-recovery"
 
 // SingleMemberReplaceable says whether the Machine of a control plane of one may be replaced:

@@ -58,4 +58,7 @@ func TestSingleMemberKnownCases(t *testing.T) {
 	// The clamp for one desired replica is unchanged: the member decides (EffectiveSingleControlPlaneLimit).
 	g.Expect(EffectiveControlPlaneLimit(-1, 1, false)).To(Equal(0))
 	g.Expect(SingleMemberRecovery).To(ContainSubstring("etcdutl snapshot restore"))
+	// A stopped kubelet hides a running member (CAPR reaches etcd through it): the message says to
+	// look there before anything that would restore over a live member.
+	g.Expect(SingleMemberRecovery).To(ContainSubstring("start the kubelet and restore nothing"))
 }
