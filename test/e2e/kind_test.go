@@ -347,6 +347,16 @@ func recordRun(t *testing.T, p *kindPlatform, o *observer, c kindCluster, victim
 	return fault
 }
 
+// observeWhole starts the observer of c, stopped when the test ends, and waits until c is whole: the
+// state a fault may be injected in.
+func observeWhole(t *testing.T, p *kindPlatform, c kindCluster) *observer {
+	t.Helper()
+	o := startObserver(p.c, c.ns, c.name)
+	t.Cleanup(o.stop)
+	NewWithT(t).Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	return o
+}
+
 // faultUntilWhole injects the platform's fault in the victim's node and waits until the observer finds
 // the cluster whole again. The run is recorded when the test ends, whatever its outcome.
 func faultUntilWhole(t *testing.T, p *kindPlatform, o *observer, c kindCluster, victim clusterv1.Machine, r *kindResult) {
@@ -406,9 +416,7 @@ func kubeletStopped(t *testing.T, leader bool, minMargin int) (string, summary) 
 	g := NewWithT(t)
 	p := kindEnv(t)
 	c := sharedCluster(t)
-	o := startObserver(p.c, c.ns, c.name)
-	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	o := observeWhole(t, p, c)
 
 	cp, _ := machinesOf(g, c.ns, c.name)
 	g.Expect(cp).To(HaveLen(3))
@@ -439,9 +447,7 @@ func TestKindWorkerNodeStopped(t *testing.T) {
 	c := sharedCluster(t)
 	fencer := startPowerFencer(t, p.c, c.ns)
 	defer fencer.stop()
-	o := startObserver(p.c, c.ns, c.name)
-	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	o := observeWhole(t, p, c)
 
 	_, workers := machinesOf(g, c.ns, c.name)
 	g.Expect(workers).To(HaveLen(2))
@@ -476,9 +482,7 @@ func TestKindReplacementThatNeverComesUp(t *testing.T) {
 	setControlPlaneRemediation(t, p, c, func(s *caprv1.ControlPlaneRemediationSpec) {
 		s.ReplacementTimeoutSeconds = ptr.To[int32](replacementTimeout)
 	})
-	o := startObserver(p.c, c.ns, c.name)
-	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	o := observeWhole(t, p, c)
 
 	cp, _ := machinesOf(g, c.ns, c.name)
 	v, _ := o.latest()
@@ -603,9 +607,7 @@ func TestKindSingleControlPlaneKubeletStopped(t *testing.T) {
 	cp, _ := p.healthChecks(c.ns, c.name)
 	g.Expect(p.c.Create(ctx, cp)).To(Succeed())
 
-	o := startObserver(p.c, c.ns, c.name)
-	defer o.stop()
-	g.Eventually(func(g Gomega) { whole(g, p, o, c, "", "") }, 10*time.Minute, 5*time.Second).Should(Succeed(), "the cluster is not whole before the fault")
+	o := observeWhole(t, p, c)
 	machines, _ := machinesOf(g, c.ns, c.name)
 	g.Expect(machines).To(HaveLen(1))
 	victim := machines[0]
