@@ -377,6 +377,33 @@ type FencingBackendStatus struct {
 	// unfencedTime is when its fence was undone.
 	// +optional
 	UnfencedTime *metav1.Time `json:"unfencedTime,omitempty"`
+	// objects are the fence objects this backend created for the fence (a NetworkFence per class, the
+	// External fence object), recorded before any of them is believed. A backend confirms only an
+	// object whose UID is recorded here: anyone who may create the kind can copy its name, labels,
+	// annotations and spec, but not its UID.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Objects []FencingObject `json:"objects,omitempty"`
+}
+
+// FencingObject is an object a fencing backend created.
+type FencingObject struct {
+	// kind of the object.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Kind string `json:"kind"`
+	// name of the object.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// uid of the object as created.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	UID string `json:"uid"`
 }
 
 // +kubebuilder:object:root=true

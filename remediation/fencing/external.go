@@ -131,8 +131,13 @@ func (b *ExternalBackend) create(ctx context.Context, req Request, spec caprv1.F
 	if tmpl != nil {
 		obj.Object["spec"] = tmpl
 	}
-	if err := b.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+	switch err := b.Client.Create(ctx, obj); {
+	case apierrors.IsAlreadyExists(err):
+		// Made meanwhile by someone else: not recorded, so replaced when read next (owned.go).
+	case err != nil:
 		return false, "", fmt.Errorf("creating %s: %w", what, err)
+	default:
+		created(req, obj)
 	}
 	ref := spec.TemplateRef
 	return false, fmt.Sprintf("%s created from %s %s, waiting for its %s condition", what, ref.Kind, ref.Name, ExternalFencedCondition), nil

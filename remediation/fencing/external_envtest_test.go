@@ -3,6 +3,7 @@
 package fencing_test
 
 import (
+	"slices"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -44,7 +45,8 @@ func newExternalFixture(t *testing.T) *externalFixture {
 
 func (f *externalFixture) request() fencing.Request {
 	return fencing.Request{Cluster: f.cluster, Machine: f.machine, Node: f.node, Remediation: f.remediation,
-		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{f.spec}}}
+		Spec:    &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{f.spec}},
+		Objects: slices.Clone(f.objects), Created: f.record}
 }
 
 func (f *externalFixture) fence() (bool, string) {

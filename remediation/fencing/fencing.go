@@ -44,6 +44,13 @@ type Request struct {
 	// to be gone too (a fenced address must not be released while the old node may still use it).
 	// Unset, Unfence undoes the fence of a Machine that is kept (an aborted remediation).
 	AfterDelete bool
+	// Objects are the fence objects CAPR created for this fence, as recorded in the request's status
+	// (status.fencing.backends[].objects; FenceRecorded sets them). A backend believes a fence object
+	// only when its UID is among them (owned.go).
+	Objects []caprv1.FencingObject
+	// Created, when set, is told of each fence object a backend created. PolicyFencer sets it and
+	// returns the objects in BackendResult.Objects, which Observe records.
+	Created func(caprv1.FencingObject)
 	// PodsDeletedAt is when CAPR force-deleted the Node's pods (status.fencing.pods.deletedTime, set
 	// by FenceRecorded); zero until then. The out-of-service taint waits taintAfterPods after it
 	// (pods.go).
@@ -81,6 +88,8 @@ type BackendResult struct {
 	Type    caprv1.FencingBackendType
 	State   caprv1.FencingBackendState
 	Message string
+	// Objects are the fence objects the backend created in this call (Request.Created).
+	Objects []caprv1.FencingObject
 }
 
 // Fencer fences a Machine's node. Implementations must be idempotent: they are called again on every
@@ -238,6 +247,7 @@ func (p *PolicyFencer) fenceOne(ctx context.Context, req Request, b caprv1.Fenci
 		r.State, r.Message = caprv1.FencingBackendNotAvailable, "is not available in this CAPR version"
 		return r
 	}
+	req.Created = func(o caprv1.FencingObject) { r.Objects = append(r.Objects, o) }
 	done, msg, err := impl.Fence(ctx, req, b)
 	switch {
 	case errors.Is(err, ErrNotAvailable):

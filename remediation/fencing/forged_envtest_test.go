@@ -66,6 +66,8 @@ func TestForgedNetworkFenceIsNotBelieved(t *testing.T) {
 		{"a driver of its own", []any{"10.0.9.7/32"}, func(nf *unstructured.Unstructured) {
 			nf.Object["spec"].(map[string]any)["driver"] = "other.csi.example.com"
 		}, "spec.driver is set"},
+		{"a copy of everything CAPR gives it", []any{"10.0.9.7/32"}, func(*unstructured.Unstructured) {},
+			"is not one CAPR recorded creating it"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, addresses("10.0.9.7")...)
@@ -74,9 +76,7 @@ func TestForgedNetworkFenceIsNotBelieved(t *testing.T) {
 			forged := f.get("ceph").GetUID()
 
 			pf := &fencing.PolicyFencer{Workload: f.backend.Workload, Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: f.backend}}
-			req, _ := f.request("ceph")
-			res, err := pf.Fence(ctx, req)
-			f.g.Expect(err).NotTo(HaveOccurred())
+			res := f.policyFence(pf, "ceph")
 			f.g.Expect(res.Outcome).To(Equal(fencing.Waiting), "a forged confirmation is never believed")
 			f.g.Expect(res.Message).To(And(ContainSubstring("is not the fence CAPR made for this remediation"), ContainSubstring(tt.why)),
 				"reported in the Result (the condition and event)")
@@ -116,9 +116,39 @@ func TestNetworkFenceOfAnotherRemediationIsNotUnfenced(t *testing.T) {
 func TestFencedNetworkFenceOfThisRemediationIsConfirmed(t *testing.T) {
 	f := newFixture(t, addresses("10.0.11.7")...)
 	createClass(f.g, "ceph")
-	f.forgeNetworkFence("ceph", []any{"10.0.11.7/32", "10.0.11.8/32"}, func(*unstructured.Unstructured) {})
+	f.fence("ceph")
+	nf := f.get("ceph")
+	f.g.Expect(unstructured.SetNestedStringSlice(nf.Object, []string{"10.0.11.7/32", "10.0.11.8/32"}, "spec", "cidrs")).To(Succeed())
+	f.g.Expect(k8sClient.Update(ctx, nf)).To(Succeed())
+	f.report("ceph", "Succeeded", fencedMessage)
 	done, msg := f.fence("ceph")
 	f.g.Expect(done).To(BeTrue(), msg)
+}
+
+// TestFenceObjectRecreatedUnderItsNameIsNotBelieved: CAPR's own object, deleted and made again with
+// everything it had (marks, spec, a confirmed status), is not CAPR's: only the UID recorded when
+// CAPR created it is believed.
+func TestFenceObjectRecreatedUnderItsNameIsNotBelieved(t *testing.T) {
+	f := newExternalFixture(t)
+	f.fence()
+	obj := f.object()
+	mine := obj.GetUID()
+	f.g.Expect(k8sClient.Delete(ctx, obj)).To(Succeed())
+	copied := &unstructured.Unstructured{Object: map[string]any{"spec": obj.Object["spec"]}}
+	copied.SetGroupVersionKind(obj.GroupVersionKind())
+	copied.SetNamespace(obj.GetNamespace())
+	copied.SetName(obj.GetName())
+	copied.SetLabels(obj.GetLabels())
+	copied.SetAnnotations(obj.GetAnnotations())
+	f.g.Expect(k8sClient.Create(ctx, copied)).To(Succeed())
+	f.setFenced(metav1.ConditionTrue, "PoweredOff", "chassis power is off")
+
+	done, msg := f.fence()
+	f.g.Expect(done).To(BeFalse(), "a copy is never believed")
+	f.g.Expect(msg).To(ContainSubstring("is not one CAPR recorded creating it"))
+	f.g.Expect(f.object()).To(BeNil(), "deleted (no provider finalizer here)")
+	f.fence()
+	f.g.Expect(f.object().GetUID()).NotTo(Or(Equal(mine), Equal(copied.GetUID())), "CAPR's own made anew")
 }
 
 // TestForgedExternalFenceIsNotBelieved: an object of the provider's kind named after the Machine,

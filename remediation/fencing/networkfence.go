@@ -175,8 +175,13 @@ func (b *NetworkFenceBackend) create(ctx context.Context, c client.Client, req R
 		"fenceState":            networkFenceFenced,
 		"cidrs":                 toAny(cidrs),
 	}
-	if err := c.Create(ctx, nf); err != nil && !apierrors.IsAlreadyExists(err) {
+	switch err := c.Create(ctx, nf); {
+	case apierrors.IsAlreadyExists(err):
+		// Made meanwhile by someone else: not recorded, so replaced when read next (owned.go).
+	case err != nil:
 		return false, "", fmt.Errorf("creating NetworkFence %s: %w", name, err)
+	default:
+		created(req, nf)
 	}
 	return false, fmt.Sprintf("NetworkFence %s created (class %s, %s), waiting for csi-addons", name, class, strings.Join(cidrs, ",")), nil
 }

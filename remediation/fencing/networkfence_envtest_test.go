@@ -5,6 +5,7 @@ package fencing_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -40,6 +41,9 @@ type fixture struct {
 	// remediation is the UID of the MachineRemediation the fence is for (fencing.Request.Remediation).
 	remediation types.UID
 	backend     *fencing.NetworkFenceBackend
+	// objects are the fence objects the backends reported created, as the request's status records
+	// them (fencing.Request.Objects).
+	objects []caprv1.FencingObject
 }
 
 func newFixture(t *testing.T, nodeAddresses ...corev1.NodeAddress) *fixture {
@@ -72,7 +76,25 @@ func newFixture(t *testing.T, nodeAddresses ...corev1.NodeAddress) *fixture {
 func (f *fixture) request(classes ...string) (fencing.Request, caprv1.FencingBackend) {
 	spec := caprv1.FencingBackend{Type: caprv1.FencingBackendNetworkFence, NetworkFenceClassNames: classes}
 	return fencing.Request{Cluster: f.cluster, Machine: f.machine, Node: f.node, Remediation: f.remediation,
-		Spec: &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{spec}}}, spec
+		Spec:    &caprv1.FencingSpec{Policy: caprv1.FencingRequired, Backends: []caprv1.FencingBackend{spec}},
+		Objects: slices.Clone(f.objects), Created: f.record}, spec
+}
+
+// record keeps a fence object a backend created, as the request's status would.
+func (f *fixture) record(o caprv1.FencingObject) {
+	f.objects = append(f.objects, o)
+}
+
+// policyFence asks pf to fence for classes, recording the objects its backends created.
+func (f *fixture) policyFence(pf *fencing.PolicyFencer, classes ...string) fencing.Result {
+	f.t.Helper()
+	req, _ := f.request(classes...)
+	res, err := pf.Fence(ctx, req)
+	f.g.Expect(err).NotTo(HaveOccurred())
+	for _, b := range res.Backends {
+		f.objects = append(f.objects, b.Objects...)
+	}
+	return res
 }
 
 func (f *fixture) fence(classes ...string) (bool, string) {
@@ -359,15 +381,15 @@ func TestPolicyFencerUnfencesThroughNetworkFence(t *testing.T) {
 	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	f.g.Expect(k8sClient.Status().Update(ctx, node)).To(Succeed())
 	pf := &fencing.PolicyFencer{Workload: f.backend.Workload, Backends: map[caprv1.FencingBackendType]fencing.Backend{caprv1.FencingBackendNetworkFence: f.backend}}
-	req, _ := f.request("ceph")
-	_, err := pf.Fence(ctx, req)
-	f.g.Expect(err).NotTo(HaveOccurred())
+	res := f.policyFence(pf, "ceph")
+	f.g.Expect(res.Backends[0].Objects).To(ConsistOf(caprv1.FencingObject{Kind: "NetworkFence", Name: f.name("ceph"), UID: string(f.get("ceph").GetUID())}),
+		"the object created is returned, for the status to record")
 	f.report("ceph", "Succeeded", fencedMessage)
-	res, err := pf.Fence(ctx, req)
-	f.g.Expect(err).NotTo(HaveOccurred())
+	res = f.policyFence(pf, "ceph")
 	f.g.Expect(res.Outcome).To(Equal(fencing.Fenced), res.Message)
 
-	err = pf.Unfence(ctx, req)
+	req, _ := f.request("ceph")
+	err := pf.Unfence(ctx, req)
 	f.g.Expect(errors.Is(err, fencing.ErrUnfencePending)).To(BeTrue(), "%v", err)
 	f.report("ceph", "Succeeded", unfencedMessage)
 	f.g.Expect(errors.Is(pf.Unfence(ctx, req), fencing.ErrUnfencePending)).To(BeTrue(), "deleting")

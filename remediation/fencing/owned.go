@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,14 +13,20 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 )
 
 // A fence object is found by a name anyone can use (NetworkFenceName, the Machine's name for
 // External), so its name proves nothing: an object left by another remediation, or made by someone
 // else, may carry the expected name and a status saying "fenced". A backend confirms only an object
-// CAPR created for this fence: labelled managed-by CAPR, annotated with the MachineRemediation's UID
-// and the Node, and with the spec CAPR would give it. Any other object of that name is reported and
-// replaced (deleted, then created anew once it is gone), never believed.
+// CAPR created for this fence: its UID recorded in the request's status when CAPR created it
+// (Request.Objects), labelled managed-by CAPR, annotated with the MachineRemediation's UID and the
+// Node, and with the spec CAPR would give it. The marks and the spec say what the object is for;
+// only the UID proves who made it, since anyone who may create the kind can copy the rest. Any other
+// object of that name is reported and replaced (deleted, then created anew once it is gone), never
+// believed. An object CAPR created whose UID a crash kept from the status is replaced too: a fence
+// made again, never one believed unproven.
 
 // Marks of the fence objects CAPR creates.
 const (
@@ -54,10 +61,20 @@ func markOwned(obj *unstructured.Unstructured, req Request) {
 	obj.SetAnnotations(annotations)
 }
 
-// notMarkedFor lists why obj does not carry the marks markOwned gives a fence of req (nil when it
-// does).
+// created tells req's Created of obj, which a backend has just created for req.
+func created(req Request, obj *unstructured.Unstructured) {
+	if req.Created != nil {
+		req.Created(caprv1.FencingObject{Kind: obj.GetKind(), Name: obj.GetName(), UID: string(obj.GetUID())})
+	}
+}
+
+// notMarkedFor lists why obj is not known as the fence CAPR created for req (nil when it is): its UID
+// not recorded (Request.Objects), or the marks markOwned gives it missing.
 func notMarkedFor(obj metav1.Object, req Request) []string {
 	var why []string
+	if !slices.ContainsFunc(req.Objects, func(o caprv1.FencingObject) bool { return o.UID == string(obj.GetUID()) }) {
+		why = append(why, fmt.Sprintf("its UID %s is not one CAPR recorded creating it (status.fencing.backends[].objects)", obj.GetUID()))
+	}
 	if v := obj.GetLabels()[ManagedByLabel]; v != ManagedBy {
 		why = append(why, fmt.Sprintf("label %s is %q, not %q", ManagedByLabel, v, ManagedBy))
 	}

@@ -55,6 +55,9 @@ func Observe(mr *caprv1.MachineRemediation, res Result, now time.Time) {
 		}
 		b := &f.Backends[i]
 		b.State, b.Message = r.State, truncate(r.Message)
+		for _, o := range r.Objects {
+			b.Objects = recordObject(b.Objects, o)
+		}
 		if r.State == caprv1.FencingBackendFenced && b.FencedTime == nil {
 			b.FencedTime = ptr.To(metav1.NewTime(now))
 		}
@@ -74,6 +77,11 @@ func FenceRecorded(ctx context.Context, f Fencer, mr *caprv1.MachineRemediation,
 	if Begin(mr, req.Node, now) {
 		if err := persist(ctx); err != nil {
 			return Result{}, err
+		}
+	}
+	if rec := mr.Status.Fencing; rec != nil && rec.NodeName == req.Node {
+		for _, b := range rec.Backends {
+			req.Objects = append(req.Objects, b.Objects...)
 		}
 	}
 	res, err := f.Fence(ctx, req)
@@ -134,4 +142,16 @@ func truncate(s string) string {
 		return s
 	}
 	return string(r[:maxMessage-3]) + "..."
+}
+
+// recordObject records o among a backend's objects: in place of the object of the same kind and
+// name, which it replaced (owned.go), or added.
+func recordObject(objects []caprv1.FencingObject, o caprv1.FencingObject) []caprv1.FencingObject {
+	for i := range objects {
+		if objects[i].Kind == o.Kind && objects[i].Name == o.Name {
+			objects[i] = o
+			return objects
+		}
+	}
+	return append(objects, o)
 }

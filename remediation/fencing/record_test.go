@@ -3,6 +3,7 @@ package fencing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -70,6 +71,43 @@ func TestFenceIsRecordedBeforeAnyBackendActs(t *testing.T) {
 	g.Expect(rec.Backends[1].State).To(Equal(caprv1.FencingBackendFencing))
 	g.Expect(rec.Backends[1].FencedTime).To(BeNil())
 	g.Expect(Owed(mr)).To(BeTrue())
+}
+
+// creatingFencer answers as a PolicyFencer whose first backend created a fence object per call,
+// keeping the objects each call was given.
+type creatingFencer struct {
+	given [][]caprv1.FencingObject
+}
+
+func (f *creatingFencer) Fence(_ context.Context, req Request) (Result, error) {
+	f.given = append(f.given, req.Objects)
+	created := caprv1.FencingObject{Kind: "NetworkFence", Name: "nf", UID: fmt.Sprintf("uid-%d", len(f.given))}
+	return Result{Outcome: Waiting, Backends: []BackendResult{
+		{Type: caprv1.FencingBackendNetworkFence, State: caprv1.FencingBackendFencing, Objects: []caprv1.FencingObject{created}},
+		{Type: caprv1.FencingBackendOutOfServiceTaint, State: caprv1.FencingBackendFencing},
+	}}, nil
+}
+
+// TestCreatedFenceObjectsAreRecordedAndGivenBack: the objects a backend created are recorded in the
+// status, one per kind and name (the latest replaces the one it replaced), and given to every later
+// call for the same Node, never to the fence of another Node.
+func TestCreatedFenceObjectsAreRecordedAndGivenBack(t *testing.T) {
+	g := NewWithT(t)
+	mr := &caprv1.MachineRemediation{Spec: caprv1.MachineRemediationSpec{Fencing: requiredSpec()}}
+	f := &creatingFencer{}
+	persist := func(context.Context) error { return nil }
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for range 2 {
+		_, err := FenceRecorded(context.Background(), f, mr, Request{Node: "n"}, t0, persist)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	g.Expect(f.given).To(Equal([][]caprv1.FencingObject{nil, {{Kind: "NetworkFence", Name: "nf", UID: "uid-1"}}}))
+	g.Expect(mr.Status.Fencing.Backends[0].Objects).To(Equal([]caprv1.FencingObject{{Kind: "NetworkFence", Name: "nf", UID: "uid-2"}}))
+	g.Expect(mr.Status.Fencing.Backends[1].Objects).To(BeEmpty())
+
+	_, err := FenceRecorded(context.Background(), f, mr, Request{Node: "other"}, t0, persist)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(f.given[2]).To(BeEmpty(), "the objects of another Node's fence")
 }
 
 // TestNothingRecordedWhenFencingCanOnlyBeSkipped: Disabled, or no Node, records nothing and owes
