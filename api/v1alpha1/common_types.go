@@ -52,7 +52,9 @@ const (
 	// joins new etcd members as learners and promotes them once caught up (kubeadm's EtcdLearnerMode,
 	// on by default since Kubernetes 1.29). CAPI's control-plane contract does not say how members
 	// join, so without it CAPR assumes voting joins, the stricter model; the models differ for a
-	// control plane of one Machine, which only a learner join can replace without losing quorum.
+	// control plane of one Machine, which only a learner join can replace without losing quorum. A
+	// KubeadmControlPlane of spec.version v1.34.0 or later joins learners without it (that kubeadm
+	// has no way to join voters); "false" says otherwise.
 	EtcdLearnerJoinsAnnotation = "remediation.cluster.x-k8s.io/etcd-learner-joins"
 )
 

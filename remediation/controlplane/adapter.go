@@ -7,9 +7,11 @@ import (
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/version"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 )
 
@@ -93,9 +95,28 @@ type ProviderView struct {
 func AdapterFor(cp *unstructured.Unstructured) Adapter {
 	learners, _ := learnerJoins(cp)
 	if cp.GroupVersionKind().Group == controlplanev1.GroupVersion.Group && cp.GetKind() == "KubeadmControlPlane" {
+		if _, declared := cp.GetAnnotations()[caprv1.EtcdLearnerJoinsAnnotation]; !declared {
+			learners = kubeadmJoinsLearners(cp)
+		}
 		return KCP{learners: learners}
 	}
 	return Generic{learners: learners}
+}
+
+// kubeadmAlwaysLearners is the first kubeadm version read to join every stacked etcd member as a
+// learner, with no feature gate to turn it off: cmd/kubeadm/app/phases/etcd/local.go
+// (CreateStackedEtcdStaticPodManifestFile) calls AddMemberAsLearner unconditionally in v1.34.0 and
+// v1.36.3. Earlier versions had the EtcdLearnerMode gate (beta, on by default, from v1.29), which a
+// KubeadmControlPlane's featureGates could turn off; the release that made it unconditional was not
+// read, so those versions count as voting joins unless the annotation says otherwise.
+var kubeadmAlwaysLearners = version.MustParseSemantic("v1.34.0")
+
+// kubeadmJoinsLearners reads a KubeadmControlPlane's spec.version: the version of the kubeadm that
+// joins its replacement Machines.
+func kubeadmJoinsLearners(kcp *unstructured.Unstructured) bool {
+	v, _, _ := unstructured.NestedString(kcp.Object, "spec", "version")
+	parsed, err := version.ParseGeneric(v)
+	return err == nil && parsed.AtLeast(kubeadmAlwaysLearners)
 }
 
 // Generic follows CAPI's control-plane contract only. It assumes voting joins (the conservative

@@ -31,8 +31,9 @@ type KCP struct{ learners bool }
 // Name implements Adapter.
 func (KCP) Name() string { return "KubeadmControlPlane" }
 
-// AddsLearners implements Adapter. kubeadm's learner mode depends on its version and feature gates,
-// so the conservative answer is no unless the KCP declares it (caprv1.EtcdLearnerJoinsAnnotation).
+// AddsLearners implements Adapter: what the KCP declares (caprv1.EtcdLearnerJoinsAnnotation), else
+// whether its kubeadm always joins learners (kubeadmJoinsLearners); kubeadm's earlier learner mode
+// depended on a feature gate, so the answer is no for those versions.
 func (k KCP) AddsLearners() bool { return k.learners }
 
 // kcpRemediationData is KCP's RemediationData JSON.

@@ -30,6 +30,28 @@ func TestLearnerJoinsAnnotation(t *testing.T) {
 		g.Expect(AdapterFor(cp(kind[0], kind[1], &no)).AddsLearners()).To(BeFalse(), kind[0])
 		g.Expect(AdapterFor(cp(kind[0], kind[1], &bad)).AddsLearners()).To(BeFalse(), kind[0])
 	}
+	// A KubeadmControlPlane's kubeadm joins learners from v1.34.0 on, whatever its configuration; the
+	// annotation still decides when present. Another provider's version says nothing.
+	versioned := func(kind, group, v string, value *string) *unstructured.Unstructured {
+		obj := cp(kind, group, value)
+		obj.Object["spec"] = map[string]any{"version": v}
+		return obj
+	}
+	for _, tc := range []struct {
+		kind, group, version string
+		value                *string
+		want                 bool
+	}{
+		{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io", "v1.36.3", nil, true},
+		{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io", "v1.34.0", nil, true},
+		{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io", "v1.33.7", nil, false},
+		{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io", "not a version", nil, false},
+		{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io", "v1.36.3", &no, false},
+		{"KubeadmControlPlane", "controlplane.cluster.x-k8s.io", "v1.33.7", &yes, true},
+		{"SandboxControlPlane", "controlplane.sandbox.capr.io", "v1.36.3", nil, false},
+	} {
+		NewWithT(t).Expect(AdapterFor(versioned(tc.kind, tc.group, tc.version, tc.value)).AddsLearners()).To(Equal(tc.want), "%s %s %v", tc.kind, tc.version, tc.value)
+	}
 	learners, problem := learnerJoins(cp("KubeadmControlPlane", "controlplane.cluster.x-k8s.io", &bad))
 	NewWithT(t).Expect(learners).To(BeFalse())
 	NewWithT(t).Expect(problem).To(SatisfyAll(ContainSubstring(caprv1.EtcdLearnerJoinsAnnotation), ContainSubstring(`"yes"`), ContainSubstring("voting joins")))
