@@ -45,6 +45,10 @@ func (r *Reconciler) takeLock(ctx context.Context, s *scope, desired int32) erro
 // remediation's victim. A conflict only means the object changed (a provider's status, replicas): it
 // is read again and the release retried.
 func (r *Reconciler) releaseLock(ctx context.Context, s *scope) error {
+	// The replicas field the surge took is given back first: once the lock is gone nothing would.
+	if err := r.giveBackTopologyReplicas(ctx, s); err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		if s.cp == nil {
 			return nil

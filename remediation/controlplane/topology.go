@@ -11,8 +11,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 
@@ -71,6 +73,53 @@ func ownsTopologyReplicas(cluster *clusterv1.Cluster) bool {
 		}
 	}
 	return false
+}
+
+// giveBackTopologyReplicas drops CAPR's field manager's ownership of Cluster
+// spec.topology.controlPlane.replicas, which the surge's forced apply took (setTopologyReplicas), as
+// the remediation lets the control plane go (releaseLock). An applier that sets another value later
+// would otherwise fail with a conflict naming CAPR, after the remediation ended. Only the
+// managedFields entry changes, never the value: the field is left to the managers that share it, or
+// to none until someone writes it again (which then takes it without a conflict). Idempotent: with
+// nothing of CAPR's there it writes nothing. The write is conditional on the resourceVersion read, so
+// an apply meanwhile is never lost; a conflict is returned, and the release is tried again.
+func (r *Reconciler) giveBackTopologyReplicas(ctx context.Context, s *scope) error {
+	if s.cluster == nil || !s.cluster.Spec.Topology.IsDefined() {
+		return nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s.cluster), cluster); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !ownsTopologyReplicas(cluster) {
+		return nil
+	}
+	base := cluster.DeepCopy()
+	kept := make([]metav1.ManagedFieldsEntry, 0, len(cluster.ManagedFields))
+	for _, mf := range cluster.ManagedFields {
+		if mf.Manager == TopologyFieldManager && mf.Operation == metav1.ManagedFieldsOperationApply && mf.FieldsV1 != nil {
+			set := &fieldpath.Set{}
+			if err := set.FromJSON(bytes.NewReader(mf.FieldsV1.GetRawBytes())); err != nil {
+				return fmt.Errorf("reading the managedFields of %s on Cluster %s: %w", TopologyFieldManager, cluster.Name, err)
+			}
+			set = set.Difference(fieldpath.NewSet(topologyReplicasPath))
+			if set.Empty() {
+				continue
+			}
+			raw, err := set.ToJSON()
+			if err != nil {
+				return err
+			}
+			mf.FieldsV1 = &metav1.FieldsV1{Raw: raw}
+		}
+		kept = append(kept, mf)
+	}
+	cluster.ManagedFields = kept
+	if err := r.Client.Patch(ctx, cluster, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("giving back Cluster %s spec.topology.controlPlane.replicas (managedFields of %s): %w", cluster.Name, TopologyFieldManager, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Gave back Cluster spec.topology.controlPlane.replicas", "Cluster", klog.KObj(cluster), "fieldManager", TopologyFieldManager)
+	return nil
 }
 
 // topologyReplicasOwners names the field managers of Cluster spec.topology.controlPlane.replicas,

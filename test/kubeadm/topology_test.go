@@ -70,10 +70,20 @@ func TestTopologyNodeNotReadyMemberHealthySurgesThroughCluster(t *testing.T) {
 	g.Expect(cps.Replacements).To(Equal(int32(1)), cps.SurgeReason)
 	g.Expect(res.Created).To(ConsistOf(cps.Replacement), "control-plane Machines created")
 
-	// What a GitOps tool sees afterwards: the value it had, with CAPR's field manager as its owner.
+	// What a GitOps tool sees afterwards: the value it had, and CAPR's field manager gone from the
+	// field, so that an apply of another value later takes it without a conflict (a dry run here:
+	// the same request as a real one, without its effect).
 	cluster := &clusterv1.Cluster{}
 	g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: mr.Namespace, Name: "wc"}, cluster)).To(Succeed())
-	g.Expect(topologyReplicasManagers(g, cluster)).To(ConsistOf(controlplane.TopologyFieldManager))
+	g.Expect(topologyReplicasManagers(g, cluster)).NotTo(ContainElement(controlplane.TopologyFieldManager))
+	apply := &unstructured.Unstructured{}
+	apply.SetAPIVersion(clusterv1.GroupVersion.String())
+	apply.SetKind("Cluster")
+	apply.SetNamespace(mr.Namespace)
+	apply.SetName("wc")
+	g.Expect(unstructured.SetNestedField(apply.Object, int64(4), "spec", "topology", "controlPlane", "replicas")).To(Succeed())
+	g.Expect(sb.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("gitops"), client.DryRunAll)).To(Succeed(),
+		"a later apply of another value, not forced, conflicts with nobody")
 }
 
 // TestTopologyMemberDeadDeletesFirst: on a cluster built from a ClusterClass the victim's etcd
