@@ -22,12 +22,13 @@ type reason struct {
 // event, and which of their constants count: in api/v1alpha1 every exported constant whose name
 // ends in "Reason" (condition reasons) or starts with "Event" (event reasons); in the remediators
 // and fencing (its PodDeleter), which emit their own events, the exported constants starting with
-// "Event".
+// "Event" (the reasons both remediators emit are in remediation).
 var reasonSources = []struct {
 	dir          string
 	suffixReason bool
 }{
 	{dir: "api/v1alpha1", suffixReason: true},
+	{dir: "remediation"},
 	{dir: "remediation/controlplane"},
 	{dir: "remediation/worker"},
 	{dir: "remediation/escalation"},

@@ -43,20 +43,14 @@ const (
 
 // Events on a MachineRemediation.
 const (
-	EventRemediationStarted        = "RemediationStarted"
 	EventStepStarted               = "StepStarted"
 	EventStepFinished              = "StepFinished"
-	EventRemediationWaiting        = "RemediationWaiting"
-	EventRemediationSucceeded      = "RemediationSucceeded"
 	EventRemediationFailed         = "RemediationFailed"
 	EventQuorumLost                = "EtcdQuorumLost"
-	EventFencingGaveUp             = "FencingGaveUp"
 	EventFencedDeletingVictim      = "FencedDeletingVictim"
-	EventRemediationAborted        = "RemediationAborted"
 	EventRemediationRetried        = "RemediationRetried"
 	EventRemediationWithdrawn      = "RemediationWithdrawn"
 	EventRemediationYielded        = "RemediationYielded"
-	EventStepTimedOut              = "StepTimedOut"
 	EventSurplusReplacementDeleted = "SurplusReplacementDeleted"
 	EventOrderReplanned            = "OrderReplanned"
 	EventReplicasChangedElsewhere  = "ReplicasChangedElsewhere"

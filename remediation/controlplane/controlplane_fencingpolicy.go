@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -19,7 +20,7 @@ func (r *Reconciler) decideFencing(ctx context.Context, s *scope) (raised string
 	raised, err := fencing.Decide(ctx, r.Client, s.mr, s.machine)
 	if err != nil {
 		return "", &waiting{reason: caprv1.MachineRemediationWaitingForPreconditionsReason, requeue: waitLong,
-			message: fmt.Sprintf("the remediation cannot start: %v", err), warning: EventRemediationWaiting}
+			message: fmt.Sprintf("the remediation cannot start: %v", err), warning: remediation.EventRemediationWaiting}
 	}
 	return raised, nil
 }

@@ -47,7 +47,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 		return stepResult{}, err
 	}
 	if v.GaveUp {
-		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
+		r.event(s.mr, corev1.EventTypeWarning, remediation.EventFencingGaveUp, v.Message)
 	}
 	metrics.Fenced(metrics.KindControlPlane, v.Outcome(), time.Since(rec.StartTime.Time))
 	return stepResult{StepResult: remediation.StepResult{Done: true, Skipped: v.Skipped, Message: v.Message}}, nil
@@ -375,7 +375,7 @@ func (r *Reconciler) succeed(ctx context.Context, s *scope) (ctrl.Result, error)
 	}
 	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationProgressingCondition, Status: metav1.ConditionFalse, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	conditions.Set(s.mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
-	r.event(s.mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	r.event(s.mr, corev1.EventTypeNormal, remediation.EventRemediationSucceeded, msg)
 	metrics.RemediationFinished(metrics.KindControlPlane, string(caprv1.MachineRemediationPhaseSucceeded))
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation succeeded", "replacement", s.mr.Status.ControlPlane.Replacement)
 	return ctrl.Result{}, nil

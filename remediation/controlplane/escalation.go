@@ -15,6 +15,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/escalation"
 )
 
@@ -147,7 +148,7 @@ func (r *Reconciler) recovered(ctx context.Context, s *scope, rec *caprv1.Remedi
 	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue, Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	metrics.StepFinished(metrics.KindControlPlane, string(rec.Name), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
 	r.observe(s, rec.Name, true)
-	r.event(mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	r.event(mr, corev1.EventTypeNormal, remediation.EventRemediationSucceeded, msg)
 	metrics.RemediationFinished(metrics.KindControlPlane, string(caprv1.MachineRemediationPhaseSucceeded))
 	ctrl.LoggerFrom(ctx).Info("Control-plane Machine recovered during the escalation; nothing replaced", "step", rec.Name)
 	return ctrl.Result{}, nil

@@ -239,7 +239,7 @@ func (r *Reconciler) planStart(ctx context.Context, s *scope, running bool) (sta
 				msg += fmt.Sprintf("; unhealthy members: %v", down)
 			}
 		}
-		warning := EventRemediationWaiting
+		warning := remediation.EventRemediationWaiting
 		if decision.WaitReason == caprv1.MachineRemediationQuorumLostReason {
 			warning = EventQuorumLost
 		}
@@ -305,7 +305,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, plan startPlan) (ctrl.
 		how = "; " + cp.SurgeReason
 	}
 	metrics.RemediationStarted(metrics.KindControlPlane, string(plan.decision.Order))
-	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s%s",
+	r.event(mr, corev1.EventTypeNormal, remediation.EventRemediationStarted, fmt.Sprintf("Remediating control-plane Machine %s, order %s: %s%s%s",
 		s.machine.Name, plan.decision.Order, plan.decision.Reason, how, table))
 	r.fencingRaisedEvent(s, raised)
 	ctrl.LoggerFrom(ctx).Info("Control-plane remediation started", "order", plan.decision.Order, "reason", plan.decision.Reason,

@@ -250,7 +250,7 @@ func (r *Reconciler) checkStepTimeout(ctx context.Context, s *scope) (ctrl.Resul
 		msg := fmt.Sprintf("step %s did not finish within %s; %s, so the remediation cannot be undone: it keeps trying, holding the control plane at %s (desired %d). Last: %s",
 			step, limit, whyIrreversible(s), replicasString(s), ptr.Deref(s.mr.Status.ControlPlane.DesiredReplicas, 0), rec.Message)
 		if !isWaitingFor(s.mr, caprv1.MachineRemediationStepTimedOutReason) {
-			r.event(s.mr, corev1.EventTypeWarning, EventStepTimedOut, msg)
+			r.event(s.mr, corev1.EventTypeWarning, remediation.EventStepTimedOut, msg)
 		}
 		res, err := r.runSteps(ctx, s)
 		if !currentStepDone(s.mr, step) {

@@ -114,9 +114,9 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 			msg := fmt.Sprintf("step %s: %s", step, res.Message)
 			if !isWaitingFor(s.mr, res.WaitReason) {
 				// Said once, when the wait starts (the condition carries the latest word).
-				eventType, reason := corev1.EventTypeNormal, EventRemediationWaiting
+				eventType, reason := corev1.EventTypeNormal, remediation.EventRemediationWaiting
 				if res.WaitReason == caprv1.MachineRemediationStepTimedOutReason {
-					eventType, reason = corev1.EventTypeWarning, EventStepTimedOut
+					eventType, reason = corev1.EventTypeWarning, remediation.EventStepTimedOut
 				}
 				r.event(s.mr, eventType, reason, msg)
 			}

@@ -47,7 +47,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	if mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
 		if r.pastPointOfNoReturn(ctx, s) {
 			if !isWaitingFor(mr, caprv1.MachineRemediationAbortedReason) {
-				r.event(mr, corev1.EventTypeWarning, EventRemediationAborted,
+				r.event(mr, corev1.EventTypeWarning, remediation.EventRemediationAborted,
 					"Deletion requested, but "+whyIrreversible(s)+": the remediation is finished first, then the request goes")
 			}
 			if s.machineGone {

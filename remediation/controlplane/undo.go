@@ -338,7 +338,7 @@ func (r *Reconciler) endUndo(ctx context.Context, s *scope, u *caprv1.ControlPla
 	case u.Phase == caprv1.MachineRemediationPhaseFailed:
 		r.failed(ctx, s, u.Reason, msg)
 	case u.Reason == caprv1.MachineRemediationAbortedReason:
-		r.event(s.mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+		r.event(s.mr, corev1.EventTypeNormal, remediation.EventRemediationAborted, msg)
 		metrics.RemediationFinished(metrics.KindControlPlane, metrics.ResultAborted)
 		log.Info("Control-plane remediation aborted", "undone", msg)
 		backToPending(s, u.Reason, msg)

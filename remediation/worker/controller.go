@@ -41,12 +41,6 @@ const DefaultDeleteTimeout = 10 * time.Minute
 
 // Events on a MachineRemediation.
 const (
-	EventRemediationStarted   = "RemediationStarted"
-	EventRemediationWaiting   = "RemediationWaiting"
-	EventRemediationSucceeded = "RemediationSucceeded"
-	EventRemediationAborted   = "RemediationAborted"
-	EventFencingGaveUp        = "FencingGaveUp"
-	EventStepTimedOut         = "StepTimedOut"
 	EventNoRemediator         = "NoRemediator"
 	EventEscalationCreated    = escalation.EventCreated
 	EventEscalationObjectLeft = escalation.EventObjectLeft

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/worker"
 )
 
@@ -210,7 +211,7 @@ func TestEscalationLeavesAnObjectCAPRDidNotCreate(t *testing.T) {
 	g.Expect(mr.Status.Step(caprv1.EscalationStepName(0)).Message).To(ContainSubstring(
 		"Reboot w1 is not the object CAPR created for this remediation (it has no controller; CAPR's is owned by MachineRemediation w1, UID " + string(mr.UID) + "): left alone, not deleted"))
 	// While the step ran, the condition said so (the remediator's Warning event keeps what it said).
-	g.Expect(eventNotes(g, f.ns, worker.EventRemediationWaiting)).To(ContainSubstring(
+	g.Expect(eventNotes(g, f.ns, remediation.EventRemediationWaiting)).To(ContainSubstring(
 		"step Escalate1: Reboot w1 exists but is not the object CAPR created for this remediation"))
 	g.Expect(eventNotes(g, f.ns, worker.EventEscalationObjectLeft)).To(ContainSubstring("Reboot w1 is not the object CAPR created"))
 	g.Expect(eventNotes(g, f.ns, worker.EventEscalationCreated)).NotTo(ContainSubstring("Created Reboot"))

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
 )
 
@@ -18,7 +19,7 @@ import (
 func (r *Reconciler) decideFencing(ctx context.Context, s *scope) (raised string, ok bool) {
 	raised, err := fencing.Decide(ctx, r.Client, s.mr, s.machine)
 	if err != nil {
-		r.setWaitingWithEvent(s.mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForPreconditionsReason,
+		r.setWaitingWithEvent(s.mr, remediation.EventRemediationWaiting, caprv1.MachineRemediationWaitingForPreconditionsReason,
 			fmt.Sprintf("the remediation cannot start: %v", err))
 		return "", false
 	}

@@ -43,7 +43,7 @@ func (r *Reconciler) reconcilePending(ctx context.Context, s *scope) (ctrl.Resul
 	}
 	mr.Status.Worker.MachineDeployment = g.machineDeployment
 	if g.wait != "" {
-		r.setWaitingWithEvent(mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForPreconditionsReason, g.wait)
+		r.setWaitingWithEvent(mr, remediation.EventRemediationWaiting, caprv1.MachineRemediationWaitingForPreconditionsReason, g.wait)
 		return ctrl.Result{RequeueAfter: waitLong}, nil
 	}
 
@@ -169,7 +169,7 @@ func (r *Reconciler) start(ctx context.Context, s *scope, why string) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	metrics.RemediationStarted(metrics.KindWorker, "")
-	r.event(mr, corev1.EventTypeNormal, EventRemediationStarted, msg)
+	r.event(mr, corev1.EventTypeNormal, remediation.EventRemediationStarted, msg)
 	r.fencingRaisedEvent(s, raised)
 	ctrl.LoggerFrom(ctx).Info("Worker remediation started", "MachineSet", mr.Status.Worker.MachineSet,
 		"MachineDeployment", mr.Status.Worker.MachineDeployment)

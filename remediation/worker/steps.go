@@ -84,7 +84,7 @@ func (r *Reconciler) waitForDeletionByOthers(ctx context.Context, s *scope, pref
 			if v.TimedOut {
 				reason = caprv1.MachineRemediationStepTimedOutReason
 			}
-			r.setWaitingWithEvent(s.mr, EventRemediationWaiting, reason, fmt.Sprintf(
+			r.setWaitingWithEvent(s.mr, remediation.EventRemediationWaiting, reason, fmt.Sprintf(
 				"%sMachine %s is being deleted by someone else; its deletion is held until it is fenced: %s", prefix, s.machine.Name, v.Message))
 			return ctrl.Result{RequeueAfter: min(v.Requeue, waitShort)}, nil
 		}
@@ -162,9 +162,9 @@ func (r *Reconciler) recordStep(s *scope, step caprv1.StepName, rec *caprv1.Reme
 		metrics.StepFinished(metrics.KindWorker, string(step), string(rec.Outcome), rec.FinishTime.Sub(rec.StartTime.Time))
 		return ctrl.Result{RequeueAfter: time.Millisecond}
 	case res.WaitReason != "":
-		eventReason := EventRemediationWaiting
+		eventReason := remediation.EventRemediationWaiting
 		if res.WaitReason == caprv1.MachineRemediationStepTimedOutReason {
-			eventReason = EventStepTimedOut
+			eventReason = remediation.EventStepTimedOut
 		}
 		r.setWaitingWithEvent(mr, eventReason, res.WaitReason, fmt.Sprintf("step %s: %s", step, res.Message))
 	default:
@@ -232,7 +232,7 @@ func (r *Reconciler) unfence(ctx context.Context, s *scope, afterDelete bool, pr
 	if err != nil || done {
 		return done, ctrl.Result{}, err
 	}
-	r.setWaitingWithEvent(s.mr, EventRemediationWaiting, caprv1.MachineRemediationWaitingForUnfencingReason, prefix+msg)
+	r.setWaitingWithEvent(s.mr, remediation.EventRemediationWaiting, caprv1.MachineRemediationWaitingForUnfencingReason, prefix+msg)
 	return false, ctrl.Result{RequeueAfter: waitShort}, nil
 }
 
@@ -253,7 +253,7 @@ func (r *Reconciler) stepFence(ctx context.Context, s *scope, rec *caprv1.Remedi
 	}
 	switch {
 	case v.GaveUp:
-		r.event(s.mr, corev1.EventTypeWarning, EventFencingGaveUp, v.Message)
+		r.event(s.mr, corev1.EventTypeWarning, remediation.EventFencingGaveUp, v.Message)
 		return remediation.StepResult{Done: true, Message: v.Message}, nil
 	case v.Done:
 		return remediation.StepResult{Done: true, Skipped: v.Skipped, Message: v.Message}, nil
@@ -326,7 +326,7 @@ func (r *Reconciler) succeed(ctx context.Context, s *scope, msg string) (ctrl.Re
 		Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
 	conditions.Set(mr, metav1.Condition{Type: caprv1.MachineRemediationSucceededCondition, Status: metav1.ConditionTrue,
 		Reason: caprv1.MachineRemediationSucceededReason, Message: msg})
-	r.event(mr, corev1.EventTypeNormal, EventRemediationSucceeded, msg)
+	r.event(mr, corev1.EventTypeNormal, remediation.EventRemediationSucceeded, msg)
 	metrics.RemediationFinished(metrics.KindWorker, string(caprv1.MachineRemediationPhaseSucceeded))
 	ctrl.LoggerFrom(ctx).Info("Worker remediation succeeded", "message", msg)
 	return ctrl.Result{}, nil
@@ -358,7 +358,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 			return ctrl.Result{}, err
 		}
 		msg := "The request was deleted after the Machine's deletion was issued: it goes once the Machine is gone; " + res.Message
-		r.setWaitingWithEvent(mr, EventRemediationAborted, caprv1.MachineRemediationAbortedReason, msg)
+		r.setWaitingWithEvent(mr, remediation.EventRemediationAborted, caprv1.MachineRemediationAbortedReason, msg)
 		return ctrl.Result{RequeueAfter: waitShort}, nil
 	}
 	if err := r.deleteStartedEscalationObjects(ctx, mr); err != nil {
@@ -372,7 +372,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	}
 	msg := fmt.Sprintf("Remediation aborted (the request was deleted) before Machine %s was deleted: the Machine is kept", mr.Name)
 	remediation.SetWaiting(mr, caprv1.MachineRemediationAbortedReason, msg)
-	r.event(mr, corev1.EventTypeNormal, EventRemediationAborted, msg)
+	r.event(mr, corev1.EventTypeNormal, remediation.EventRemediationAborted, msg)
 	metrics.RemediationFinished(metrics.KindWorker, metrics.ResultAborted)
 	ctrl.LoggerFrom(ctx).Info("Worker remediation aborted")
 	controllerutil.RemoveFinalizer(mr, caprv1.MachineRemediationFinalizer)

@@ -17,9 +17,9 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers/machinehealthcheck"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/fencing"
-	"github.com/capr-io/capr/remediation/worker"
 	capienv "github.com/capr-io/capr/test/envtest"
 )
 
@@ -179,7 +179,7 @@ func TestAHostileTenantBesideAnHonestOne(t *testing.T) {
 				g.Expect(fence).NotTo(BeNil())
 				g.Expect(fence.GetUID()).NotTo(Equal(h.forged[machine]), "the forgery is replaced")
 				g.Expect(fence.GetAnnotations()).To(HaveKeyWithValue(fencing.RemediationUIDAnnotation, string(mr.UID)))
-				g.Expect(notes(events(g, h.ns, "MachineRemediation", machine, worker.EventRemediationWaiting))).
+				g.Expect(notes(events(g, h.ns, "MachineRemediation", machine, remediation.EventRemediationWaiting))).
 					To(ContainSubstring("is not the fence CAPR made for this remediation"))
 				g.Expect(mr.Status.Step(caprv1.StepDelete)).To(BeNil())
 			}, eventually, poll).Should(Succeed(), "the fence of %s", machine)

@@ -15,6 +15,7 @@ import (
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
 	"github.com/capr-io/capr/controllers"
 	"github.com/capr-io/capr/etcdutil"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/controlplane"
 	"github.com/capr-io/capr/remediation/escalation"
 	"github.com/capr-io/capr/remediation/fencing"
@@ -131,7 +132,7 @@ func TestControlPlaneRebootRecovers(t *testing.T) {
 	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3))
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
 	g.Expect(getMachine(g, wc, victim.Name).Annotations).NotTo(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
-	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationStarted)).To(Equal(1))
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, remediation.EventRemediationStarted)).To(Equal(1))
 }
 
 // TestControlPlaneRebootThatDoesNotHelpIsFollowedByReplacement: the reboot leaves the node down. At
@@ -186,7 +187,7 @@ func TestAbortDuringEscalationDeletesTheReboot(t *testing.T) {
 	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3))
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation))
 	g.Expect(controlPlane(g, wc)).To(HaveLen(3))
-	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationAborted)).To(Equal(1))
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, remediation.EventRemediationAborted)).To(Equal(1))
 }
 
 // TestRebootWaitsWhileUnreachableMembersCarryQuorum: three members; the victim C's kubelet
@@ -245,7 +246,7 @@ func TestRebootWaitsWhileUnreachableMembersCarryQuorum(t *testing.T) {
 			HaveField("Reason", caprv1.MachineRemediationNotQuorumSafeReason),
 			HaveField("Message", ContainSubstring("not quorum-safe")))))
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
-	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationWaiting)).To(BeNumerically(">=", 1))
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, remediation.EventRemediationWaiting)).To(BeNumerically(">=", 1))
 
 	// The second step times out without its reboot: created once in all (the first step's).
 	g.Eventually(func(g Gomega) {

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/controlplane"
 	capienv "github.com/capr-io/capr/test/envtest"
 	"github.com/capr-io/capr/test/sandbox"
@@ -96,7 +97,7 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 		g.Expect(mr.Status.CurrentStep).To(Equal(caprv1.StepWaitForReplacement))
 		g.Expect(*controlPlaneObject(g, wc).Spec.Replicas).To(BeEquivalentTo(4))
 	}, remediationTimeout, 100*time.Millisecond).Should(Succeed())
-	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationStarted)).To(Equal(1), "started more than once")
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, remediation.EventRemediationStarted)).To(Equal(1), "started more than once")
 
 	// The health check goes first, so that it does not ask again for the still-broken Machine.
 	g.Expect(sb.Client.DeleteAllOf(ctx, &caprv1.MachineHealthCheck{}, client.InNamespace(wc.Namespace))).To(Succeed())
@@ -105,7 +106,7 @@ func TestAbortBeforePointOfNoReturnUndoes(t *testing.T) {
 	cp := controlPlaneObject(g, wc)
 	g.Expect(*cp.Spec.Replicas).To(BeEquivalentTo(3), "replicas left at the surge size")
 	g.Expect(cp.Annotations).NotTo(HaveKey(caprv1.ControlPlaneLockAnnotation), "lock left behind")
-	g.Expect(eventCount(g, wc.Namespace, victim.Name, controlplane.EventRemediationAborted)).To(Equal(1))
+	g.Expect(eventCount(g, wc.Namespace, victim.Name, remediation.EventRemediationAborted)).To(Equal(1))
 	undo.expectWaitedForTheProvider(t, victim.Name)
 
 	sb.HoldProvisioning(wc, false)
