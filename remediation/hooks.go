@@ -12,10 +12,10 @@ import (
 
 // DeletionHooks are CAPR's CAPI deletion-hook annotations on a Machine, each naming the
 // MachineRemediation (the Machine's own name) that removes it: fence before delete
-// (remediation/fencing) and the control plane's replicas back after a surge (remediation/controlplane
-// stepDelete). A hook whose request no longer exists is removed by remediation/worker
-// (releaseOrphanedHook), whoever set it.
-var DeletionHooks = []string{caprv1.FenceBeforeDeleteHookAnnotation, caprv1.ReplicasBackHookAnnotation}
+// (remediation/fencing), the control plane's replicas back after a surge, and the member's removal
+// kept quorum-safe (remediation/controlplane stepDelete). A hook whose request no longer exists is
+// removed by remediation/worker (releaseOrphanedHook), whoever set it.
+var DeletionHooks = []string{caprv1.FenceBeforeDeleteHookAnnotation, caprv1.ReplicasBackHookAnnotation, caprv1.QuorumSafeHookAnnotation}
 
 // HasDeletionHook reports whether o carries one of DeletionHooks.
 func HasDeletionHook(o client.Object) bool {

@@ -48,6 +48,19 @@ const (
 	// name of the MachineRemediation.
 	ReplicasBackHookAnnotation = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/capr-replicas-back"
 
+	// QuorumSafeHookAnnotation is a CAPI pre-terminate deletion hook
+	// (clusterv1.PreTerminateDeleteHookAnnotationPrefix + "/capr-quorum-safe") that a control-plane
+	// remediation puts on its victim just before deleting it while its etcd member still votes
+	// (DeleteBeforeMemberRemoval), and removes once its own reading of etcd says that removing the
+	// member keeps quorum. The provider's pre-terminate hook removes the member (KCP's kcp-cleanup,
+	// which from Kubernetes v1.31 on runs only after every other pre-terminate hook is gone) and
+	// judges that from its Machine conditions, which can show a dead member healthy: without this
+	// hook a second member dying during the deletion has KCP ask etcd for a removal that would leave
+	// too few healthy voters, which etcd refuses (its strict reconfiguration check) on every retry, and
+	// the deletion never ends (with that check off, quorum would be lost). CAPR removes the dead
+	// member first, then releases the hook. Its value is the name of the MachineRemediation.
+	QuorumSafeHookAnnotation = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/capr-quorum-safe"
+
 	// EtcdLearnerJoinsAnnotation on a cluster's control-plane object, "true", says that its provider
 	// joins new etcd members as learners and promotes them once caught up (kubeadm's EtcdLearnerMode,
 	// on by default since Kubernetes 1.29). CAPI's control-plane contract does not say how members

@@ -97,3 +97,15 @@ func TestFenceHookIsACAPIPreDrainHook(t *testing.T) {
 	g.Expect(prefix).To(Equal(clusterv1.PreDrainDeleteHookAnnotationPrefix))
 	g.Expect(name).NotTo(BeEmpty())
 }
+
+// TestQuorumSafeHookIsACAPIPreTerminateHook: the hooks CAPR holds a victim's termination with carry
+// CAPI's pre-terminate hook prefix, followed by "/" and a name.
+func TestQuorumSafeHookIsACAPIPreTerminateHook(t *testing.T) {
+	g := NewWithT(t)
+	for _, hook := range []string{caprv1.QuorumSafeHookAnnotation, caprv1.ReplicasBackHookAnnotation} {
+		prefix, name, ok := strings.Cut(hook, "/")
+		g.Expect(ok).To(BeTrue())
+		g.Expect(prefix).To(Equal(clusterv1.PreTerminateDeleteHookAnnotationPrefix))
+		g.Expect(name).NotTo(BeEmpty())
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/etcdutil"
 	"github.com/capr-io/capr/metrics"
 	"github.com/capr-io/capr/remediation"
 	"github.com/capr-io/capr/remediation/fencing"
@@ -107,11 +108,19 @@ func (r *Reconciler) stepDelete(ctx context.Context, s *scope) (stepResult, erro
 		if err != nil {
 			return stepResult{}, err
 		}
+		if held == "" {
+			if held, err = r.releaseQuorumSafeHook(ctx, s, m); err != nil {
+				return stepResult{}, err
+			}
+		}
 		return stepResult{StepResult: remediation.StepResult{Message: fmt.Sprintf("Machine %s is being deleted%s%s", m.Name, note, held), Requeue: heldRequeue(held)}}, nil
 	}
 	want := map[string]string{clusterv1.DeleteMachineAnnotation: "capr"}
 	if surged {
 		want[caprv1.ReplicasBackHookAnnotation] = s.mr.Name
+	}
+	if holdsMemberRemoval(s) {
+		want[caprv1.QuorumSafeHookAnnotation] = s.mr.Name
 	}
 	if base := m.DeepCopy(); annotations.AddAnnotations(m, want) {
 		if err := r.Client.Patch(ctx, m, client.MergeFrom(base)); err != nil {
@@ -244,6 +253,54 @@ func (r *Reconciler) releaseReplicasBackHook(ctx context.Context, s *scope, left
 	}
 	_, _, err = remediation.RemoveMachineAnnotations(ctx, r.Client, r.APIReader, key, caprv1.ReplicasBackHookAnnotation)
 	return "", err
+}
+
+// holdsMemberRemoval reports whether the victim's deletion is held by QuorumSafeHookAnnotation: the
+// provider removes its member during the deletion (DeleteBeforeMemberRemoval), which stacked etcd
+// needs.
+func holdsMemberRemoval(s *scope) bool {
+	return s.mr.Status.ControlPlane.Order == caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval && !s.externalEtcd()
+}
+
+// releaseQuorumSafeHook removes QuorumSafeHookAnnotation from the victim m, being deleted, once CAPR's
+// own reading of etcd says that removing its member keeps quorum (quorum.CanRemoveMember), or the
+// member is gone; until then it returns why the hook holds. Where the removal is not quorum-safe
+// because other Machines' members are down (a second failure during the deletion), those of them
+// CAPR's health check marks for their member are removed first (downMarkedMembers): a member that
+// does not vote goes without lowering the failure margin, and it is what the removal of the victim's
+// waits for. KCP's hook judges from its Machine conditions, which show a member whose process died
+// healthy for minutes: it asks etcd to remove the victim's member, etcd refuses (its strict
+// reconfiguration check: the voters left would lack a healthy quorum) on every retry, and the
+// deletion never ends (test/kubeadm/more TestKCPSecondFailureWhileTheProviderHoldsTheMember).
+func (r *Reconciler) releaseQuorumSafeHook(ctx context.Context, s *scope, m *clusterv1.Machine) (held string, err error) {
+	if _, ok := m.Annotations[caprv1.QuorumSafeHookAnnotation]; !ok {
+		return "", nil
+	}
+	state, err := r.inspectEtcd(ctx, s)
+	if err != nil {
+		return fmt.Sprintf("; held by %s: etcd cannot be read to tell whether removing its member keeps quorum (%v)", caprv1.QuorumSafeHookAnnotation, err), nil
+	}
+	removed := ""
+	if victim := victimMemberOf(s, state); victim != nil {
+		safe := func() bool {
+			return etcdutil.CanRemoveMember(state.Counts(), etcdutil.Victim{Healthy: victim.Up(), Learner: victim.IsLearner})
+		}
+		if !safe() {
+			if gone := r.removeDownMembers(ctx, s, state, downMarkedMembers(state, s.mr.Name, s.machines)); len(gone) > 0 {
+				removed = "; removed the down members of other Machines first: " + strings.Join(gone, ", ")
+				r.event(s.mr, corev1.EventTypeNormal, EventDownMemberRemoved, "removed the down etcd members of other Machines, which kept the provider from removing the victim's: "+strings.Join(gone, ", "))
+			}
+		}
+		if !safe() {
+			c := state.Counts()
+			return fmt.Sprintf("%s; held by %s: removing its member now would not keep quorum (%d/%d voting members healthy, %d learners)",
+				removed, caprv1.QuorumSafeHookAnnotation, c.Healthy, c.Voting, c.Learners), nil
+		}
+	}
+	if _, _, err := remediation.RemoveMachineAnnotations(ctx, r.Client, r.APIReader, client.ObjectKeyFromObject(m), caprv1.QuorumSafeHookAnnotation); err != nil {
+		return "", err
+	}
+	return removed, nil
 }
 
 // replicasBack returns the control plane's replicas to what they were before the surge, when they

@@ -146,26 +146,7 @@ func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope) (st
 	if err := r.Client.List(ctx, list, client.InNamespace(s.mr.Namespace)); err != nil {
 		return "", fmt.Errorf("listing MachineRemediations: %w", err)
 	}
-	var removed []string
-	for _, w := range downMembersOfWaiting(state, s.mr.Name, list.Items, s.machines, now()) {
-		var via []string
-		for _, m := range state.Members {
-			if m.Healthy && !m.IsLearner {
-				via = append(via, m.Name)
-			}
-		}
-		if err := s.etcd.RemoveMember(ctx, w.member.ID, via); err != nil {
-			ctrl.LoggerFrom(ctx).Info("Leaving a waiting remediation's down etcd member to it: etcd refused its removal",
-				"waiting", klog.KObj(w.request), "member", w.member.Name, "error", err.Error())
-			break
-		}
-		state.Members = slices.DeleteFunc(state.Members, func(m etcdutil.MemberStatus) bool { return m.ID == w.member.ID })
-		removed = append(removed, fmt.Sprintf("%s (%x) of waiting %s", w.member.Name, w.member.ID, w.request.Name))
-		msg := fmt.Sprintf("etcd member %s (%x) of Machine %s is down and was removed by the remediation of %s, which holds the control plane: a member that does not vote is removed without lowering the failure margin, and this request would have removed it first at its start",
-			w.member.Name, w.member.ID, w.request.Name, s.mr.Name)
-		r.event(w.request, corev1.EventTypeNormal, EventDownMemberRemoved, msg)
-		ctrl.LoggerFrom(ctx).Info("Removed the down etcd member of a waiting remediation", "waiting", klog.KObj(w.request), "member", w.member.Name)
-	}
+	removed := r.removeDownMembers(ctx, s, state, downMembersOfWaiting(state, s.mr.Name, list.Items, s.machines, now()))
 	if len(removed) == 0 {
 		return "", nil
 	}
@@ -173,8 +154,42 @@ func (r *Reconciler) removeWaitingDownMembers(ctx context.Context, s *scope) (st
 	return "removed the down members of waiting remediations too: " + strings.Join(removed, ", "), nil
 }
 
-// waitingDownMember is a member removeWaitingDownMembers removes, with the request that waits for it.
+// removeDownMembers removes the members chosen, one at a time through the healthy voters, and takes
+// each out of state; it stops at the first removal etcd refuses (its member and those after it are
+// left as they are). It says so on the waiting request of each (when it has one) and returns what it
+// removed, for the holder's event and message.
+func (r *Reconciler) removeDownMembers(ctx context.Context, s *scope, state *etcdutil.State, members []waitingDownMember) []string {
+	var removed []string
+	for _, w := range members {
+		var via []string
+		for _, m := range state.Members {
+			if m.Healthy && !m.IsLearner {
+				via = append(via, m.Name)
+			}
+		}
+		if err := s.etcd.RemoveMember(ctx, w.member.ID, via); err != nil {
+			ctrl.LoggerFrom(ctx).Info("Leaving a down etcd member: etcd refused its removal",
+				"Machine", klog.KObj(w.machine), "member", w.member.Name, "error", err.Error())
+			break
+		}
+		state.Members = slices.DeleteFunc(state.Members, func(m etcdutil.MemberStatus) bool { return m.ID == w.member.ID })
+		ctrl.LoggerFrom(ctx).Info("Removed the down etcd member of another Machine", "Machine", klog.KObj(w.machine), "member", w.member.Name)
+		if w.request == nil {
+			removed = append(removed, fmt.Sprintf("%s (%x) of Machine %s", w.member.Name, w.member.ID, w.machine.Name))
+			continue
+		}
+		removed = append(removed, fmt.Sprintf("%s (%x) of waiting %s", w.member.Name, w.member.ID, w.request.Name))
+		r.event(w.request, corev1.EventTypeNormal, EventDownMemberRemoved, fmt.Sprintf(
+			"etcd member %s (%x) of Machine %s is down and was removed by the remediation of %s, which holds the control plane: a member that does not vote is removed without lowering the failure margin, and this request would have removed it first at its start",
+			w.member.Name, w.member.ID, w.machine.Name, s.mr.Name))
+	}
+	return removed
+}
+
+// waitingDownMember is a down member removeDownMembers removes, with its Machine and the request
+// that waits for it (nil when none does).
 type waitingDownMember struct {
+	machine *clusterv1.Machine
 	request *caprv1.MachineRemediation
 	member  etcdutil.MemberStatus
 }
@@ -200,21 +215,54 @@ func downMembersOfWaiting(state *etcdutil.State, holder string, requests []caprv
 		sorted = append(sorted, &requests[i])
 	}
 	slices.SortFunc(sorted, func(a, b *caprv1.MachineRemediation) int { return strings.Compare(a.Name, b.Name) })
+	var candidates []waitingDownMember
+	for _, mr := range sorted {
+		if m, ok := byName[mr.Name]; ok && mr.Name != holder && mayRemoveEarly(mr, m, at) {
+			candidates = append(candidates, waitingDownMember{machine: m, request: mr})
+		}
+	}
+	return downVoters(state, candidates)
+}
+
+// downMarkedMembers chooses the members of the other Machines, requested or not, that the holder of
+// a DeleteBeforeMemberRemoval removes when they keep the provider from removing the victim's
+// (releaseQuorumSafeHook): Machines CAPR's health check marks for their etcd member
+// (markedForEtcdMember) and that may be remediated (a Node, not deleting, neither skip-remediation
+// nor paused), whose member is a down voter (downVoters). A Machine whose request the health check's
+// limits hold back is among them: its member votes no more, and the check keeps marking it, so it is
+// requested once the limits allow. In the order of the Machines' names.
+func downMarkedMembers(state *etcdutil.State, victim string, machines []*clusterv1.Machine) []waitingDownMember {
+	var candidates []waitingDownMember
+	for _, m := range machines {
+		if m.Name != victim && markedForEtcdMember(m) && m.DeletionTimestamp.IsZero() && m.Status.NodeRef.IsDefined() &&
+			!annotations.HasSkipRemediation(m) && !annotations.HasPaused(m) {
+			candidates = append(candidates, waitingDownMember{machine: m})
+		}
+	}
+	slices.SortFunc(candidates, func(a, b waitingDownMember) int { return strings.Compare(a.machine.Name, b.machine.Name) })
+	return downVoters(state, candidates)
+}
+
+// downVoters keeps, of the candidates in their order, those whose member is a voter that is down
+// (not Up: it neither answers nor is proven to lead, etcdutil.MemberStatus.Up) and not the leader,
+// each only while its removal is quorum-safe on the counts the removals before it leave: a member
+// that does not vote is removed without lowering the failure margin.
+func downVoters(state *etcdutil.State, candidates []waitingDownMember) []waitingDownMember {
+	if state == nil {
+		return nil
+	}
 	c := state.Counts()
 	var out []waitingDownMember
-	for _, mr := range sorted {
-		m, ok := byName[mr.Name]
-		if mr.Name == holder || !ok || !mayRemoveEarly(mr, m, at) {
-			continue
-		}
-		member := state.ByName(m.Status.NodeRef.Name)
+	for _, w := range candidates {
+		member := state.ByName(w.machine.Status.NodeRef.Name)
 		if member == nil || member.Name == "" || member.IsLearner || member.Up() || member.ID == state.LeaderID {
 			continue
 		}
 		if !etcdutil.CanRemoveMember(c, etcdutil.Victim{Healthy: false}) {
 			continue
 		}
-		out = append(out, waitingDownMember{request: mr, member: *member})
+		w.member = *member
+		out = append(out, w)
 		c.Voting--
 		if !member.Reachable {
 			c.Unreachable--

@@ -343,14 +343,7 @@ func TestDownMembersOfWaiting(t *testing.T) {
 			for _, r := range tc.requests {
 				requests = append(requests, *r)
 			}
-			if tc.mark == "" {
-				tc.mark = caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason
-			}
-			if tc.mark != "-" {
-				for _, m := range tc.machines {
-					markedBy(tc.mark)(m)
-				}
-			}
+			markAll(tc.mark, tc.machines)
 			var got []string
 			for _, w := range downMembersOfWaiting(state, "m-b", requests, tc.machines, now) {
 				g.Expect(w.member.Name).To(Equal(nodeOf(w.request.Name)))
@@ -413,4 +406,70 @@ func TestRemoveMemberAfterTheDeleteIgnoresAReusedNodeName(t *testing.T) {
 		g.Expect(w.etcd.removeMembers).To(BeEmpty(), "the replacement's member was removed")
 		g.Expect(w.s.mr.Status.ControlPlane.MemberID).To(BeEmpty())
 	})
+}
+
+// TestDownMarkedMembers: the members a DeleteBeforeMemberRemoval removes so that the provider may
+// remove its victim's rest on CAPR's own mark, with or without a request, and on etcd: down voters
+// only, never the leader or a learner, never the victim's, each while quorum-safe.
+func TestDownMarkedMembers(t *testing.T) {
+	down := []memberOption{asUnreachable()}
+	machines := func(e *clusterv1.Machine) []*clusterv1.Machine {
+		return []*clusterv1.Machine{cpMachine("m-a"), cpMachine("m-b"), cpMachine("m-c"), e, cpMachine("m-f")}
+	}
+	cases := []struct {
+		name     string
+		members  []fakeMember
+		machines []*clusterv1.Machine
+		mark     string // CAPR's mark on every Machine: UnhealthyEtcdMember when empty, none when "-"
+		want     []string
+	}{
+		{name: "down member of a marked Machine without a request",
+			members:  []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE, down...)},
+			machines: machines(cpMachine("m-e")), want: []string{"m-e"}},
+		{name: "not marked", members: []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE, down...)},
+			machines: machines(cpMachine("m-e")), mark: "-"},
+		{name: "marked for its Node only", members: []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE, down...)},
+			machines: machines(cpMachine("m-e")), mark: caprv1.MachineCAPRHealthCheckUnhealthyNodeReason},
+		{name: "the victim's own", members: []fakeMember{member(nodeA, asLeader()), member(nodeB, down...), member(nodeE)},
+			machines: machines(cpMachine("m-e"))},
+		{name: "healthy", members: []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE)}, machines: machines(cpMachine("m-e"))},
+		{name: "the leader, though unreachable", members: []fakeMember{member(nodeA), member(nodeB), member(nodeE, asLeader(), asUnreachable())},
+			machines: machines(cpMachine("m-e"))},
+		{name: "Machine being deleted", members: []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE, down...)},
+			machines: machines(cpMachine("m-e", beingDeleted()))},
+		{name: "Machine skips remediation", members: []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE, down...)},
+			machines: machines(cpMachine("m-e", withMachineAnnotation(clusterv1.MachineSkipRemediationAnnotation, "")))},
+		{name: "a learner pending promotion: no membership change",
+			members:  []fakeMember{member(nodeA, asLeader()), member(nodeB), member(nodeE, down...), member(nodeD, asLearner())},
+			machines: machines(cpMachine("m-e"))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			state, err := newFakeEtcd(tc.members...).Inspect(t.Context(), nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			markAll(tc.mark, tc.machines)
+			var got []string
+			for _, w := range downMarkedMembers(state, "m-b", tc.machines) {
+				g.Expect(w.request).To(BeNil())
+				g.Expect(w.member.Name).To(Equal(nodeOf(w.machine.Name)))
+				got = append(got, w.machine.Name)
+			}
+			g.Expect(got).To(Equal(tc.want))
+		})
+	}
+}
+
+// markAll gives every Machine CAPR's health check's mark with reason mark: UnhealthyEtcdMember when
+// empty, none when "-".
+func markAll(mark string, machines []*clusterv1.Machine) {
+	if mark == "" {
+		mark = caprv1.MachineCAPRHealthCheckUnhealthyEtcdMemberReason
+	}
+	if mark == "-" {
+		return
+	}
+	for _, m := range machines {
+		markedBy(mark)(m)
+	}
 }

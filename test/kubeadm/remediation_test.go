@@ -133,10 +133,11 @@ func TestKCPTwoOfFiveDeadNeverDeadlocks(t *testing.T) {
 // preflight refuses while that Machine's EtcdMemberHealthy is False, so there is no surge; the
 // member still votes, so CAPR fences and deletes the victim before its member is removed
 // (DeleteBeforeMemberRemoval), and KCP's kcp-cleanup pre-terminate hook removes the member during the
-// deletion, where KCP's own remediation removes it. CAPR is stopped as soon as the victim is deleting
-// and started again only once it is gone: its deletion finished without CAPR, so KCP removed the
-// member, and the restarted CAPR's RemoveMember finds it gone and the remediation ends with KCP's one
-// replacement. The failure margin never drops below 0.
+// deletion, where KCP's own remediation removes it, once CAPR's quorum-safe hook has let it. CAPR is
+// stopped as soon as the victim is deleting and CAPR's hook is gone, and started again only once the
+// victim is gone: its deletion finished without CAPR, so KCP removed the member, and the restarted
+// CAPR's RemoveMember finds it gone and the remediation ends with KCP's one replacement. The failure
+// margin never drops below 0.
 func TestKCPAlarmedMemberLeavesDuringItsDeletion(t *testing.T) {
 	var victim string
 	res := kubeadm.RunScenario(ctx, t, sb, "kcp-nospace", kubeadm.Scenario{ControlPlane: 3,
@@ -154,7 +155,8 @@ func TestKCPAlarmedMemberLeavesDuringItsDeletion(t *testing.T) {
 				if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim}, m); err != nil {
 					return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 				}
-				return !m.DeletionTimestamp.IsZero(), nil
+				_, held := m.Annotations[caprv1.QuorumSafeHookAnnotation]
+				return !m.DeletionTimestamp.IsZero() && !held, nil
 			},
 			Resume: func(ctx context.Context, wc *sandbox.WorkloadCluster) (bool, error) {
 				err := sb.Client.Get(ctx, client.ObjectKey{Namespace: wc.Namespace, Name: victim}, &clusterv1.Machine{})

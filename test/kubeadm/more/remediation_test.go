@@ -283,3 +283,90 @@ func TestKCPSecondFailureAfterPointOfNoReturn(t *testing.T) {
 	g.Expect(cps.Order).To(Equal(caprv1.ControlPlaneOrderDeleteFirst), cps.OrderReason)
 	g.Expect(cps.Replacements).To(BeZero(), cps.SurgeReason)
 }
+
+// TestKCPSecondFailureWhileTheProviderHoldsTheMember: etcd raises NOSPACE for a follower's member, so
+// CAPR deletes that Machine while its member still votes, and KCP's kcp-cleanup pre-terminate hook is
+// to remove the member (DeleteBeforeMemberRemoval). While the deletion is under way (held by another
+// pre-terminate hook, as a drain held by a PodDisruptionBudget would hold it), a second Machine's etcd
+// process dies. KCP judges the removal from its Machine conditions, which show that member healthy
+// for minutes: it asks etcd to remove the victim's member, and etcd refuses (one healthy voter of two
+// would be left) on every retry. Left to KCP, the deletion would never end, and the second Machine,
+// whose request the health check's quorum-safe limit holds back, would never be remediated. CAPR's
+// own hook holds the deletion until removing the member keeps quorum on its reading of etcd: it
+// removes the dead member first (it does not vote: the margin stays), then lets KCP go on, and the
+// second Machine is remediated next. One Machine per remediation, the failure margin never below 0.
+func TestKCPSecondFailureWhileTheProviderHoldsTheMember(t *testing.T) {
+	const hold = clusterv1.PreTerminateDeleteHookAnnotationPrefix + "/test-hold"
+	var victim, second string
+	res := kubeadm.RunScenario(ctx, t, sb, "kcp-dbmr-second", kubeadm.Scenario{ControlPlane: 3,
+		Inject: func(ctx context.Context, wc *sandbox.WorkloadCluster, machines []clusterv1.Machine) ([]string, error) {
+			m, err := sb.EtcdMachine(ctx, wc, machines, false)
+			if err != nil {
+				return nil, err
+			}
+			victim = m.Name
+			leader, err := sb.EtcdMachine(ctx, wc, machines, true)
+			if err != nil {
+				return nil, err
+			}
+			node := ""
+			for i := range machines {
+				if n := machines[i].Name; n != victim && n != leader.Name {
+					second, node = n, machines[i].Status.NodeRef.Name
+				}
+			}
+			if err := setAnnotation(ctx, wc.Namespace, victim, hold, ptr.To("test")); err != nil {
+				return nil, err
+			}
+			if err := sb.AlarmEtcdMember(ctx, wc, m.Status.NodeRef.Name); err != nil {
+				return nil, err
+			}
+			if err := pollMachine(ctx, wc.Namespace, victim, func(m *clusterv1.Machine) bool { return !m.DeletionTimestamp.IsZero() }); err != nil {
+				return nil, fmt.Errorf("waiting for the victim's deletion: %w", err)
+			}
+			sb.KillEtcdMember(wc, node)
+			return []string{victim, second}, setAnnotation(ctx, wc.Namespace, victim, hold, nil)
+		}})
+	g := NewWithT(t)
+	g.Expect(res.MinMargin).To(BeNumerically(">=", 0), "the failure margin dropped to %d at %s", res.MinMargin, res.MinMarginAt)
+	first := res.Remediations[victim]
+	g.Expect(first.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderDeleteBeforeMemberRemoval), first.Status.ControlPlane.OrderReason)
+	events := &eventsv1.EventList{}
+	g.Expect(sb.Client.List(ctx, events, client.InNamespace(first.Namespace))).To(Succeed())
+	g.Expect(events.Items).To(ContainElement(And(HaveField("Regarding.Name", victim), HaveField("Reason", controlplane.EventDownMemberRemoved),
+		HaveField("Note", ContainSubstring("of Machine "+second)))), "the second Machine's member removed by the first remediation")
+	g.Expect(res.Remediations[second].Status.StartTime.Time).To(BeTemporally(">=", first.Status.CompletionTime.Time),
+		"the first remediation finishes before the second starts (status times are whole seconds)")
+	g.Expect(res.Created).To(HaveLen(2), "control-plane Machines created: one per remediation")
+}
+
+// setAnnotation sets (value) or removes (nil) an annotation of a Machine.
+func setAnnotation(ctx context.Context, namespace, name, key string, value *string) error {
+	m := &clusterv1.Machine{}
+	if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
+		return err
+	}
+	base := m.DeepCopy()
+	a := m.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	if value == nil {
+		delete(a, key)
+	} else {
+		a[key] = *value
+	}
+	m.SetAnnotations(a)
+	return sb.Client.Patch(ctx, m, client.MergeFrom(base))
+}
+
+// pollMachine waits until done says so of the Machine.
+func pollMachine(ctx context.Context, namespace, name string, done func(*clusterv1.Machine) bool) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		m := &clusterv1.Machine{}
+		if err := sb.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		return done(m), nil
+	})
+}
