@@ -25,8 +25,12 @@ import (
 const (
 	eventually = 20 * time.Second
 	poll       = 100 * time.Millisecond
-	// quiet is how long a Consistently check watches for something that must not happen.
+	// quiet is how long a Consistently check watches for something that must not happen, once the
+	// test has made sure that the remediator looked (a watch event it reacts to within a reconcile).
 	quiet = 2 * time.Second
+	// twoLooks is longer than two looks of a step the remediator polls every 2 s (its waitShort:
+	// the unfencing, which watches no workload Node).
+	twoLooks = 5 * time.Second
 	// nextLook bounds waiting for the remediator's next look at a waiting step: longer than its
 	// longest requeue (15 s) on a loaded machine.
 	nextLook = 45 * time.Second

@@ -92,6 +92,12 @@ func TestRemediateMachineAnnotationRemediatesAWorker(t *testing.T) {
 	f.workerWithNode(g, "asked", corev1.ConditionTrue)
 	f.workerWithNode(g, "other", corev1.ConditionTrue)
 	f.caprHealthCheck(g, nil)
+	// Both evaluated healthy first: a request made wrongly would follow in the next round.
+	g.Eventually(func(g Gomega) {
+		for _, n := range []string{"asked", "other"} {
+			g.Expect(conditions.IsTrue(getMachine(g, f.ns, n), caprv1.MachineCAPRHealthCheckSucceededCondition)).To(BeTrue(), n)
+		}
+	}, eventually, poll).Should(Succeed())
 	g.Consistently(func(g Gomega) bool { return remediationExists(g, f.ns, "asked") }, quiet, poll).Should(BeFalse())
 
 	patchMachine(g, f.ns, "asked", func(m *clusterv1.Machine) {

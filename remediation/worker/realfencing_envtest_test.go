@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -124,6 +125,8 @@ func TestRealNetworkFenceRequiredNeverConfirmedKeepsTheMachine(t *testing.T) {
 		g.Expect(reason).To(Equal(caprv1.MachineRemediationStepTimedOutReason))
 		g.Expect(msg).To(ContainSubstring("fencing is Required and not confirmed, the Machine is not deleted"))
 	}, eventually, poll).Should(Succeed())
+	// The next look past the timeout would come 15 s later; a change of the Machine brings it now.
+	patchMachine(g, f.ns, "w1", func(m *clusterv1.Machine) { metav1.SetMetaDataLabel(&m.ObjectMeta, "test.capr.io/touched", "true") })
 	g.Consistently(func(g Gomega) bool { return machineExists(g, f.ns, "w1") }, quiet, poll).Should(BeTrue())
 	g.Expect(getRemediation(g, f.ns, "w1").Status.Fencing.UnfencedTime).To(BeNil())
 }
@@ -155,7 +158,7 @@ func TestRealFenceThenTaintUnfencedAfterMachineAndNodeGone(t *testing.T) {
 		g.Expect(reason).To(Equal(caprv1.MachineRemediationWaitingForUnfencingReason))
 		g.Expect(msg).To(ContainSubstring("Node " + node + " still exists"))
 	}, eventually, poll).Should(Succeed())
-	g.Consistently(func(g Gomega) string { return capienv.FenceState(networkFence(g, f, node)) }, quiet, poll).Should(Equal("Fenced"))
+	g.Consistently(func(g Gomega) string { return capienv.FenceState(networkFence(g, f, node)) }, twoLooks, poll).Should(Equal("Fenced"))
 	mr := getRemediation(g, f.ns, "w1")
 	g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseRunning))
 	g.Expect(mr.Status.Fencing.Backends).To(HaveLen(2))
@@ -227,7 +230,7 @@ func TestRealAbortBeforeDeleteUnfences(t *testing.T) {
 		g.Expect(capienv.FenceState(networkFence(g, f, node))).To(Equal("Fenced"))
 		g.Expect(getMachine(g, f.ns, "w1").Annotations).To(HaveKey(caprv1.FenceBeforeDeleteHookAnnotation))
 		g.Expect(remediationExists(g, f.ns, "w1")).To(BeTrue())
-	}, quiet, poll).Should(Succeed())
+	}, twoLooks, poll).Should(Succeed())
 
 	n := &corev1.Node{}
 	g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())

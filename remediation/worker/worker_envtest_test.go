@@ -231,9 +231,9 @@ func TestMachineWithoutReplacingOwnerIsNeverDeleted(t *testing.T) {
 	}, quiet, poll).Should(Succeed())
 }
 
-// TestADeletedRequestIsNotReadLive: the reconciles a request's deletion starts (its delete event,
-// the requeue still queued for it) find it gone from the cache and send the API server nothing
-// (no live read answered 404). A wave of withdrawn requests costs the API server no reads.
+// TestADeletedRequestIsNotReadLive: the reconcile a request's deletion starts (its delete event)
+// finds it gone from the cache and sends the API server nothing (no live read answered 404). A wave
+// of withdrawn requests costs the API server no reads.
 func TestADeletedRequestIsNotReadLive(t *testing.T) {
 	g := NewWithT(t)
 	f, m := unreplacedRequest(t, g, "gone")
@@ -267,7 +267,10 @@ func TestARequestSomeoneElseWroteIsReadLive(t *testing.T) {
 	mr.Labels["edited-by"] = "hand"
 	g.Expect(k8sClient.Patch(ctx, mr, client.MergeFrom(base))).To(Succeed())
 	g.Eventually(func() int { return requests.ReadsOf(path) }, eventually, poll).Should(Equal(1))
-	// Read live once: the copy read is then the one seen last, and the cache's matches it.
+	// Read live once: the copy read is then the one seen last, and the cache's matches it. A later
+	// reconcile (the Machine paused, which the request's watch maps to it) decides from the cache.
+	patchMachine(g, f.ns, m.Name, func(m *clusterv1.Machine) { m.Annotations = map[string]string{clusterv1.PausedAnnotation: ""} })
+	g.Eventually(func(g Gomega) string { r, _ := progressing(g, f.ns, m.Name); return r }, eventually, poll).Should(Equal(caprv1.MachineRemediationPausedReason))
 	g.Consistently(func() int { return requests.ReadsOf(path) }, quiet, poll).Should(Equal(1))
 }
 

@@ -220,6 +220,8 @@ func TestKCPQuorumLostDoesNothing(t *testing.T) {
 		g.Expect(conditions.GetReason(mr, caprv1.MachineRemediationProgressingCondition)).To(Equal(caprv1.MachineRemediationQuorumLostReason))
 		g.Expect(conditions.GetMessage(mr, caprv1.MachineRemediationProgressingCondition)).To(ContainSubstring(machines[1].Status.NodeRef.Name))
 	}, 2*time.Minute, 200*time.Millisecond).Should(Succeed())
+	// Longer than the remediator's requeue while it waits (waitLong, 15 s): its next look must not
+	// act either.
 	g.Consistently(func(g Gomega) {
 		kcp := &controlplanev1.KubeadmControlPlane{}
 		g.Expect(sb.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "wc-cp"}, kcp)).To(Succeed())
@@ -231,7 +233,7 @@ func TestKCPQuorumLostDoesNothing(t *testing.T) {
 		for _, m := range now {
 			g.Expect(m.DeletionTimestamp.IsZero()).To(BeTrue(), "Machine %s deleted", m.Name)
 		}
-	}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
+	}, 17*time.Second, 500*time.Millisecond).Should(Succeed())
 }
 
 // TestKCPSecondFailureAfterPointOfNoReturn: a remediation (kubelet stopped, member healthy) has

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -81,6 +82,13 @@ func TestKCPRolloutDuringRemediation(t *testing.T) {
 		g.Expect(sb.Client.Get(ctx, victimKey, m)).To(Succeed())
 		g.Expect(m.DeletionTimestamp.IsZero()).To(BeFalse(), "the victim is not being deleted yet")
 	}, 10*time.Minute, time.Second).Should(Succeed())
+	// CAPI's Machine controller has reached the victim's pre-drain hooks and waits for them: what
+	// holds the teardown is CAPR's fence hook, not the controller's pace.
+	g.Eventually(func(g Gomega) {
+		m := &clusterv1.Machine{}
+		g.Expect(sb.Client.Get(ctx, victimKey, m)).To(Succeed())
+		g.Expect(conditions.GetReason(m, clusterv1.MachineDeletingCondition)).To(Equal(clusterv1.MachineDeletingWaitingForPreDrainHookReason))
+	}, time.Minute, 250*time.Millisecond).Should(Succeed())
 	g.Consistently(func(g Gomega) {
 		_, gone := sb.Log.Find(wc.LogKey(), start, "machine "+victim.Name+" gone")
 		g.Expect(gone).To(BeFalse(), "the victim was torn down before its fence")
