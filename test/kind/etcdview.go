@@ -22,7 +22,10 @@ type EtcdView struct {
 	Voters, Learners, HealthyVoter int
 	// Names are the voting members' names (kubeadm names a member after its node).
 	Names []string
-	// Unhealthy are the voters that failed the health check, each as "name: etcdctl's error".
+	// Unhealthy are the voters that failed the health check, each as "name: etcdctl's error", then
+	// what the member's status said of its raft log beside the leader's (a member just promoted
+	// may answer its status, with its log caught up, before it serves a linearizable read), or
+	// that it gave no status.
 	Unhealthy []string
 	// Leader is the name of the member the answering members name as leader.
 	Leader string
@@ -94,6 +97,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 		healthy[h.Endpoint], why[h.Endpoint] = h.Health, h.Error
 	}
 	var leaderID uint64
+	statusOf := map[uint64]memberStatus{}
 	confirmed := false
 	for _, line := range lines[2:] {
 		if strings.HasPrefix(strings.TrimSpace(line), "{") {
@@ -110,9 +114,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 			continue
 		}
 		var status []struct {
-			Status struct {
-				Leader uint64 `json:"leader"`
-			} `json:"Status"`
+			Status memberStatus `json:"Status"`
 		}
 		if err := json.Unmarshal([]byte(line), &status); err != nil {
 			return EtcdView{}, fmt.Errorf("endpoint status: %w", err)
@@ -121,6 +123,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 			if st.Status.Leader != 0 {
 				leaderID = st.Status.Leader
 			}
+			statusOf[st.Status.Header.MemberID] = st.Status
 		}
 	}
 	if !confirmed {
@@ -147,11 +150,36 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 				reason = why[u]
 			}
 		}
-		v.Unhealthy = append(v.Unhealthy, m.Name+": "+reason)
+		v.Unhealthy = append(v.Unhealthy, m.Name+": "+reason+"; "+describeStatus(m.ID, leaderID, statusOf))
 	}
 	sort.Strings(v.Names)
 	sort.Strings(v.Unhealthy)
 	return v, nil
+}
+
+// memberStatus is the part of etcdctl's endpoint status that says where a member's raft log stands.
+type memberStatus struct {
+	Header struct {
+		MemberID uint64 `json:"member_id"`
+	} `json:"header"`
+	Leader           uint64 `json:"leader"`
+	RaftTerm         uint64 `json:"raftTerm"`
+	RaftIndex        uint64 `json:"raftIndex"`
+	RaftAppliedIndex uint64 `json:"raftAppliedIndex"`
+}
+
+// describeStatus says what member id's status answer (if any) said of its raft log, beside the
+// leader's: its term, its committed and applied index.
+func describeStatus(id, leaderID uint64, statusOf map[uint64]memberStatus) string {
+	st, ok := statusOf[id]
+	if !ok {
+		return "no status"
+	}
+	out := fmt.Sprintf("status: term %d, committed %d, applied %d", st.RaftTerm, st.RaftIndex, st.RaftAppliedIndex)
+	if l, ok := statusOf[leaderID]; ok && leaderID != id {
+		out += fmt.Sprintf(" (leader: term %d, committed %d, applied %d)", l.RaftTerm, l.RaftIndex, l.RaftAppliedIndex)
+	}
+	return out
 }
 
 // sameMembership reports whether two member lists have the same members, each a voter or a learner

@@ -38,7 +38,7 @@ func TestParseEtcdctl(t *testing.T) {
 		name: "one voter of three unhealthy, blank lines between the answers",
 		out:  memberList + "\n\n" + health + "\n\n" + status + "\n\n" + memberList + "\n",
 		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
-			Unhealthy: []string{"cp-b: context deadline exceeded"}},
+			Unhealthy: []string{"cp-b: context deadline exceeded; no status"}},
 		margin: 0,
 	}, {
 		name:   "a learner is not a voter; without the status there is no leader",
@@ -49,7 +49,17 @@ func TestParseEtcdctl(t *testing.T) {
 		name: "the member list read again is the same",
 		out:  memberList + "\n" + health + "\n" + status + "\n" + memberList + "\n",
 		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
-			Unhealthy: []string{"cp-b: context deadline exceeded"}},
+			Unhealthy: []string{"cp-b: context deadline exceeded; no status"}},
+		margin: 0,
+	}, {
+		// A member that fails the health check but answers its status: the status is told beside
+		// the leader's, so a reading can tell a member catching up from a member that is down.
+		name: "an unhealthy voter that answers its status",
+		out: memberList + "\n" + health + "\n" + `[{"Endpoint":"https://172.18.0.7:2379","Status":{"header":{"member_id":3305490284527677042},"leader":5989846029734297070,"raftTerm":2,"raftIndex":900,"raftAppliedIndex":900}},` +
+			`{"Endpoint":"https://172.18.0.5:2379","Status":{"header":{"member_id":4246620370066203932},"leader":5989846029734297070,"raftTerm":2,"raftIndex":880,"raftAppliedIndex":410}},` +
+			`{"Endpoint":"https://172.18.0.4:2379","Status":{"header":{"member_id":5989846029734297070},"leader":5989846029734297070,"raftTerm":2,"raftIndex":901,"raftAppliedIndex":901}}]` + "\n" + memberList + "\n",
+		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
+			Unhealthy: []string{"cp-b: context deadline exceeded; status: term 2, committed 880, applied 410 (leader: term 2, committed 901, applied 901)"}},
 		margin: 0,
 	}, {
 		// A learner promoted (or a member removed) between the two reads: its health was read for a
