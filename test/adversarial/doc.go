@@ -7,5 +7,6 @@
 // whose Machine goes unhealthy. The honest Machine must be marked and remediated, fenced first; none
 // of the hostile tenant's Machines may be deleted while a health check covering it requires a fence
 // nobody confirmed; the hostile objects must be reported where CAPR promises a condition or event;
-// and the manager must neither panic nor hang. It needs the binaries built by `make envtest-assets`.
+// and the manager must neither panic nor hang. A second test black-holes every node of a tenant's
+// control-plane cluster under forty health checks reading its etcd, and times the honest tenant's mark. It needs the binaries built by `make envtest-assets`.
 package adversarial

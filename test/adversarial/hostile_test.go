@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -143,11 +142,7 @@ func (h *hostile) controlPlaneCluster(g *WithT) {
 	cluster := h.newCluster(g, cpCluster, clusterv1.ContractVersionedObjectReference{
 		APIGroup: "controlplane.cluster.x-k8s.io", Kind: "KubeadmControlPlane", Name: cpCluster,
 	}, map[string]string{etcdutil.EndpointsAnnotation: string(endpoints)})
-	ca := &secret.Certificate{Purpose: secret.EtcdCA}
-	g.Expect(ca.Generate()).To(Succeed())
-	g.Expect(k8sClient.Create(ctx, ca.AsSecret(client.ObjectKeyFromObject(cluster), metav1.OwnerReference{
-		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
-	}))).To(Succeed())
+	etcdCA(g, cluster)
 	for i := range 3 {
 		// Garbage where CAPR records which Machine a replacement replaced (its retry limits).
 		annotations := map[string]string{caprv1.RemediationRecordAnnotation: fmt.Sprintf(`{"machine": %d`, i)}

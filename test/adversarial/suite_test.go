@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,16 +30,20 @@ var (
 	etcdElsewhere = &countingListener{}
 )
 
-// countingListener accepts TCP connections on a local port and counts them.
+// countingListener accepts TCP connections on a local port and counts them. It closes each at once,
+// or, holding, keeps it open and never answers (a black hole), until stop.
 type countingListener struct {
 	l        net.Listener
 	accepted atomic.Int32
+	hold     bool
+	mu       sync.Mutex
+	held     []net.Conn
 }
 
 func (c *countingListener) start() error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := capienv.Listen()
 	if err != nil {
-		return fmt.Errorf("listening for dials of the etcd-endpoints annotation: %w", err)
+		return fmt.Errorf("listening: %w", err)
 	}
 	c.l = l
 	go func() {
@@ -47,13 +52,30 @@ func (c *countingListener) start() error {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			if err == nil {
-				c.accepted.Add(1)
-				_ = conn.Close()
+			if err != nil {
+				continue
 			}
+			c.accepted.Add(1)
+			if !c.hold {
+				_ = conn.Close()
+				continue
+			}
+			c.mu.Lock()
+			c.held = append(c.held, conn)
+			c.mu.Unlock()
 		}
 	}()
 	return nil
+}
+
+// stop closes the listener and every connection it holds.
+func (c *countingListener) stop() {
+	_ = c.l.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.held {
+		_ = conn.Close()
+	}
 }
 
 func (c *countingListener) addr() string { return c.l.Addr().String() }
@@ -77,23 +99,22 @@ func run(m *testing.M) int {
 
 // setup starts CAPR's manager as main.go does, with the shipped RBAC, its own fencer (the real
 // NetworkFence, External and OutOfServiceTaint backends) and the default of every flag that matters
-// here (10 health-check workers, 10 remediation workers, the etcd-endpoints annotation not honoured);
-// only the connection retry and the etcd timeouts are shorter, so that the suite's waits are short.
+// here (10 health-check workers, 10 remediation workers, the etcd-endpoints annotation not honoured,
+// the 10 s etcd dial and 15 s call timeouts that a black-holed node costs in full); only the
+// connection retry is shorter, so that the suite's waits are short.
 func setup(s *capienv.Suite) error {
 	testEnv = s.Environment
 	k8sClient = testEnv.Client
 	if err := etcdElsewhere.start(); err != nil {
 		return err
 	}
-	s.Cleanup(func() { _ = etcdElsewhere.l.Close() })
+	s.Cleanup(etcdElsewhere.stop)
 	mgr, err := testEnv.NewManager(capienv.ManagerOptions{})
 	if err != nil {
 		return err
 	}
 	if _, err := controllers.SetupWithManager(s.Ctx, mgr, controllers.Options{
 		ConnectionRetryInterval: 2 * time.Second,
-		EtcdDialTimeout:         2 * time.Second,
-		EtcdCallTimeout:         2 * time.Second,
 	}); err != nil {
 		return fmt.Errorf("setting up controllers: %w", err)
 	}

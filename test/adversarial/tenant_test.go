@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
@@ -71,6 +72,16 @@ func (tn *tenant) newCluster(g *WithT, name string, cp clusterv1.ContractVersion
 	g.Expect(capienv.SetClusterReady(ctx, k8sClient, c, capienv.ControlPlaneInitialized)).To(Succeed())
 	g.Expect(capienv.CreateKubeconfigSecret(ctx, k8sClient, testEnv.Config, c)).To(Succeed())
 	return c
+}
+
+// etcdCA writes the Cluster's etcd CA Secret, as KCP would, so that CAPR gets as far as dialling
+// its members.
+func etcdCA(g *WithT, cluster *clusterv1.Cluster) {
+	ca := &secret.Certificate{Purpose: secret.EtcdCA}
+	g.Expect(ca.Generate()).To(Succeed())
+	g.Expect(k8sClient.Create(ctx, ca.AsSecret(client.ObjectKeyFromObject(cluster), metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
+	}))).To(Succeed())
 }
 
 func (tn *tenant) node(machine string) string { return tn.ns + "-" + machine }
