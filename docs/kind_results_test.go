@@ -30,6 +30,7 @@ type kindRun struct {
 	Observer        struct {
 		MinMargin             *int     `json:"minMargin"`
 		SecondsAtMarginBelow1 float64  `json:"secondsAtMarginBelow1"`
+		SecondsJoiningBelow1  float64  `json:"secondsJoiningBelow1"`
 		MachinesCreated       []string `json:"machinesCreated"`
 	} `json:"observer"`
 	Notes []string `json:"notes"`
@@ -42,7 +43,7 @@ func kindTable(results string) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	b.WriteString("| date (UTC) | commit | test | passed | lowest failure margin | seconds at margin < 1 | marked after | whole after | Machines created | fenced before delete |\n")
+	b.WriteString("| date (UTC) | commit | test | passed | lowest failure margin | seconds at margin < 1 (of them joining) | marked after | whole after | Machines created | fenced before delete |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	n := 0
 	for i, line := range strings.Split(string(raw), "\n") {
@@ -71,10 +72,19 @@ func kindTable(results string) (string, error) {
 			fenced = map[bool]string{true: "yes", false: "no"}[*r.FencedBeforeDel]
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", strings.Replace(strings.TrimSuffix(r.Date, "Z"), "T", " ", 1),
-			r.Commit, test, passed, margin, seconds(r.Observer.SecondsAtMarginBelow1), seconds(r.SecondsToMark), seconds(r.SecondsToWhole),
+			r.Commit, test, passed, margin, belowOne(r.Observer.SecondsAtMarginBelow1, r.Observer.SecondsJoiningBelow1), seconds(r.SecondsToMark), seconds(r.SecondsToWhole),
 			len(r.Observer.MachinesCreated), fenced)
 	}
 	return fmt.Sprintf("%d runs, every one the file holds; a failed run's notes say why.\n\n%s", n, b.String()), nil
+}
+
+// belowOne shows the seconds at margin below 1, and how many of them only a joining replacement
+// failed its health read, where any did.
+func belowOne(total, joining float64) string {
+	if joining == 0 {
+		return seconds(total)
+	}
+	return fmt.Sprintf("%s (%s)", seconds(total), seconds(joining))
 }
 
 // seconds shows a duration the run measured, or "-" where it did not get there.

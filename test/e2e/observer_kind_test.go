@@ -211,6 +211,15 @@ type summary struct {
 	// MinHealthyVoters is the fewest healthy voting members read.
 	MinHealthyVoters      int     `json:"minHealthyVoters"`
 	SecondsAtMarginBelow1 float64 `json:"secondsAtMarginBelow1"`
+	// MinMarginSettled is MinMargin leaving out the readings in which the only voters that failed
+	// the health check were joining: members of Machines created during the run that no reading had
+	// yet seen healthy as voters. etcd promotes a learner once its log holds 90 % of the leader's
+	// (readyPercentThreshold in etcd's server.go) and kubeadm promotes as soon as etcd allows, so a
+	// replacement can vote before it has caught up: for those seconds a quorum needs every other
+	// voter, whichever remediator scaled up. SecondsJoiningBelow1 is the part of
+	// SecondsAtMarginBelow1 those readings account for.
+	MinMarginSettled     int     `json:"minMarginSettled"`
+	SecondsJoiningBelow1 float64 `json:"secondsJoiningBelow1,omitempty"`
 	// Unanswered counts readings no member answered (a lost quorum answers nothing).
 	Unanswered int `json:"unanswered"`
 	// Changing counts readings left out because the membership changed between their reads.
@@ -220,8 +229,8 @@ type summary struct {
 	Unconfirmed int `json:"unconfirmed,omitempty"`
 	Readings    int `json:"readings"`
 	// BelowOne describes the first maxBelowOne readings with a margin below 1: when, the counts,
-	// which member answered, and which voters failed the health check and why; BelowOneLeftOut
-	// counts the others (with one voter every reading is below 1).
+	// which member answered, and which voters failed the health check and why (and their raft
+	// status); BelowOneLeftOut counts the others (with one voter every reading is below 1).
 	BelowOne        []string `json:"belowOne,omitempty"`
 	BelowOneLeftOut int      `json:"belowOneLeftOut,omitempty"`
 	MachinesCreated []string `json:"machinesCreated"`
@@ -233,7 +242,12 @@ const maxBelowOne = 20
 func (o *observer) summarize() summary {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	s := summary{MinMargin: 99, MinHealthyVoters: 99, Readings: len(o.views)}
+	created := map[string]bool{}
+	for _, m := range o.created {
+		created[m.Name] = true
+	}
+	served := map[string]bool{}
+	s := summary{MinMargin: 99, MinMarginSettled: 99, MinHealthyVoters: 99, Readings: len(o.views)}
 	for i, v := range o.views {
 		if v.Unconfirmed {
 			s.Unconfirmed++
@@ -246,22 +260,36 @@ func (o *observer) summarize() summary {
 			s.Unanswered++
 			continue
 		}
-		if m := v.Margin(); m < s.MinMargin {
-			s.MinMargin = m
+		joining := v.JoiningOnly(created, served)
+		for _, name := range v.Healthy {
+			served[name] = true
+		}
+		m := v.Margin()
+		s.MinMargin = min(s.MinMargin, m)
+		if !joining {
+			s.MinMarginSettled = min(s.MinMarginSettled, m)
 		}
 		s.MinHealthyVoters = min(s.MinHealthyVoters, v.HealthyVoter)
-		if v.Margin() >= 1 {
+		if m >= 1 {
 			continue
 		}
 		if i+1 < len(o.views) {
-			s.SecondsAtMarginBelow1 += o.views[i+1].At.Sub(v.At).Seconds()
+			d := o.views[i+1].At.Sub(v.At).Seconds()
+			s.SecondsAtMarginBelow1 += d
+			if joining {
+				s.SecondsJoiningBelow1 += d
+			}
 		}
 		if len(s.BelowOne) == maxBelowOne {
 			s.BelowOneLeftOut++
 			continue
 		}
-		s.BelowOne = append(s.BelowOne, fmt.Sprintf("%s voters %v (%d healthy), %d learners, read from %s; unhealthy: %s",
-			v.At.UTC().Format("15:04:05"), v.Names, v.HealthyVoter, v.Learners, v.From, strings.Join(v.Unhealthy, "; ")))
+		what := ""
+		if joining {
+			what = " (joining)"
+		}
+		s.BelowOne = append(s.BelowOne, fmt.Sprintf("%s%s voters %v (%d healthy), %d learners, read from %s; unhealthy: %s",
+			v.At.UTC().Format("15:04:05"), what, v.Names, v.HealthyVoter, v.Learners, v.From, strings.Join(v.Unhealthy, "; ")))
 	}
 	for _, m := range o.created {
 		s.MachinesCreated = append(s.MachinesCreated, m.Name)

@@ -20,8 +20,9 @@ type EtcdView struct {
 	// Voters and Learners count the member list; HealthyVoter the voters whose client URL answered
 	// etcdctl's health check.
 	Voters, Learners, HealthyVoter int
-	// Names are the voting members' names (kubeadm names a member after its node).
-	Names []string
+	// Names are the voting members' names (kubeadm names a member after its node); Healthy those of
+	// the voters that answered the health check.
+	Names, Healthy []string
 	// Unhealthy are the voters that failed the health check, each as "name: etcdctl's error", then
 	// what the member's status said of its raft log beside the leader's (a member just promoted
 	// may answer its status, with its log caught up, before it serves a linearizable read), or
@@ -51,6 +52,24 @@ var ErrMembershipUnconfirmed = errors.New("the member list was not read again af
 // Margin is how many more voting members may fail before quorum is lost: the healthy voters less a
 // quorum of the voters.
 func (v EtcdView) Margin() int { return v.HealthyVoter - (v.Voters/2 + 1) }
+
+// JoiningOnly reports whether every voter that failed the health check is joining: named in created
+// (the members of Machines created during a run: kubeadm names a member after its node, CAPD a node
+// after its Machine) and not in served (the voters an earlier reading saw healthy). A reading with no
+// failing voter is not.
+func (v EtcdView) JoiningOnly(created, served map[string]bool) bool {
+	failing := 0
+	for _, name := range v.Names {
+		if slices.Contains(v.Healthy, name) {
+			continue
+		}
+		if !created[name] || served[name] {
+			return false
+		}
+		failing++
+	}
+	return failing > 0
+}
 
 type etcdMember struct {
 	ID         uint64   `json:"ID"`
@@ -142,6 +161,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 		v.Names = append(v.Names, m.Name)
 		if slices.ContainsFunc(m.ClientURLs, func(u string) bool { return healthy[u] }) {
 			v.HealthyVoter++
+			v.Healthy = append(v.Healthy, m.Name)
 			continue
 		}
 		reason := "no health answer"
@@ -153,6 +173,7 @@ func ParseEtcdctl(out string) (EtcdView, error) {
 		v.Unhealthy = append(v.Unhealthy, m.Name+": "+reason+"; "+describeStatus(m.ID, leaderID, statusOf))
 	}
 	sort.Strings(v.Names)
+	sort.Strings(v.Healthy)
 	sort.Strings(v.Unhealthy)
 	return v, nil
 }

@@ -37,18 +37,19 @@ func TestParseEtcdctl(t *testing.T) {
 	}{{
 		name: "one voter of three unhealthy, blank lines between the answers",
 		out:  memberList + "\n\n" + health + "\n\n" + status + "\n\n" + memberList + "\n",
-		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
+		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Healthy: []string{"cp-a", "cp-c"}, Leader: "cp-c",
 			Unhealthy: []string{"cp-b: context deadline exceeded; no status"}},
 		margin: 0,
 	}, {
-		name:   "a learner is not a voter; without the status there is no leader",
-		out:    learnerList + "\n" + learnerHealth + "\n" + learnerList,
-		want:   EtcdView{OK: true, Voters: 3, Learners: 1, HealthyVoter: 3, Names: []string{"cp-a", "cp-b", "cp-c"}},
+		name: "a learner is not a voter; without the status there is no leader",
+		out:  learnerList + "\n" + learnerHealth + "\n" + learnerList,
+		want: EtcdView{OK: true, Voters: 3, Learners: 1, HealthyVoter: 3, Names: []string{"cp-a", "cp-b", "cp-c"},
+			Healthy: []string{"cp-a", "cp-b", "cp-c"}},
 		margin: 1,
 	}, {
 		name: "the member list read again is the same",
 		out:  memberList + "\n" + health + "\n" + status + "\n" + memberList + "\n",
-		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
+		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Healthy: []string{"cp-a", "cp-c"}, Leader: "cp-c",
 			Unhealthy: []string{"cp-b: context deadline exceeded; no status"}},
 		margin: 0,
 	}, {
@@ -58,7 +59,7 @@ func TestParseEtcdctl(t *testing.T) {
 		out: memberList + "\n" + health + "\n" + `[{"Endpoint":"https://172.18.0.7:2379","Status":{"header":{"member_id":3305490284527677042},"leader":5989846029734297070,"raftTerm":2,"raftIndex":900,"raftAppliedIndex":900}},` +
 			`{"Endpoint":"https://172.18.0.5:2379","Status":{"header":{"member_id":4246620370066203932},"leader":5989846029734297070,"raftTerm":2,"raftIndex":880,"raftAppliedIndex":410}},` +
 			`{"Endpoint":"https://172.18.0.4:2379","Status":{"header":{"member_id":5989846029734297070},"leader":5989846029734297070,"raftTerm":2,"raftIndex":901,"raftAppliedIndex":901}}]` + "\n" + memberList + "\n",
-		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Leader: "cp-c",
+		want: EtcdView{OK: true, Voters: 3, HealthyVoter: 2, Names: []string{"cp-a", "cp-b", "cp-c"}, Healthy: []string{"cp-a", "cp-c"}, Leader: "cp-c",
 			Unhealthy: []string{"cp-b: context deadline exceeded; status: term 2, committed 880, applied 410 (leader: term 2, committed 901, applied 901)"}},
 		margin: 0,
 	}, {
@@ -92,6 +93,33 @@ func TestParseEtcdctl(t *testing.T) {
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(v).To(Equal(tc.want))
 			g.Expect(v.Margin()).To(Equal(tc.margin))
+		})
+	}
+}
+
+func TestJoiningOnly(t *testing.T) {
+	v := EtcdView{OK: true, Voters: 4, HealthyVoter: 3, Names: []string{"new", "old-a", "old-b", "old-c"}, Healthy: []string{"old-a", "old-b", "old-c"}}
+	for _, tc := range []struct {
+		name            string
+		v               EtcdView
+		created, served []string
+		want            bool
+	}{
+		{name: "a replacement never seen healthy", v: v, created: []string{"new"}, want: true},
+		{name: "a replacement seen healthy before", v: v, created: []string{"new"}, served: []string{"new"}, want: false},
+		{name: "a member that was there before the run", v: v, want: false},
+		{name: "a joining and an old member failing", v: EtcdView{Names: v.Names, Healthy: []string{"old-a", "old-b"}}, created: []string{"new"}, want: false},
+		{name: "every voter healthy", v: EtcdView{Names: v.Names, Healthy: v.Names}, created: []string{"new"}, want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			set := func(names []string) map[string]bool {
+				out := map[string]bool{}
+				for _, n := range names {
+					out[n] = true
+				}
+				return out
+			}
+			NewWithT(t).Expect(tc.v.JoiningOnly(set(tc.created), set(tc.served))).To(Equal(tc.want))
 		})
 	}
 }
