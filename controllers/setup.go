@@ -220,6 +220,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) (*Set
 	if members == nil {
 		members = &etcdMemberSource{client: mgr.GetClient(), workload: workload}
 	}
+	members = newSharedEtcdMembers(members)
 	if err := (&machinehealthcheck.Reconciler{
 		Client:           mgr.GetClient(),
 		APIReader:        mgr.GetAPIReader(),
