@@ -36,8 +36,8 @@ const (
 	waitLong  = 15 * time.Second
 	// pollUnwatched is the requeue of a wait on what no watch reports: etcd (a replacement's member
 	// becoming a healthy voter, a removal etcd refused for now) and a control-plane object of a kind
-	// the user chooses, read live (the Cluster topology bringing the replicas back). Issue 32: act
-	// within 1 s of the change.
+	// the user chooses, read live (the Cluster topology bringing the replicas back): acted on within
+	// a second of the change.
 	pollUnwatched = 500 * time.Millisecond
 )
 

@@ -293,7 +293,7 @@ func TestStepDelete(t *testing.T) {
 		g.Expect(w.replicas(g)).To(BeEquivalentTo(3))
 	})
 
-	// Issue 30: the replicas are someone else's once they changed them (a person, GitOps, an
+	// The replicas are someone else's once they changed them (a person, GitOps, an
 	// autoscaler on the scale subresource); CAPR neither overwrites nor undoes that.
 	t.Run("replicas changed by someone else during the remediation: left as they are, said", func(t *testing.T) {
 		g := NewWithT(t)

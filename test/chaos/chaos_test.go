@@ -126,6 +126,7 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos: %d runs (seeds %v), %d with invariant violations %v, %s", len(seeds), seeds,
 		len(failedSeeds), failedSeeds, took)
 	t.Logf("chaos: CAPR's events over the runs that came to rest: %s", campaignEvents.String())
+	t.Logf("chaos: over the runs that came to rest: %s", campaignMachines.String())
 }
 
 // listedSeeds returns the seeds CHAOS_SEEDS lists, comma-separated (`make chaos SEEDS=30,38`: e.g.
@@ -161,6 +162,7 @@ func TestChaosKnownSeeds(t *testing.T) {
 	failedSeeds, took := runSeeds(t, knownSeeds, false)
 	t.Logf("chaos: known seeds %v, %d with invariant violations %v, %s", knownSeeds, len(failedSeeds), failedSeeds, took)
 	t.Logf("chaos: CAPR's events over the runs that came to rest: %s", campaignEvents.String())
+	t.Logf("chaos: over the runs that came to rest: %s", campaignMachines.String())
 }
 
 // reasonCounts counts event reasons, for a campaign's record of which paths its runs took (a
@@ -251,6 +253,7 @@ func runSeeds(t *testing.T, seeds []int64, parallel bool) ([]int64, time.Duratio
 	t.Helper()
 	start := time.Now()
 	campaignEvents.reset() // TestChaos and TestChaosKnownSeeds each report their own runs
+	campaignMachines.reset()
 	var mu sync.Mutex
 	var failedSeeds []int64
 	// The group returns when every (parallel) scenario has finished.
@@ -673,7 +676,69 @@ func runScenario(t *testing.T, seed int64) {
 			g.Expect(c.Message).NotTo(BeEmpty(), "seed %d: %s waits without saying why", seed, victim)
 		}
 	}
+
+	// What was deleted and created, from the API server's Machines (not CAPR's records). No Machine
+	// that was there before the faults is deleted unless a fault broke it: a surge created during the
+	// run may go again (an undo), a healthy Machine may not. And a single broken Machine of a cluster
+	// of three or more, with no skip-remediation, is replaced: "waiting, saying why" is not enough
+	// there, or a build that never replaces anything would pass.
+	before := map[string]bool{}
+	for _, m := range machines {
+		before[m.Name] = true
+	}
+	deleted, err := deletions.Names(sandbox.MachineDeleting)
+	g.Expect(err).NotTo(HaveOccurred(), "seed %d: the Machine watch broke", seed)
+	for _, name := range deleted {
+		g.Expect(!before[name] || victims[name]).To(BeTrue(), "seed %d: Machine %s, which no fault broke, was deleted (%s)", seed, name, requestsSummary(wc))
+	}
+	seen, err := deletions.Names(sandbox.MachineSeen)
+	g.Expect(err).NotTo(HaveOccurred(), "seed %d: the Machine watch broke", seed)
+	created, replaced := 0, 0
+	for _, name := range seen {
+		if !before[name] {
+			created++
+		}
+	}
+	for victim := range victims {
+		if !present[victim] {
+			replaced++
+		}
+	}
+	campaignMachines.add(len(victims), replaced, created)
+	t.Logf("seed %d: %d broken Machines, %d replaced, %d Machines created", seed, len(victims), replaced, created)
+	if len(victims) == 1 && len(skipped) == 0 && p.size >= 3 {
+		g.Expect(replaced).To(Equal(1), "seed %d: the one broken Machine was never replaced (%s)", seed, requestsSummary(wc))
+	}
 }
+
+// machineCounts adds up, over a campaign, the Machines its faults broke, how many of them were
+// replaced, and the Machines created.
+type machineCounts struct {
+	mu                        sync.Mutex
+	broken, replaced, created int
+}
+
+func (m *machineCounts) add(broken, replaced, created int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.broken += broken
+	m.replaced += replaced
+	m.created += created
+}
+
+func (m *machineCounts) reset() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.broken, m.replaced, m.created = 0, 0, 0
+}
+
+func (m *machineCounts) String() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return fmt.Sprintf("%d broken Machines, %d replaced, %d Machines created", m.broken, m.replaced, m.created)
+}
+
+var campaignMachines = &machineCounts{}
 
 // startedBefore reports whether mr started before the skip-remediation annotation was added at at.
 // startTime has whole seconds (metav1.Time), and a start decided from a cache that had not seen the

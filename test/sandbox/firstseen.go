@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -122,6 +124,23 @@ func (f *FirstSeen) At(name, state string) (time.Time, error) {
 	return at, nil
 }
 
+// Names returns the names of the objects seen in state, sorted, or an error when the watch broke.
+func (f *FirstSeen) Names(state string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	var out []string
+	for key := range f.at {
+		if name, ok := strings.CutSuffix(key, "/"+state); ok {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
 // Stop ends the watch; the times recorded stay readable.
 func (f *FirstSeen) Stop() {
 	f.cancel()
@@ -130,6 +149,8 @@ func (f *FirstSeen) Stop() {
 
 // Machine states recorded by WatchMachineDeletions.
 const (
+	// MachineSeen: the Machine exists (in the first list, or created since).
+	MachineSeen = "seen"
 	// MachineDeleting: the API server has the Machine's deletionTimestamp (a delete was issued).
 	MachineDeleting = "deleting"
 	// MachineReleased: deleting and not held by CAPR's fence-before-delete hook, so CAPI's Machine
@@ -140,19 +161,19 @@ const (
 	MachineReleased = "released"
 )
 
-// WatchMachineDeletions records when each Machine of the cluster was first seen deleting and first
-// seen released (MachineDeleting, MachineReleased), and StateGone.
+// WatchMachineDeletions records when each Machine of the cluster was first seen (MachineSeen), first
+// seen deleting and first seen released (MachineDeleting, MachineReleased), and StateGone.
 func (s *Sandbox) WatchMachineDeletions(ctx context.Context, wc *WorkloadCluster) (*FirstSeen, error) {
 	return s.watchFirstSeen(ctx, &clusterv1.MachineList{},
 		[]client.ListOption{client.InNamespace(wc.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: wc.Name}},
 		func(o client.Object) []string {
 			if o.GetDeletionTimestamp().IsZero() {
-				return nil
+				return []string{MachineSeen}
 			}
 			if _, held := o.GetAnnotations()[caprv1.FenceBeforeDeleteHookAnnotation]; held {
-				return []string{MachineDeleting}
+				return []string{MachineSeen, MachineDeleting}
 			}
-			return []string{MachineDeleting, MachineReleased}
+			return []string{MachineSeen, MachineDeleting, MachineReleased}
 		})
 }
 
