@@ -68,7 +68,9 @@ func (e *etcdMemberSource) MemberHealth(ctx context.Context, cluster *clusterv1.
 // holds one of the health checker's workers (shared by every namespace) for as long as the slowest
 // member takes to answer; a black-holed node makes that a dial timeout. So a call for a cluster whose
 // read is in flight waits for that read instead of starting its own, and a read younger than maxAge
-// is given again. Failed reads are not kept. The remediator does not share it: it reads etcd live
+// is given again. Failed reads are not kept. The shared read runs on the context of the caller that
+// started it: if that caller's reconcile ends first, the others get its error and read again at their
+// next poll, never a wait longer than their own context. The remediator does not share it: it reads etcd live
 // before each step it decides (remediation/controlplane).
 type sharedEtcdMembers struct {
 	source machinehealthcheck.EtcdMemberSource
