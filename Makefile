@@ -180,7 +180,17 @@ kind-down: ## Delete every workload cluster, the management cluster and what kin
 .PHONY: e2e-kind
 e2e-kind: kind-up ## The end-to-end suite on kind: real CAPD nodes, real faults injected in them, an observer independent of CAPR (E2E_KIND_RUN selects tests).
 	E2E_KUBECONFIG=$$(hack/kind/env.sh MGMT_KUBECONFIG) E2E_KIND_RESULTS=$(E2E_KIND_RESULTS) \
-		go test -tags kind ./test/e2e -run '$(E2E_KIND_RUN)' -count=1 -v -timeout $(E2E_KIND_TIMEOUT) $(GO_TEST_FLAGS)
+		go test -tags kind ./test/e2e -run '$(E2E_KIND_RUN)' -skip '^TestKindCompare$$' -count=1 -v -timeout $(E2E_KIND_TIMEOUT) $(GO_TEST_FLAGS)
+
+# A comparison campaign writes a results file of its own, named when make starts.
+COMPARE_KIND_RESULTS ?= $(ROOT)/test/e2e/results/compare-kind-$(shell date -u +%Y%m%dT%H%M%SZ).jsonl
+COMPARE_KIND_TIMEOUT ?= 12h
+
+.PHONY: compare-kind
+compare-kind: kind-up ## Each control-plane fault on kind, RUNS times (default 5, fixed before the campaign) with CAPI MHC + KCP's own remediation and with CAPR, judged by the observer; every run in COMPARE_KIND_RESULTS (FAULTS selects rows; docs/design/kcp-comparison.md).
+	E2E_KUBECONFIG=$$(hack/kind/env.sh MGMT_KUBECONFIG) E2E_KIND_COMPARE=$(COMPARE_KIND_RESULTS) \
+		E2E_KIND_COMPARE_RUNS=$(if $(filter command line,$(origin RUNS)),$(RUNS)) E2E_KIND_COMPARE_FAULTS=$(FAULTS) \
+		go test -tags kind ./test/e2e -run '^TestKindCompare$$' -count=1 -v -timeout $(COMPARE_KIND_TIMEOUT) $(GO_TEST_FLAGS)
 
 ##@ Development
 

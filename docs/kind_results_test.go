@@ -98,44 +98,53 @@ func seconds(v float64) string {
 // TestKindResultsMatchTheirFile fails when a document's table of kind runs differs from the results
 // file it names, so that no run is left out and no figure is edited by hand.
 func TestKindResultsMatchTheirFile(t *testing.T) {
+	checkSections(t, kindBegin, kindEnd, kindTable, "TestKindResults")
+}
+
+// checkSections finds every section of the markdown files between begin (followed by a results
+// file's path and " -->") and end, and fails where its body differs from render of that file;
+// with UPDATE_DOCS=1 it rewrites the body instead. test names the test that does so.
+func checkSections(t *testing.T, begin, end string, render func(path string) (string, error), test string) {
+	t.Helper()
 	for _, doc := range markdownFiles(t, repoRoot) {
 		path := filepath.Join(repoRoot, doc)
 		raw, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		text := string(raw)
-		begin := strings.Index(text, kindBegin)
-		if begin < 0 {
-			continue
+		text, updated := string(raw), ""
+		for {
+			at := strings.Index(text, begin)
+			if at < 0 {
+				updated += text
+				break
+			}
+			rest := text[at+len(begin):]
+			name, after, ok := strings.Cut(rest, " -->\n")
+			if !ok {
+				t.Errorf("%s: the marker %q is not closed", doc, begin)
+				return
+			}
+			body, tail, ok := strings.Cut(after, end)
+			if !ok {
+				t.Errorf("%s: no %s after %s", doc, end, begin)
+				return
+			}
+			want, err := render(filepath.Join(repoRoot, name))
+			if err != nil {
+				t.Errorf("%s: %v", doc, err)
+				want = body
+			} else if body != want && os.Getenv("UPDATE_DOCS") != "1" {
+				t.Errorf("%s: the section differs from %s (UPDATE_DOCS=1 go test ./docs -run %s rewrites it; do not edit it):\n%s", doc, name, test, want)
+			}
+			updated += text[:at] + begin + name + " -->\n" + want + end
+			text = tail
 		}
-		rest := text[begin+len(kindBegin):]
-		name, after, ok := strings.Cut(rest, " -->\n")
-		if !ok {
-			t.Errorf("%s: the kind results marker is not closed", doc)
-			continue
-		}
-		body, tail, ok := strings.Cut(after, kindEnd)
-		if !ok {
-			t.Errorf("%s: no %s after the begin marker", doc, kindEnd)
-			continue
-		}
-		want, err := kindTable(filepath.Join(repoRoot, name))
-		if err != nil {
-			t.Errorf("%s: %v", doc, err)
-			continue
-		}
-		if body == want {
-			continue
-		}
-		if os.Getenv("UPDATE_DOCS") == "1" {
-			updated := text[:begin] + kindBegin + name + " -->\n" + want + kindEnd + tail
+		if os.Getenv("UPDATE_DOCS") == "1" && updated != string(raw) {
 			if err := os.WriteFile(path, []byte(updated), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			continue
 		}
-		t.Errorf("%s: the kind runs differ from %s (UPDATE_DOCS=1 go test ./docs -run TestKindResults rewrites them; do not edit them):\n%s", doc, name, want)
 	}
 }
 
