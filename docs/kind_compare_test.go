@@ -29,6 +29,7 @@ type compareCampaign struct {
 	Systems     []string `json:"systems"`
 	RunsPerRow  int      `json:"runsPerRow"`
 	Settings    string   `json:"settings"`
+	Notes       []string `json:"notes"`
 }
 
 type compareRun struct {
@@ -93,6 +94,9 @@ func compareTable(results string) (string, error) {
 	fmt.Fprintf(&b, "Campaign %s on %s (%s; load average %s at its start): %d runs per fault and system, fixed before it started; "+
 		"%d made, %d not made, of %d. Settings: %s.\n\n",
 		head.Campaign, head.Commit, head.Machine, head.LoadAverage, head.RunsPerRow, made, notMade, head.RunsPerRow*len(head.Faults)*len(head.Systems), head.Settings)
+	for _, n := range head.Notes {
+		fmt.Fprintf(&b, "Note: %s\n\n", n)
+	}
 	b.WriteString("| fault | system | runs whole again | lowest failure margin (leaving out a joining replacement) | seconds at margin ≤ 0, median (range) | marked after, median (range) | whole again after, median (range) | Machines created per run |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	var verdicts []string
