@@ -68,8 +68,11 @@ func compareTable(results string) (string, error) {
 			continue
 		}
 		if head.Campaign == "" {
-			if err := json.Unmarshal([]byte(line), &head); err != nil || head.Campaign == "" || head.RunsPerRow == 0 {
-				return "", fmt.Errorf("%s line %d: not a campaign's first line (%v)", results, i+1, err)
+			if err := json.Unmarshal([]byte(line), &head); err != nil {
+				return "", fmt.Errorf("%s line %d: %w", results, i+1, err)
+			}
+			if head.Campaign == "" || head.RunsPerRow == 0 {
+				return "", fmt.Errorf("%s line %d: not a campaign's first line (no campaign or runsPerRow)", results, i+1)
 			}
 			continue
 		}
