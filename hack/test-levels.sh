@@ -26,8 +26,9 @@
 #
 # Usage: [TEST_CHAOS_RUNS=n TEST_CHAOS_SEED=s TEST_CHAOS_PARALLEL=p TEST_FUZZTIME=t TEST_CHECKS=cmd]
 # hack/test-levels.sh <timeout> [go test flags...]; TEST_CHAOS_RUNS unset or 0 runs no fault suite,
-# TEST_FUZZTIME unset or 0 no fuzzing, TEST_CHECKS unset no golangci-lint. Prints each step's and each lane's time at the end (also into
-# the file TEST_LANES_SUMMARY names, if set, for .ci/run); exits non-zero if any step failed.
+# TEST_FUZZTIME unset or 0 no fuzzing, TEST_CHECKS unset no golangci-lint. Prints each step's and
+# each lane's time at the end, with a failed step's failed tests (also into the file
+# TEST_LANES_SUMMARY names, if set, for .ci/run); exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -73,12 +74,20 @@ stamp() { date -u +%H:%M:%S; }
 step() { # lane, step name, command...
 	local lane=$1 name=$2
 	shift 2
-	local start=$SECONDS
+	local start=$SECONDS log
+	log=$(mktemp -p "$tmp")
 	echo "== $(stamp) lane $lane: $name: start"
-	"$@" 2>&1 | sed -u "s/^/[$lane] /"
+	"$@" 2>&1 | tee "$log" | sed -u "s/^/[$lane] /"
 	local rc=${PIPESTATUS[0]}
 	echo "== $(stamp) lane $lane: $name: exit $rc after $((SECONDS - start)) s"
 	printf '%-34s %5d s, exit %d\n' "$name" $((SECONDS - start)) "$rc" >>"$tmp/$lane.steps"
+	# A failed step names its failed tests, panics and timeouts in the summary too: CI keeps only
+	# the end of a run's output, and a lane's log interleaves with the others'.
+	if [ "$rc" != 0 ]; then
+		grep -E -e '^\s*--- FAIL' -e '^FAIL\s' -e '^panic:' -e 'test timed out' "$log" | head -n 40 |
+			sed 's/^/    ! /' >>"$tmp/$lane.steps"
+	fi
+	rm -f "$log"
 	return "$rc"
 }
 
