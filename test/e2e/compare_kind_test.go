@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,20 +51,19 @@ const (
 	systemCAPR compareSystem = "capr"
 )
 
-// The health checks' settings, the same on both sides where both have the check. A node silent for a
-// minute is unhealthy, a node Ready=False for five (a joining node is Ready=False until its pod
-// network runs; see kindPlatform.healthChecks). CAPR's etcd member check marks a member unhealthy
-// for ten seconds; it asks etcd, and leaves a Machine whose member is joining alone. CAPI's health
-// check can only read KCP's etcd conditions on the Machine, and KCP reports a joining Machine's
-// EtcdMemberHealthy Unknown (InspectionFailed) until its member is listed: with ten seconds, CAPI's
-// health check marked a Machine of a new cluster before it had joined, then its replacement (a
-// remediation loop, seen here). Those conditions get the joining timeout instead, as a CAPI user
-// would have to set them.
+// The health checks' settings, the same on both sides. A node silent for a minute is unhealthy, a
+// node Ready=False for five (a joining node is Ready=False until its pod network runs; see
+// kindPlatform.healthChecks). An etcd member unhealthy for five minutes: CAPR's etcd member check
+// asks etcd, CAPI's health check reads KCP's etcd conditions on the Machine, and both take the
+// etcd check's default of CAPR (300 s). Shorter is not equal on real nodes: KCP reports a joining
+// Machine's EtcdMemberHealthy Unknown (InspectionFailed) until its member is listed, and with ten
+// seconds CAPI's health check marked a Machine of a new cluster before it had joined, then its
+// replacement (a remediation loop, seen here); CAPR's check with ten seconds once marked a
+// replacement whose member had just been promoted, for one poll (docs/developer/kind.md).
 const (
-	silentNodeSeconds    = 60
-	notReadyNodeSeconds  = 300
-	etcdSeconds          = 10
-	kcpEtcdConditionSecs = notReadyNodeSeconds
+	silentNodeSeconds   = 60
+	notReadyNodeSeconds = 300
+	etcdSeconds         = 300
 )
 
 // compareFault is one row of the comparison: a fault injected in the victim's node.
@@ -162,10 +160,10 @@ func TestKindCompare(t *testing.T) {
 		LoadAverage: loadAverage(),
 		RunsPerRow:  runs,
 		Settings: fmt.Sprintf("workload cluster: 3 control-plane Machines, no workers; both health checks: Ready=Unknown %d s, Ready=False %d s, "+
-			"no node startup timeout; etcd: CAPR's etcd member check %d s, CAPI's KCP conditions EtcdMemberHealthy False/Unknown and "+
-			"EtcdPodHealthy False %d s (shorter marks a joining Machine); remediation with each system's defaults; no fencing; "+
+			"no node startup timeout; etcd: CAPR's etcd member check and CAPI's KCP conditions EtcdMemberHealthy False/Unknown and "+
+			"EtcdPodHealthy False %d s; remediation with each system's defaults; no fencing; "+
 			"CAPR's manager as installed by clusterctl",
-			silentNodeSeconds, notReadyNodeSeconds, etcdSeconds, kcpEtcdConditionSecs),
+			silentNodeSeconds, notReadyNodeSeconds, etcdSeconds),
 	}
 	for _, f := range faults {
 		campaign.Faults = append(campaign.Faults, f.name)
@@ -311,7 +309,7 @@ func capiHealthCheck(ns, cluster string) *clusterv1.MachineHealthCheck {
 		return clusterv1.UnhealthyNodeCondition{Type: corev1.NodeReady, Status: status, TimeoutSeconds: ptr.To(seconds)}
 	}
 	etcd := func(condition string, status metav1.ConditionStatus) clusterv1.UnhealthyMachineCondition {
-		return clusterv1.UnhealthyMachineCondition{Type: condition, Status: status, TimeoutSeconds: ptr.To[int32](kcpEtcdConditionSecs)}
+		return clusterv1.UnhealthyMachineCondition{Type: condition, Status: status, TimeoutSeconds: ptr.To[int32](etcdSeconds)}
 	}
 	return &clusterv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "control-plane-capi"},
@@ -339,32 +337,17 @@ func markedBy(c client.Client, ns, machine string, s compareSystem, stop <-chan 
 		condition = clusterv1.MachineHealthCheckSucceededCondition
 	}
 	since := time.Now().Truncate(time.Second)
-	var mu sync.Mutex
-	var at time.Time
-	go func() {
-		for {
-			m := &clusterv1.Machine{}
-			if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, m) == nil {
-				if cond := meta.FindStatusCondition(m.Status.Conditions, condition); cond != nil && cond.Status == metav1.ConditionFalse &&
-					!cond.LastTransitionTime.Time.Before(since) {
-					mu.Lock()
-					at = cond.LastTransitionTime.Time
-					mu.Unlock()
-					return
-				}
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Second):
-			}
+	return pollUntil(stop, func() time.Time {
+		m := &clusterv1.Machine{}
+		if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, m) != nil {
+			return time.Time{}
 		}
-	}()
-	return func() (time.Time, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		return at, !at.IsZero()
-	}
+		cond := meta.FindStatusCondition(m.Status.Conditions, condition)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.LastTransitionTime.Time.Before(since) {
+			return time.Time{}
+		}
+		return cond.LastTransitionTime.Time
+	})
 }
 
 // restore brings the cluster whole after a failed run: the fault undone on the victim's node if its

@@ -302,14 +302,25 @@ func record(t *testing.T, r kindResult) {
 
 // markedAt waits in the background for the victim's MachineRemediation and returns when it was seen.
 func markedAt(c client.Client, ns, machine string, stop <-chan struct{}) func() (time.Time, bool) {
+	return pollUntil(stop, func() time.Time {
+		mr := &caprv1.MachineRemediation{}
+		if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, mr) != nil {
+			return time.Time{}
+		}
+		return mr.CreationTimestamp.Time
+	})
+}
+
+// pollUntil calls read every second in the background until it returns a time that is not zero, or
+// stop is closed. The function it returns gives that time, and whether there is one yet.
+func pollUntil(stop <-chan struct{}, read func() time.Time) func() (time.Time, bool) {
 	var mu sync.Mutex
 	var at time.Time
 	go func() {
 		for {
-			mr := &caprv1.MachineRemediation{}
-			if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, mr) == nil {
+			if t := read(); !t.IsZero() {
 				mu.Lock()
-				at = mr.CreationTimestamp.Time
+				at = t
 				mu.Unlock()
 				return
 			}
