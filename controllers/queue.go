@@ -3,8 +3,11 @@ package controllers
 import (
 	"time"
 
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // controllerOptions are the options of every controller CAPR's manager runs, its ClusterCache's
@@ -21,6 +24,24 @@ import (
 //
 // Every reconcile is bounded by reconcileTimeout (DefaultReconcileTimeout): a call that never returns
 // must not take a worker for good, or a few such objects stop the controller for everyone.
+//
+// A reconcile that returns an error is retried with controller-runtime's default rate limiter
+// (client-go's DefaultTypedControllerRateLimiter: per object, 5 ms doubling on each failure; overall,
+// 10 per second with bursts of 100), except that the per-object wait stops growing at
+// maxFailureBackoff instead of 1000 s: a remediation step that fails while the control plane is at
+// its failure margin is tried again within seconds, not a quarter of an hour later.
 func controllerOptions(concurrency int, reconcileTimeout time.Duration) controller.Options {
-	return controller.Options{MaxConcurrentReconciles: concurrency, UsePriorityQueue: ptr.To(false), ReconciliationTimeout: reconcileTimeout}
+	return controller.Options{MaxConcurrentReconciles: concurrency, UsePriorityQueue: ptr.To(false), ReconciliationTimeout: reconcileTimeout,
+		RateLimiter: failureRateLimiter()}
+}
+
+// maxFailureBackoff is the longest wait before a reconcile that keeps failing is tried again: the
+// remediators' own longest poll (waitLong in remediation/controlplane and remediation/worker).
+const maxFailureBackoff = 15 * time.Second
+
+func failureRateLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, maxFailureBackoff),
+		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
 }

@@ -8,6 +8,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -65,4 +66,23 @@ func TestControllersStopUnderLoad(t *testing.T) {
 func withReconciler(o controller.Options, r reconcile.Reconciler) controller.Options {
 	o.Reconciler = r
 	return o
+}
+
+// TestFailureBackoffIsCapped: a reconcile that keeps failing is retried with backoff that doubles
+// from 5 ms, as controller-runtime's default does, but never waits longer than 15 s (the default
+// grows to 1000 s); another object's first failure is not held back by it.
+func TestFailureBackoffIsCapped(t *testing.T) {
+	g := NewWithT(t)
+	limiter := failureRateLimiter()
+	failing := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "failing"}}
+	g.Expect(limiter.When(failing)).To(Equal(5 * time.Millisecond))
+	g.Expect(limiter.When(failing)).To(Equal(10 * time.Millisecond))
+	for range 30 {
+		limiter.When(failing)
+	}
+	g.Expect(limiter.When(failing)).To(Equal(15 * time.Second))
+	other := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "other"}}
+	g.Expect(limiter.When(other)).To(BeNumerically("<=", 5*time.Millisecond))
+	limiter.Forget(failing)
+	g.Expect(limiter.When(failing)).To(BeNumerically("<=", 5*time.Millisecond), "a success starts again from 5 ms")
 }

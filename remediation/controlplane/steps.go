@@ -98,9 +98,12 @@ func (r *Reconciler) runSteps(ctx context.Context, s *scope) (ctrl.Result, error
 	res, err := r.runStepOfPass(ctx, s, step, rec)
 	rec = findStep(s.mr, step)
 	if err != nil {
+		// Recorded in the status (lastError, the step's message), written when the reconcile
+		// returns (Reconcile's deferred persist), and returned: controller-runtime counts it and
+		// retries the step (every step is idempotent) with its backoff (controllers.controllerOptions).
 		s.mr.Status.LastError = err.Error()
 		rec.Message = err.Error()
-		return ctrl.Result{RequeueAfter: waitShort}, nil //nolint:nilerr // recorded in the status (lastError, step message); the step is retried
+		return ctrl.Result{}, fmt.Errorf("step %s: %w", step, err)
 	}
 	rec.Message = res.Message
 	if res.Recovered {

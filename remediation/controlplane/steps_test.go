@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	caprv1 "github.com/capr-io/capr/api/v1alpha1"
+	"github.com/capr-io/capr/remediation/fencing"
 )
 
 // Table tests of the steps on fakes (fakes_test.go): a fake API server and a fake etcd, no
@@ -147,6 +148,36 @@ func TestStepsDeleteBeforeMemberRemoval(t *testing.T) {
 	})
 }
 
+// memberRemovedWorld is a RemoveMemberFirst remediation holding the lock whose victim's member is
+// removed and whose replacement is asked for (no Node yet): Fence is next.
+func memberRemovedWorld(t *testing.T, g Gomega, opts ...worldOption) *world {
+	t.Helper()
+	w := newWorld(t, append([]worldOption{withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst), withReplicas(4),
+		withReplacement(cpMachine("m-d", withoutNode())),
+		withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""),
+		withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeSucceeded, ""),
+		withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""),
+		withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC)))}, opts...)...)
+	setLock(g, w)
+	return w
+}
+
+// TestAFailedStepReturnsItsError: a step that fails is recorded (the request's lastError and the
+// step's message) and its error returned, so that controller-runtime counts it and retries the step
+// with its backoff, as the worker remediator's steps do. It was recorded and swallowed, with a fixed
+// requeue that no metric or log of controller-runtime saw.
+func TestAFailedStepReturnsItsError(t *testing.T) {
+	g := NewWithT(t)
+	w := memberRemovedWorld(t, g, withFence(fencing.Result{}, errInjected))
+	_, err := w.r.runSteps(t.Context(), w.s)
+	g.Expect(err).To(MatchError(errInjected))
+	g.Expect(err).To(MatchError(ContainSubstring("step Fence")))
+	g.Expect(w.s.mr.Status.LastError).To(ContainSubstring(errInjected.Error()))
+	g.Expect(findStep(w.s.mr, caprv1.StepFence)).To(And(
+		HaveField("Outcome", caprv1.StepOutcomeInProgress), HaveField("Message", ContainSubstring(errInjected.Error()))))
+	g.Expect(w.machine(g, "m-b")).NotTo(BeNil(), "nothing after the failed step ran")
+}
+
 // TestSkippedStepIsFollowedInTheSameReconcile: a step that issues nothing (MoveLeader for a dead
 // victim that does not lead) is followed at once by the next, on the etcd state just read: one
 // inspection for both, where a new reconcile would read etcd again, which with a dead member costs
@@ -173,13 +204,7 @@ func TestSkippedStepIsFollowedInTheSameReconcile(t *testing.T) {
 // replacement has no Node yet here), and only then does the remediation wait for the replacement.
 func TestRemoveMemberFirstDeletesBeforeTheReplacementVotes(t *testing.T) {
 	g := NewWithT(t)
-	w := newWorld(t, withOrder(caprv1.ControlPlaneOrderRemoveMemberFirst), withReplicas(4),
-		withReplacement(cpMachine("m-d", withoutNode())),
-		withStep(caprv1.StepMoveLeader, caprv1.StepOutcomeSkipped, ""),
-		withStep(caprv1.StepRemoveMember, caprv1.StepOutcomeSucceeded, ""),
-		withStep(caprv1.StepScaleUp, caprv1.StepOutcomeSucceeded, ""),
-		withEtcd(newFakeEtcd(member(nodeA, asLeader()), member(nodeC))))
-	setLock(g, w)
+	w := memberRemovedWorld(t, g)
 	for range 3 {
 		_, err := w.r.runSteps(t.Context(), w.s)
 		g.Expect(err).NotTo(HaveOccurred())
