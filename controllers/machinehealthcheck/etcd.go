@@ -29,10 +29,28 @@ type etcdSince struct {
 type etcdSinceEntry struct {
 	since    time.Time
 	observed time.Time
+	// joining: the member was last seen not yet a voter (a learner, or not listed yet).
+	joining bool
+}
+
+// etcdProblemMissing is the problem of a control-plane Machine whose Node has no member in the list.
+const etcdProblemMissing = "missing from the member list"
+
+// joiningProblem reports whether an etcd problem is that of a member that has not joined as a voter
+// yet: not listed, or a learner.
+func joiningProblem(problem string) bool {
+	return problem == etcdProblemMissing || problem == etcdProblemLearner
 }
 
 // observeEtcdMembers fills target.etcd for control-plane targets from the etcd member source. A
 // Machine seen healthy is forgotten at once; one not observed for etcdForgetAfter (gone) is pruned.
+//
+// A member's promotion to voter starts its time again: a learner (or a member not listed yet) is
+// timed as joining, and one that is then a voter but not healthy is timed from its promotion. etcd
+// promotes a learner once its log holds 90 % of the leader's (readyPercentThreshold, etcd
+// server.go), so a replacement can vote before it has caught up and fail its reads for a few
+// seconds; counted from the start of its join, a short timeout marked such a replacement on real
+// nodes (docs/developer/kind.md).
 func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targets []target, now time.Time) {
 	e := &r.state.etcdUnhealthy
 	e.mu.Lock()
@@ -52,7 +70,7 @@ func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targ
 		}
 		h, ok := health[m.Status.NodeRef.Name]
 		if !ok {
-			h = EtcdMemberHealth{Problem: "missing from the member list"}
+			h = EtcdMemberHealth{Problem: etcdProblemMissing}
 		}
 		if h.Healthy {
 			delete(e.since, m.UID)
@@ -60,10 +78,11 @@ func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targ
 			continue
 		}
 		entry, seen := e.since[m.UID]
-		if !seen {
+		joining := joiningProblem(h.Problem)
+		if !seen || (entry.joining && !joining) {
 			entry.since = now
 		}
-		entry.observed = now
+		entry.observed, entry.joining = now, joining
 		e.since[m.UID] = entry
 		targets[i].etcd = &etcdMemberFact{problem: h.Problem, since: entry.since}
 	}

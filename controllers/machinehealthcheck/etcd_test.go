@@ -52,6 +52,34 @@ func TestEtcdUnhealthySinceIsPerReconcilerAndPruned(t *testing.T) {
 	first.state.etcdUnhealthy.mu.Unlock()
 }
 
+// A replacement's promotion starts its time again: seen joining (not listed, then a learner) for
+// 8 s and then a voter that fails its reads, it is timed from the promotion, so a 10 s timeout has
+// not expired 4 s later. A learner that stays a learner is timed from when it was first seen, and a
+// voter that goes on failing keeps the time of its first failure as a voter.
+func TestEtcdPromotionStartsTheTimeAgain(t *testing.T) {
+	g := NewWithT(t)
+	r := &Reconciler{}
+	observe := func(problem string, at time.Time) *etcdMemberFact {
+		targets := []target{{machine: machine(asControlPlane, func(m *clusterv1.Machine) { m.UID = "replacement" })}}
+		health := fixedEtcdMembers{}
+		if problem != "" {
+			health["n"] = EtcdMemberHealth{Problem: problem}
+		}
+		r.observeEtcdMembers(health, targets, at)
+		return targets[0].etcd
+	}
+	g.Expect(observe("", now).since).To(Equal(now), "not listed yet")
+	g.Expect(observe("a learner", now.Add(5*time.Second)).since).To(Equal(now), "still joining")
+	g.Expect(observe("unreachable", now.Add(8*time.Second)).since).To(Equal(now.Add(8*time.Second)), "promoted: timed from here")
+	g.Expect(observe("unreachable", now.Add(12*time.Second)).since).To(Equal(now.Add(8 * time.Second)))
+
+	r = &Reconciler{}
+	g.Expect(observe("a learner", now).since).To(Equal(now))
+	g.Expect(observe("a learner", now.Add(time.Minute)).since).To(Equal(now), "a learner stuck for a minute")
+	g.Expect(observe("has no leader", now.Add(2*time.Minute)).since).To(Equal(now.Add(2 * time.Minute)))
+	g.Expect(observe("unreachable", now.Add(3*time.Minute)).since).To(Equal(now.Add(2*time.Minute)), "a voter's problems share one time")
+}
+
 // countingEtcdMembers counts the reads of etcd member health.
 type countingEtcdMembers struct{ reads int }
 
