@@ -297,16 +297,26 @@ const (
 	// seed's plan stays what it was; CHAOS_FIRST_FAULT=alarm makes it the first fault of every seed
 	// (on KCP the remediation then takes DeleteBeforeMemberRemoval: KCP's preflight refuses the surge).
 	alarmMember = numFaultKinds
+	// blackHoleNode powers the Machine's node off behind a network that accepts and never answers
+	// (sandbox.BlackHoleNode): its member killed, every dial through its kubelet hanging until the
+	// caller's timeout. editRunningSpec tries, again and again, to change the spec of a Running
+	// request (its reason and its control-plane timeouts), which the API must refuse: the running plan
+	// depends on them. Both are drawn from a stream of their own (extraFaults), so that the plans of
+	// the seeds drawn before them stay as they were.
+	blackHoleNode   = numFaultKinds + 1
+	editRunningSpec = numFaultKinds + 2
 )
 
 var faultNames = [...]string{"etcd member killed", "kubelet stopped", "heartbeat stopped", "leader's kubelet stopped",
 	"request deleted mid-flight", "lock annotation stripped", "skip-remediation added", "API write conflicts",
-	"controller killed at a random API call", "etcd alarm NOSPACE"}
+	"controller killed at a random API call", "etcd alarm NOSPACE", "node black-holed", "Running request's spec edited"}
 
 func (f faultKind) String() string { return faultNames[f] }
 
 // machineFault is true for faults that break a Machine.
-func (f faultKind) machineFault() bool { return f <= stopLeaderKubelet || f == alarmMember }
+func (f faultKind) machineFault() bool {
+	return f <= stopLeaderKubelet || f == alarmMember || f == blackHoleNode
+}
 
 type plannedFault struct {
 	kind  faultKind
@@ -362,6 +372,24 @@ func newPlan(rng *rand.Rand, single, alarm bool) plan {
 	return p
 }
 
+// extraFaults adds the fault kinds drawn from a stream of their own (so that the plans drawn before
+// them stay as they were): in one seed in five the first fault's node is black-holed instead, and
+// in one in four a Running request's spec is edited, 0 to 8 s after the first fault. The known
+// seeds keep the plans they were found with.
+func extraFaults(p plan, seed int64) plan {
+	if slices.Contains(knownSeeds, seed) {
+		return p
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x6578747261)) //nolint:gosec // reproducible test randomness
+	if rng.IntN(5) == 0 && p.faults[0].kind != alarmMember {
+		p.faults[0].kind = blackHoleNode
+	}
+	if rng.IntN(4) == 0 {
+		p.faults = append(p.faults, plannedFault{kind: editRunningSpec, after: p.faults[0].after + time.Duration(rng.IntN(8000))*time.Millisecond})
+	}
+	return p
+}
+
 // singleDrawn says whether seed's cluster has one control-plane Machine (one seed in five), from a
 // stream of its own. Single clusters are drawn on the lightweight providers only: on KCP a single
 // Machine whose Node is unreachable is never replaced (KCP's scale-up preflight; docs/user/known-limits.md).
@@ -408,7 +436,7 @@ func runScenario(t *testing.T, seed int64) {
 	g := NewWithT(t)
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6361707263686173)) //nolint:gosec // reproducible test randomness
-	p := newPlan(rng, sb.Provider() != sandbox.ProviderKubeadm && singleDrawn(seed), alarmFirst(t))
+	p := extraFaults(newPlan(rng, sb.Provider() != sandbox.ProviderKubeadm && singleDrawn(seed), alarmFirst(t)), seed)
 	spec, built := sandbox.ClusterSpec{Name: "wc", ControlPlane: p.size}, ""
 	if topology() {
 		spec.Topology, built = &sandbox.TopologySpec{}, " built from a ClusterClass"
@@ -523,7 +551,7 @@ func runScenario(t *testing.T, seed int64) {
 				}
 			}
 			victims[m.Name] = true
-			if f.kind == killMember {
+			if f.kind == killMember || f.kind == blackHoleNode {
 				killed++
 			}
 		}
@@ -926,6 +954,10 @@ func inject(wc *sandbox.WorkloadCluster, kind faultKind, m clusterv1.Machine, st
 		err = client.IgnoreNotFound(sb.StopKubelet(ctx, wc, node))
 	case stopHeartbeat:
 		err = client.IgnoreNotFound(sb.StopHeartbeat(ctx, wc, node))
+	case blackHoleNode:
+		err = client.IgnoreNotFound(sb.BlackHoleNode(ctx, wc, node))
+	case editRunningSpec:
+		err = editWhileRunning(wc, stop)
 	case alarmMember:
 		err = sb.AlarmEtcdMember(ctx, wc, node)
 	case deleteRequest:
@@ -970,14 +1002,65 @@ var deletedRequests sync.Map
 
 // deleteWhenRunning deletes the first request seen Running (once).
 func deleteWhenRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error {
-	deadline := time.After(2 * time.Minute)
+	return whileRunning(wc, stop, 2*time.Minute, 50*time.Millisecond, func(mr *caprv1.MachineRemediation) (bool, error) {
+		deletedRequests.Store(mr.Namespace+"/"+mr.Name, true)
+		return true, client.IgnoreNotFound(sb.Client.Delete(ctx, mr))
+	})
+}
+
+// editWhileRunning waits up to 2 minutes for a Running request, then tries for 20 s to change the
+// spec of each request it reads Running: its reason, and its control-plane step and replacement
+// timeouts set to one second. Each edit is an update at the resourceVersion read, so the object the
+// API server checks it against is the Running one it read; a conflict is tried again. An edit the
+// API server accepts is a defect: the running plan's steps and timeouts come from the spec. The
+// first refusal of each edit is in the world log.
+func editWhileRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error {
+	edits := []struct {
+		field string
+		apply func(*caprv1.MachineRemediation)
+	}{
+		{"spec.reason", func(mr *caprv1.MachineRemediation) { mr.Spec.Reason = "EditedByTheFaultSuite" }},
+		{"spec.controlPlane", func(mr *caprv1.MachineRemediation) {
+			if mr.Spec.ControlPlane == nil {
+				mr.Spec.ControlPlane = &caprv1.ControlPlaneRemediationSpec{}
+			}
+			mr.Spec.ControlPlane.StepTimeoutSeconds = ptr.To[int32](1)
+			mr.Spec.ControlPlane.ReplacementTimeoutSeconds = ptr.To[int32](1)
+		}},
+	}
+	refused := map[string]bool{}
+	var first time.Time
+	return whileRunning(wc, stop, 2*time.Minute, 100*time.Millisecond, func(running *caprv1.MachineRemediation) (bool, error) {
+		if first.IsZero() {
+			first = time.Now()
+		}
+		for _, e := range edits {
+			mr := running.DeepCopy()
+			e.apply(mr)
+			err := sb.Client.Update(ctx, mr)
+			switch {
+			case err == nil:
+				return true, fmt.Errorf("the API server accepted an edit of %s of request %s while it was Running", e.field, mr.Name)
+			case apierrors.IsInvalid(err) && !refused[e.field]:
+				refused[e.field] = true
+				sb.Log.Add(wc.LogKey(), "FAULT: an edit of %s of Running request %s refused: %v", e.field, mr.Name, err)
+			}
+		}
+		return time.Since(first) > 20*time.Second, nil
+	})
+}
+
+// whileRunning calls f with each request it reads Running, every poll, until f says it is done or
+// fails, d has passed, or stop is closed.
+func whileRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}, d, poll time.Duration, f func(*caprv1.MachineRemediation) (bool, error)) error {
+	deadline := time.After(d)
 	for {
 		select {
 		case <-stop:
 			return nil
 		case <-deadline:
 			return nil
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(poll):
 		}
 		list := &caprv1.MachineRemediationList{}
 		if err := sb.Client.List(ctx, list, client.InNamespace(wc.Namespace)); err != nil {
@@ -985,8 +1068,9 @@ func deleteWhenRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error 
 		}
 		for i := range list.Items {
 			if mr := &list.Items[i]; mr.Status.Phase == caprv1.MachineRemediationPhaseRunning {
-				deletedRequests.Store(mr.Namespace+"/"+mr.Name, true)
-				return client.IgnoreNotFound(sb.Client.Delete(ctx, mr))
+				if done, err := f(mr); done || err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -39,6 +39,8 @@ type Kubelet struct {
 	// apiServer is host:port that port 6443 (the kube-apiserver-<node> static pod) leads to ("" when
 	// the node runs no API server).
 	apiServer string
+	// hole is the listener of a black-holed kubelet (BlackHole), nil otherwise.
+	hole net.Listener
 }
 
 // StartKubelet starts a kubelet stand-in forwarding etcd-pod port 2379 to target.
@@ -166,9 +168,48 @@ func (k *Kubelet) StopHeartbeat() {
 	}
 }
 
-// Stop stops the kubelet stand-in and drops every tunnel through it.
+// Stop stops the kubelet stand-in and drops every tunnel through it (and a black hole's connections).
 func (k *Kubelet) Stop() {
 	k.StopHeartbeat()
 	k.server.CloseClientConnections()
 	k.server.Close()
+	k.mu.Lock()
+	hole := k.hole
+	k.hole = nil
+	k.mu.Unlock()
+	if hole != nil {
+		_ = hole.Close()
+	}
+}
+
+// BlackHole turns the kubelet stand-in into a powered-off node behind a network that keeps accepting
+// its connections: its heartbeat stops, every tunnel through it is dropped, and its address then
+// accepts connections that are never answered, so the API server's port-forward to the node waits
+// for a TLS handshake until the caller's own timeout. Stop closes them.
+func (k *Kubelet) BlackHole() error {
+	addr := k.server.Listener.Addr().String()
+	k.Stop()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("black-holing the kubelet at %s: %w", addr, err)
+	}
+	k.mu.Lock()
+	k.hole = l
+	k.mu.Unlock()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return nil
 }

@@ -624,6 +624,27 @@ func (s *Sandbox) setEtcdPod(ctx context.Context, wc *WorkloadCluster, node stri
 	}
 }
 
+// BlackHoleNode powers a control-plane Machine's node off behind a network that accepts and never
+// answers (a powered-off VM behind a load balancer, or a hung port-forward): its etcd member is
+// killed, its heartbeat stops, and its kubelet's address accepts connections that are never answered,
+// so every dial of its member through the API server costs the caller's whole dial timeout.
+func (s *Sandbox) BlackHoleNode(ctx context.Context, wc *WorkloadCluster, node string) error {
+	wc.Etcd.Kill(node)
+	s.mu.Lock()
+	k := s.kubelets[node]
+	s.mu.Unlock()
+	if k != nil {
+		if err := k.BlackHole(); err != nil {
+			return err
+		}
+	}
+	s.Log.Add(wc.LogKey(), "FAULT: node %s black-holed (etcd member killed, kubelet accepts and never answers)", node)
+	if s.opts.Provider == ProviderKubeadm {
+		return nil // kube-controller-manager's node lifecycle controller notices the silence
+	}
+	return capienv.SetNodeReady(ctx, s.Client, node, corev1.ConditionUnknown)
+}
+
 // StopKubelet stops a Node's kubelet stand-in and its heartbeat (Ready=Unknown, as the node
 // lifecycle controller would set). Its etcd member keeps running but cannot be reached through the
 // API server any more.
