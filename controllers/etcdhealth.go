@@ -50,7 +50,7 @@ func (e *etcdMemberSource) MemberHealth(ctx context.Context, cluster *clusterv1.
 	keep := nodes
 	for _, m := range state.Members {
 		if m.Name != "" {
-			out[m.Name] = machinehealthcheck.EtcdMemberHealth{Healthy: m.Healthy, Votes: m.Up(), Problem: m.Problem}
+			out[m.Name] = machinehealthcheck.EtcdMemberHealth{Healthy: m.Healthy, Votes: m.Up(), Problem: m.Problem, Learner: m.IsLearner}
 			keep = append(keep, m.Name)
 		}
 	}

@@ -29,24 +29,21 @@ type etcdSince struct {
 type etcdSinceEntry struct {
 	since    time.Time
 	observed time.Time
-	// joining: the member was last seen not yet a voter (a learner, or not listed yet).
+	// joining: the member was last seen not yet a voter (a learner, reachable or not, or not listed).
 	joining bool
+	// promoted: the time was started again when the member was first seen voting; once only.
+	promoted bool
 }
 
 // etcdProblemMissing is the problem of a control-plane Machine whose Node has no member in the list.
 const etcdProblemMissing = "missing from the member list"
 
-// joiningProblem reports whether an etcd problem is that of a member that has not joined as a voter
-// yet: not listed, or a learner.
-func joiningProblem(problem string) bool {
-	return problem == etcdProblemMissing || problem == etcdProblemLearner
-}
-
 // observeEtcdMembers fills target.etcd for control-plane targets from the etcd member source. A
 // Machine seen healthy is forgotten at once; one not observed for etcdForgetAfter (gone) is pruned.
 //
-// A member's promotion to voter starts its time again: a learner (or a member not listed yet) is
-// timed as joining, and one that is then a voter but not healthy is timed from its promotion. etcd
+// A member's promotion to voter starts its time again, once: a learner (reachable or not) or a
+// member not listed yet is timed as joining, and one that is then a voter but not healthy is timed
+// from its promotion. etcd
 // promotes a learner once its log holds 90 % of the leader's (readyPercentThreshold, etcd
 // server.go), so a replacement can vote before it has caught up and fail its reads for a few
 // seconds; counted from the start of its join, a short timeout marked such a replacement on real
@@ -78,9 +75,12 @@ func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targ
 			continue
 		}
 		entry, seen := e.since[m.UID]
-		joining := joiningProblem(h.Problem)
-		if !seen || (entry.joining && !joining) {
+		joining := !ok || h.Learner
+		switch {
+		case !seen:
 			entry.since = now
+		case entry.joining && !joining && !entry.promoted:
+			entry.since, entry.promoted = now, true
 		}
 		entry.observed, entry.joining = now, joining
 		e.since[m.UID] = entry
@@ -105,8 +105,11 @@ type EtcdMemberHealth struct {
 	// is still reported by the etcd member check, and counted as up by quorumOf.
 	Votes bool
 	// Problem says what is wrong, e.g. "unreachable", "missing", "alarmed (NOSPACE)", "a learner".
-	// "has no leader" and "a learner" also decide the etcd quorum (quorumOf).
+	// "has no leader" also decides the etcd quorum (quorumOf).
 	Problem string
+	// Learner is true for a member that does not vote yet, whether or not it could be reached (an
+	// unreachable learner's Problem is "unreachable").
+	Learner bool
 }
 
 // observeEtcd reads etcd for the etcd member check: each control-plane target's member health

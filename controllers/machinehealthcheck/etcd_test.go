@@ -52,32 +52,39 @@ func TestEtcdUnhealthySinceIsPerReconcilerAndPruned(t *testing.T) {
 	first.state.etcdUnhealthy.mu.Unlock()
 }
 
-// A replacement's promotion starts its time again: seen joining (not listed, then a learner) for
-// 8 s and then a voter that fails its reads, it is timed from the promotion, so a 10 s timeout has
-// not expired 4 s later. A learner that stays a learner is timed from when it was first seen, and a
-// voter that goes on failing keeps the time of its first failure as a voter.
+// A replacement's promotion starts its time again, once: seen joining (not listed, then a learner,
+// reachable or not) for 8 s and then a voter that fails its reads, it is timed from the promotion, so
+// a 10 s timeout has not expired 4 s later. A learner that stays a learner is timed from when it was
+// first seen, also while it flips between unreachable and reachable; a voter's problems share one
+// time; and a member that leaves the list and comes back voting is not timed again.
 func TestEtcdPromotionStartsTheTimeAgain(t *testing.T) {
 	g := NewWithT(t)
 	r := &Reconciler{}
-	observe := func(problem string, at time.Time) *etcdMemberFact {
+	learner := func(problem string) *EtcdMemberHealth { return &EtcdMemberHealth{Problem: problem, Learner: true} }
+	voter := func(problem string) *EtcdMemberHealth { return &EtcdMemberHealth{Problem: problem} }
+	observe := func(h *EtcdMemberHealth, at time.Time) time.Time {
 		targets := []target{{machine: machine(asControlPlane, func(m *clusterv1.Machine) { m.UID = "replacement" })}}
 		health := fixedEtcdMembers{}
-		if problem != "" {
-			health["n"] = EtcdMemberHealth{Problem: problem}
+		if h != nil {
+			health["n"] = *h
 		}
 		r.observeEtcdMembers(health, targets, at)
-		return targets[0].etcd
+		return targets[0].etcd.since
 	}
-	g.Expect(observe("", now).since).To(Equal(now), "not listed yet")
-	g.Expect(observe("a learner", now.Add(5*time.Second)).since).To(Equal(now), "still joining")
-	g.Expect(observe("unreachable", now.Add(8*time.Second)).since).To(Equal(now.Add(8*time.Second)), "promoted: timed from here")
-	g.Expect(observe("unreachable", now.Add(12*time.Second)).since).To(Equal(now.Add(8 * time.Second)))
+	at := func(s int) time.Time { return now.Add(time.Duration(s) * time.Second) }
+	g.Expect(observe(nil, at(0))).To(Equal(at(0)), "not listed yet")
+	g.Expect(observe(learner("a learner"), at(5))).To(Equal(at(0)), "still joining")
+	g.Expect(observe(voter("unreachable"), at(8))).To(Equal(at(8)), "promoted: timed from here")
+	g.Expect(observe(voter("unreachable"), at(12))).To(Equal(at(8)))
+	g.Expect(observe(nil, at(20))).To(Equal(at(8)), "gone from the list")
+	g.Expect(observe(voter("unreachable"), at(25))).To(Equal(at(8)), "timed again once only")
 
 	r = &Reconciler{}
-	g.Expect(observe("a learner", now).since).To(Equal(now))
-	g.Expect(observe("a learner", now.Add(time.Minute)).since).To(Equal(now), "a learner stuck for a minute")
-	g.Expect(observe("has no leader", now.Add(2*time.Minute)).since).To(Equal(now.Add(2 * time.Minute)))
-	g.Expect(observe("unreachable", now.Add(3*time.Minute)).since).To(Equal(now.Add(2*time.Minute)), "a voter's problems share one time")
+	g.Expect(observe(learner("a learner"), at(0))).To(Equal(at(0)))
+	g.Expect(observe(learner("unreachable"), at(30))).To(Equal(at(0)), "a learner that cannot be reached is still joining")
+	g.Expect(observe(learner("a learner"), at(60))).To(Equal(at(0)), "a learner stuck for a minute")
+	g.Expect(observe(voter("has no leader"), at(120))).To(Equal(at(120)))
+	g.Expect(observe(voter("unreachable"), at(180))).To(Equal(at(120)), "a voter's problems share one time")
 }
 
 // countingEtcdMembers counts the reads of etcd member health.

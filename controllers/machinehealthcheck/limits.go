@@ -258,13 +258,10 @@ func parseUnhealthyRange(r string) (int, int, error) {
 	return lo, hi, nil
 }
 
-// Problems of an etcd member (EtcdMemberHealth.Problem, as etcdutil words them) that say something
-// about the etcd cluster rather than about the member.
-// TODO(etcd): EtcdMemberHealth should say these in fields of their own instead of in Problem's text.
-const (
-	etcdProblemNoLeader = "has no leader"
-	etcdProblemLearner  = "a learner"
-)
+// etcdProblemNoLeader is the problem of an etcd member (EtcdMemberHealth.Problem, as etcdutil words
+// it) that says something about the etcd cluster rather than about the member.
+// TODO(etcd): EtcdMemberHealth should say it in a field of its own, as it says Learner.
+const etcdProblemNoLeader = "has no leader"
 
 // etcdQuorum is whether a cluster's etcd has quorum, derived from its members' health.
 type etcdQuorum struct {
@@ -281,13 +278,13 @@ type etcdQuorum struct {
 }
 
 // quorumOf derives the quorum from the member health the EtcdMemberSource reports, by Node name.
-// Learners do not vote. A member whose only problem is that it has no leader is up: it is the
+// Learners do not vote, whether or not they could be reached. A member whose only problem is that it has no leader is up: it is the
 // cluster that has no leader, because too few members are up to elect one, or only until the
 // election ends.
 func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 	q := etcdQuorum{known: true}
 	for node, h := range health {
-		if h.Problem == etcdProblemLearner {
+		if h.Learner {
 			continue
 		}
 		q.counts.Voting++

@@ -17,7 +17,7 @@ func TestQuorumOf(t *testing.T) {
 	healthy := EtcdMemberHealth{Healthy: true}
 	dead := EtcdMemberHealth{Problem: "unreachable"}
 	leaderless := EtcdMemberHealth{Problem: etcdProblemNoLeader}
-	learner := EtcdMemberHealth{Problem: etcdProblemLearner}
+	learner := EtcdMemberHealth{Problem: "a learner", Learner: true}
 	alarmed := EtcdMemberHealth{Problem: "alarmed (NOSPACE)", Votes: true}
 	alarmedNoLeader := EtcdMemberHealth{Problem: "alarmed (NOSPACE)"}
 	tests := []struct {
@@ -31,6 +31,10 @@ func TestQuorumOf(t *testing.T) {
 		{name: "two of three dead, survivor without leader", lost: true,
 			health: map[string]EtcdMemberHealth{"a": leaderless, "b": dead, "c": dead}, dead: []string{"b", "c"}},
 		{name: "a learner does not vote", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": dead, "d": learner}, dead: []string{"c"}},
+		// Counted as a dead voter, an unreachable learner made 2 of 4 up: quorum lost, the
+		// reading of a replacement's join on kind.
+		{name: "an unreachable learner does not vote either", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": dead,
+			"d": {Problem: "unreachable", Learner: true}}, dead: []string{"c"}},
 		{name: "two of five dead keeps quorum", health: map[string]EtcdMemberHealth{"a": healthy, "b": healthy, "c": healthy, "d": dead, "e": dead},
 			dead: []string{"d", "e"}},
 		{name: "no members: not known to be lost", health: map[string]EtcdMemberHealth{}},

@@ -73,7 +73,7 @@ func TestSingleControlPlaneLimit(t *testing.T) {
 			health: map[string]EtcdMemberHealth{"n1": healthy, "r1": healthy, "r2": unreachable},
 			reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason, says: []string{"r2"}},
 		{name: "a learner joining does not vote: allowed", cp: cp(1, false), targets: 1, unhealthy: 1,
-			health: map[string]EtcdMemberHealth{"n1": healthy, "r1": {Problem: etcdProblemLearner}}, allowed: true},
+			health: map[string]EtcdMemberHealth{"n1": healthy, "r1": {Problem: "a learner", Learner: true}}, allowed: true},
 		{name: "external etcd, one Machine: unchanged, none may be remediated", cp: cp(1, true), targets: 1, unhealthy: 1,
 			reason: caprv1.MachineHealthCheckControlPlaneQuorumLimitReason},
 		{name: "three Machines: unchanged, one of three", cp: cp(3, false), targets: 3, unhealthy: 1,
