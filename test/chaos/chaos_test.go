@@ -301,8 +301,8 @@ const (
 	// (sandbox.BlackHoleNode): its member killed, every dial through its kubelet hanging until the
 	// caller's timeout. editRunningSpec tries, again and again, to change the spec of a Running
 	// request (its reason and its control-plane timeouts), which the API must refuse: the running plan
-	// depends on them. Both are drawn from a stream of their own (extraFaults), so that the plans of
-	// the seeds drawn before them stay as they were.
+	// depends on them. Both are drawn from a stream of their own (extraFaults), so that the rest of
+	// every plan is drawn as before.
 	blackHoleNode   = numFaultKinds + 1
 	editRunningSpec = numFaultKinds + 2
 )
@@ -372,10 +372,10 @@ func newPlan(rng *rand.Rand, single, alarm bool) plan {
 	return p
 }
 
-// extraFaults adds the fault kinds drawn from a stream of their own (so that the plans drawn before
-// them stay as they were): in one seed in five the first fault's node is black-holed instead, and
-// in one in four a Running request's spec is edited, 0 to 8 s after the first fault. The known
-// seeds keep the plans they were found with.
+// extraFaults adds the fault kinds drawn from a stream of their own, so that the rest of every plan
+// is drawn as before: in one seed in five the first fault's node is black-holed instead, and in one
+// in four a Running request's spec is edited, 0 to 8 s after the first fault. Those seeds no longer
+// replay the plans earlier campaigns ran; the known seeds keep the plans they were found with.
 func extraFaults(p plan, seed int64) plan {
 	if slices.Contains(knownSeeds, seed) {
 		return p
@@ -1030,6 +1030,11 @@ func editWhileRunning(wc *sandbox.WorkloadCluster, stop <-chan struct{}) error {
 	}
 	refused := map[string]bool{}
 	var first time.Time
+	defer func() {
+		if first.IsZero() {
+			sb.Log.Add(wc.LogKey(), "FAULT: no request was Running within 2 minutes: nothing edited")
+		}
+	}()
 	return whileRunning(wc, stop, 2*time.Minute, 100*time.Millisecond, func(running *caprv1.MachineRemediation) (bool, error) {
 		if first.IsZero() {
 			first = time.Now()

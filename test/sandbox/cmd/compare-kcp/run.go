@@ -134,7 +134,7 @@ sampling:
 // first attempt to publish itself and serve no client for etcd's request timeout (6 s here). The
 // sandbox's etcd holds no API server data: without these writes only runs whose own etcd calls had
 // passed 100 entries (CAPR's inspections: AlarmList goes through raft) met that, and KCP's never
-// (docs/design/kcp-comparison.md).
+// (seen in etcd's own logs, kept for one set of runs).
 const apiServerWrites = 200
 
 // apiServerWritesTimeout bounds writeAPIServerData.
