@@ -251,9 +251,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			reterr = kerrors.NewAggregate([]error{reterr, err, fmt.Errorf("reconciling MachineRemediation: %w", context.Cause(ctx))})
 		case apierrors.IsConflict(err):
 			// Someone wrote first: read again and redo from the new state (nothing was issued on
-			// the basis of an unrecorded change, see persist).
+			// the basis of an unrecorded change, see persist). A step's error is retried with its
+			// back-off instead (controller-runtime ignores a requeue returned with an error).
 			log.V(2).Info("MachineRemediation changed while being written, reconciling again")
-			res = ctrl.Result{RequeueAfter: 100 * time.Millisecond}
+			if reterr == nil {
+				res = ctrl.Result{RequeueAfter: 100 * time.Millisecond}
+			}
 		case err != nil:
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
