@@ -43,11 +43,10 @@ const etcdProblemMissing = "missing from the member list"
 //
 // A member's promotion to voter starts its time again, once: a learner (reachable or not) or a
 // member not listed yet is timed as joining, and one that is then a voter but not healthy is timed
-// from its promotion. etcd
-// promotes a learner once its log holds 90 % of the leader's (readyPercentThreshold, etcd
-// server.go), so a replacement can vote before it has caught up and fail its reads for a few
-// seconds; counted from the start of its join, a short timeout marked such a replacement on real
-// nodes (docs/developer/kind.md).
+// from its promotion. etcd promotes a learner once its log holds 90 % of the leader's
+// (readyPercentThreshold, etcd server.go), so a replacement can vote before it has caught up and
+// fail its reads for a few seconds; counted from the start of its join, a short timeout marked such
+// a replacement on real nodes (docs/developer/kind.md).
 func (r *Reconciler) observeEtcdMembers(health map[string]EtcdMemberHealth, targets []target, now time.Time) {
 	e := &r.state.etcdUnhealthy
 	e.mu.Lock()

@@ -278,9 +278,9 @@ type etcdQuorum struct {
 }
 
 // quorumOf derives the quorum from the member health the EtcdMemberSource reports, by Node name.
-// Learners do not vote, whether or not they could be reached. A member whose only problem is that it has no leader is up: it is the
-// cluster that has no leader, because too few members are up to elect one, or only until the
-// election ends.
+// Learners do not vote, whether or not they could be reached. A member whose only problem is that
+// it has no leader is up: it is the cluster that has no leader, because too few members are up to
+// elect one, or only until the election ends.
 func quorumOf(health map[string]EtcdMemberHealth) etcdQuorum {
 	q := etcdQuorum{known: true}
 	for node, h := range health {
