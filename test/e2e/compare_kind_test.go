@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -31,6 +32,8 @@ import (
 // timeouts, judged by the observer (observer_kind_test.go), which uses no CAPR or CAPI predicate.
 // The number of runs is fixed before the campaign and written first to its results file; every run
 // is appended as it ends, passed or not; a campaign that has to stop records the runs it did not make.
+// Each run's manager logs are kept beside the file, in <file>.logs/<fault>-<system>-<run>/ (not
+// committed: they explain a run's timings, the file holds its figures).
 
 const (
 	// compareResultsEnv names the campaign's results file; make compare-kind sets it.
@@ -238,6 +241,10 @@ func compareRun(t *testing.T, p *kindPlatform, c kindCluster, f compareFault, r 
 	g := NewWithT(t)
 	path := os.Getenv(compareResultsEnv)
 	r.Made = true
+	began := time.Now()
+	t.Cleanup(func() {
+		p.keepLogs(t, filepath.Join(path+".logs", fmt.Sprintf("%s-%s-%d", r.Fault, r.System, r.Run)), began)
+	})
 	t.Cleanup(func() {
 		r.Passed = !t.Failed()
 		r.Date = time.Now().UTC().Format(time.RFC3339)

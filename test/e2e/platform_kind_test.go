@@ -268,3 +268,31 @@ func stamp(t *metav1.Time) string {
 	}
 	return t.UTC().Format(time.RFC3339)
 }
+
+// managers are the management cluster's controller managers whose logs a comparison run keeps.
+var managers = []struct{ name, namespace, deployment string }{
+	{"capr", "capr-system", "capr-controller-manager"},
+	{"capi", "capi-system", "capi-controller-manager"},
+	{"kcp", "capi-kubeadm-control-plane-system", "capi-kubeadm-control-plane-controller-manager"},
+}
+
+// keepLogs writes each manager's log since a run began into dir, one file per manager, so that a
+// run's timings can be explained afterwards from what each controller did (docs/developer/kind.md).
+// A log that cannot be read is reported in the test's output, not failed on: the run's result does
+// not depend on it.
+func (p *kindPlatform) keepLogs(t *testing.T, dir string, since time.Time) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keeping the managers' logs: %v", err)
+		return
+	}
+	for _, m := range managers {
+		out, err := exec.CommandContext(ctx, p.env["KUBECTL"], "--kubeconfig", os.Getenv(kubeconfigEnv), "logs", "-n", m.namespace,
+			"deployment/"+m.deployment, "--timestamps", "--since-time", since.UTC().Format(time.RFC3339)).Output()
+		if err != nil {
+			t.Logf("reading %s's log: %v", m.name, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, m.name+".log"), out, 0o644); err != nil {
+			t.Logf("keeping %s's log: %v", m.name, err)
+		}
+	}
+}
