@@ -637,3 +637,55 @@ func TestKindSingleControlPlaneKubeletStopped(t *testing.T) {
 	s := o.summarize()
 	g.Expect(s.MinHealthyVoters).To(BeNumerically(">=", 1), "no healthy voter read: %+v", s)
 }
+
+// TestKindTopologyControlPlaneKubeletStopped: a cluster built from a ClusterClass
+// (templates/cluster-template-topology.yaml), where the topology controller owns the control plane's
+// replicas through Cluster.spec.topology.controlPlane.replicas; a follower's kubelet stops, its etcd
+// member alive. CAPR replaces the Machine with the failure margin never below 1 and one Machine
+// created, through the topology's replicas, and leaves the Cluster as a GitOps tool wrote it: the
+// replicas back at 3, and no managedFields entry of CAPR's on the Cluster, so that the tool's next
+// apply owns the field alone again.
+func TestKindTopologyControlPlaneKubeletStopped(t *testing.T) {
+	g := NewWithT(t)
+	p := kindEnv(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capr-topology-"}}
+	g.Expect(p.c.Create(ctx, ns)).To(Succeed())
+	template := filepath.Join(repoRoot(), "test", "kind", "templates", "cluster-template-topology.yaml")
+	name := p.createClusterFrom(t, template, ns.Name, "topo", 3, 0, t.Cleanup)
+	c := kindCluster{ns: ns.Name, name: name, controlPlane: 3}
+	cp, _ := p.healthChecks(c.ns, c.name)
+	g.Expect(p.c.Create(ctx, cp)).To(Succeed())
+
+	o := observeWhole(t, p, c)
+	machines, _ := machinesOf(g, c.ns, c.name)
+	v, _ := o.latest()
+	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
+	var victim clusterv1.Machine
+	for _, m := range machines {
+		if m.Status.NodeRef.Name != v.Leader {
+			victim = m
+			break
+		}
+	}
+	g.Expect(victim.Name).NotTo(BeEmpty())
+	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet) on a follower of a ClusterClass cluster, etcd member alive",
+		Victim: victim.Status.NodeRef.Name}
+	faultUntilWhole(t, p, o, c, victim, r)
+	s := o.summarize()
+	g.Expect(s.MinMarginSettled).To(BeNumerically(">=", 1), "the failure margin fell below 1 with a live member: %+v", s)
+	g.Expect(s.MachinesCreated).To(HaveLen(1), "Machines created: %v", s.MachinesCreated)
+
+	mr := &caprv1.MachineRemediation{}
+	g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victim.Name}, mr)).To(Succeed())
+	g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "%+v", mr.Status.Conditions)
+	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
+	g.Expect(mr.Status.ControlPlane.ReplicasField).To(Equal(caprv1.ReplicasFieldClusterTopology))
+	g.Eventually(func(g Gomega) {
+		cluster := &clusterv1.Cluster{}
+		g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: c.name}, cluster)).To(Succeed())
+		g.Expect(cluster.Spec.Topology.ControlPlane.Replicas).To(HaveValue(BeEquivalentTo(3)))
+		for _, mf := range cluster.ManagedFields {
+			g.Expect(mf.Manager).NotTo(Equal("capr-controlplane-remediation"), "CAPR still manages fields of the Cluster: %s", mf.FieldsV1)
+		}
+	}, time.Minute, time.Second).Should(Succeed())
+}

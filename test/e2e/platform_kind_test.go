@@ -101,8 +101,8 @@ func (p *kindPlatform) healthChecks(ns, cluster string) (controlPlane, workers *
 func (p *kindPlatform) remediationTimeout() time.Duration { return 20 * time.Minute }
 
 // render returns the template rendered by clusterctl, as a user renders it.
-func (p *kindPlatform) render(ns, name string, controlPlane, workers int) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, p.env["CLUSTERCTL"], "generate", "cluster", name, "--from", p.template,
+func (p *kindPlatform) render(template, ns, name string, controlPlane, workers int) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, p.env["CLUSTERCTL"], "generate", "cluster", name, "--from", template,
 		"--target-namespace", ns, "--kubernetes-version", p.env["KUBERNETES_VERSION"],
 		"--control-plane-machine-count", fmt.Sprint(controlPlane), "--worker-machine-count", fmt.Sprint(workers),
 		"--kubeconfig", os.Getenv(kubeconfigEnv))
@@ -127,6 +127,12 @@ func (p *kindPlatform) createCluster(t *testing.T, ns string) string {
 // kind-down removes what a failed deletion left.
 func (p *kindPlatform) createClusterOf(t *testing.T, ns, base string, controlPlane, workers int, cleanup func(func())) string {
 	t.Helper()
+	return p.createClusterFrom(t, p.template, ns, base, controlPlane, workers, cleanup)
+}
+
+// createClusterFrom is createClusterOf with another template of test/kind/templates.
+func (p *kindPlatform) createClusterFrom(t *testing.T, template, ns, base string, controlPlane, workers int, cleanup func(func())) string {
+	t.Helper()
 	g := NewWithT(t)
 	// CAPD names containers after the cluster, and the docker network is shared: a cluster's name is
 	// unique on the host, and recorded for kind-down before anything is created.
@@ -137,7 +143,7 @@ func (p *kindPlatform) createClusterOf(t *testing.T, ns, base string, controlPla
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(f.Close()).To(Succeed())
 
-	raw, err := p.render(ns, name, controlPlane, workers)
+	raw, err := p.render(template, ns, name, controlPlane, workers)
 	g.Expect(err).NotTo(HaveOccurred())
 	objs, err := utilyaml.ToUnstructured(raw)
 	g.Expect(err).NotTo(HaveOccurred())
