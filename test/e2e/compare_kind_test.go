@@ -96,6 +96,18 @@ var compareFaults = []compareFault{
 			return dockerRun("exec", node, "mv", "/root/etcd.yaml", "/etc/kubernetes/manifests/etcd.yaml")
 		},
 	},
+	{
+		name:        "follower-node-paused",
+		description: "a follower's node container paused (docker pause): every process frozen, its etcd member among them, the node unreachable",
+		inject:      func(node string) error { return dockerRun("pause", node) },
+		undo:        func(node string) error { return dockerRun("unpause", node) },
+	},
+	{
+		name:        "follower-node-stopped",
+		description: "a follower's node container stopped (docker stop): the machine powered off",
+		inject:      func(node string) error { return dockerRun("stop", node) },
+		undo:        func(node string) error { return dockerRun("start", node) },
+	},
 }
 
 // compareCampaign is the first line of a campaign's results file, written before any run.
