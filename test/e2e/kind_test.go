@@ -678,12 +678,14 @@ func TestKindTopologyControlPlaneKubeletStopped(t *testing.T) {
 	mr := &caprv1.MachineRemediation{}
 	g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: victim.Name}, mr)).To(Succeed())
 	g.Expect(mr.Status.Phase).To(Equal(caprv1.MachineRemediationPhaseSucceeded), "%+v", mr.Status.Conditions)
+	g.Expect(mr.Status.ControlPlane).NotTo(BeNil())
 	g.Expect(mr.Status.ControlPlane.Order).To(Equal(caprv1.ControlPlaneOrderScaleUpFirst), mr.Status.ControlPlane.OrderReason)
 	g.Expect(mr.Status.ControlPlane.ReplicasField).To(Equal(caprv1.ReplicasFieldClusterTopology))
 	g.Eventually(func(g Gomega) {
 		cluster := &clusterv1.Cluster{}
 		g.Expect(p.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: c.name}, cluster)).To(Succeed())
 		g.Expect(cluster.Spec.Topology.ControlPlane.Replicas).To(HaveValue(BeEquivalentTo(3)))
+		// The field manager docs/user/topology.md names, written out rather than taken from the product.
 		for _, mf := range cluster.ManagedFields {
 			g.Expect(mf.Manager).NotTo(Equal("capr-controlplane-remediation"), "CAPR still manages fields of the Cluster: %s", mf.FieldsV1)
 		}

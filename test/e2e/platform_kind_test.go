@@ -295,7 +295,13 @@ func (p *kindPlatform) keepLogs(t *testing.T, dir string, since time.Time) {
 		out, err := exec.CommandContext(ctx, p.env["KUBECTL"], "--kubeconfig", os.Getenv(kubeconfigEnv), "logs", "-n", m.namespace,
 			"deployment/"+m.deployment, "--timestamps", "--since-time", since.UTC().Format(time.RFC3339)).Output()
 		if err != nil {
+			// No file: an empty one would read as a manager that logged nothing.
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				err = fmt.Errorf("%w: %s", err, exit.Stderr)
+			}
 			t.Logf("reading %s's log: %v", m.name, err)
+			continue
 		}
 		if err := os.WriteFile(filepath.Join(dir, m.name+".log"), out, 0o644); err != nil {
 			t.Logf("keeping %s's log: %v", m.name, err)
