@@ -272,18 +272,9 @@ func compareRun(t *testing.T, p *kindPlatform, c kindCluster, f compareFault, r 
 	})
 
 	cp, _ := machinesOf(g, c.ns, c.name)
-	v, _ := o.latest()
-	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
-	var victim clusterv1.Machine
-	for _, m := range cp {
-		if (m.Status.NodeRef.Name == v.Leader) == f.leader {
-			victim = m
-			break
-		}
-	}
-	g.Expect(victim.Name).NotTo(BeEmpty())
+	victim, leaderNode := pickVictim(g, o, cp, f.leader)
 	node := victim.Status.NodeRef.Name
-	r.Victim, r.VictimWasLeader = node, node == v.Leader
+	r.Victim, r.VictimWasLeader = node, node == leaderNode
 
 	stopMark := make(chan struct{})
 	marked := markedBy(p.c, c.ns, victim.Name, r.System, stopMark)

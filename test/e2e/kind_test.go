@@ -431,18 +431,9 @@ func kubeletStopped(t *testing.T, leader bool, minMargin int) (string, summary) 
 
 	cp, _ := machinesOf(g, c.ns, c.name)
 	g.Expect(cp).To(HaveLen(3))
-	v, _ := o.latest()
-	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
-	var victim clusterv1.Machine
-	for _, m := range cp {
-		if (m.Status.NodeRef.Name == v.Leader) == leader {
-			victim = m
-			break
-		}
-	}
-	g.Expect(victim.Name).NotTo(BeEmpty())
+	victim, leaderNode := pickVictim(g, o, cp, leader)
 	node := victim.Status.NodeRef.Name
-	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet), etcd member alive", Victim: node, VictimWasLeader: v.Leader == node}
+	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet), etcd member alive", Victim: node, VictimWasLeader: leaderNode == node}
 	faultUntilWhole(t, p, o, c, victim, r)
 	s := o.summarize()
 	// The seconds in which only the just-promoted replacement fails its health read are the join's
@@ -498,15 +489,7 @@ func TestKindReplacementThatNeverComesUp(t *testing.T) {
 	o := observeWhole(t, p, c)
 
 	cp, _ := machinesOf(g, c.ns, c.name)
-	v, _ := o.latest()
-	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
-	var victim clusterv1.Machine
-	for _, m := range cp {
-		if m.Status.NodeRef.Name != v.Leader {
-			victim = m
-			break
-		}
-	}
+	victim, _ := pickVictim(g, o, cp, false)
 	node := victim.Status.NodeRef.Name
 	r := &kindResult{Test: t.Name(), Fault: "control-plane node container stopped (docker stop), the kubeadm bootstrap provider stopped until the remediation ended", Victim: node}
 	fault := recordRun(t, p, o, c, victim.Name, r)
@@ -658,16 +641,7 @@ func TestKindTopologyControlPlaneKubeletStopped(t *testing.T) {
 
 	o := observeWhole(t, p, c)
 	machines, _ := machinesOf(g, c.ns, c.name)
-	v, _ := o.latest()
-	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
-	var victim clusterv1.Machine
-	for _, m := range machines {
-		if m.Status.NodeRef.Name != v.Leader {
-			victim = m
-			break
-		}
-	}
-	g.Expect(victim.Name).NotTo(BeEmpty())
+	victim, _ := pickVictim(g, o, machines, false)
 	r := &kindResult{Test: t.Name(), Fault: "kubelet stopped (docker exec systemctl stop kubelet) on a follower of a ClusterClass cluster, etcd member alive",
 		Victim: victim.Status.NodeRef.Name}
 	faultUntilWhole(t, p, o, c, victim, r)
@@ -690,4 +664,18 @@ func TestKindTopologyControlPlaneKubeletStopped(t *testing.T) {
 			g.Expect(mf.Manager).NotTo(Equal("capr-controlplane-remediation"), "CAPR still manages fields of the Cluster: %s", mf.FieldsV1)
 		}
 	}, time.Minute, time.Second).Should(Succeed())
+}
+
+// pickVictim returns the control-plane Machine to break, the etcd leader's (leader) or a follower's,
+// as the observer's latest reading names the leader, and the leader's node.
+func pickVictim(g Gomega, o *observer, machines []clusterv1.Machine, leader bool) (clusterv1.Machine, string) {
+	v, _ := o.latest()
+	g.Expect(v.Leader).NotTo(BeEmpty(), "no etcd leader read: %+v", v)
+	for _, m := range machines {
+		if (m.Status.NodeRef.Name == v.Leader) == leader {
+			return m, v.Leader
+		}
+	}
+	g.Expect(false).To(BeTrue(), "no %s Machine among %d (leader %s)", map[bool]string{true: "leader's", false: "follower's"}[leader], len(machines), v.Leader)
+	return clusterv1.Machine{}, v.Leader
 }
