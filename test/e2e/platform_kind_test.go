@@ -293,7 +293,7 @@ func (p *kindPlatform) keepLogs(t *testing.T, dir string, since time.Time) {
 	}
 	for _, m := range managers {
 		out, err := exec.CommandContext(ctx, p.env["KUBECTL"], "--kubeconfig", os.Getenv(kubeconfigEnv), "logs", "-n", m.namespace,
-			"deployment/"+m.deployment, "--timestamps", "--since-time", since.UTC().Format(time.RFC3339)).Output()
+			"deployment/"+m.deployment, "--timestamps", "--since-time", since.UTC().Format(time.RFC3339), "--request-timeout", "2m").Output()
 		if err != nil {
 			// No file: an empty one would read as a manager that logged nothing.
 			var exit *exec.ExitError
