@@ -41,8 +41,8 @@ type Connector interface {
 // client port, which etcd serves there next to gRPC over the same TLS listener (embed.Etcd.serveClients,
 // etcdhttp.HandleMetrics; --listen-metrics-urls only adds listeners). It goes the same way as Connect
 // (the node's port-forward tunnel or the direct endpoint, the same TLS configuration), so it reaches
-// exactly the members Connect reaches. The members' view of each other (etcd_network_active_peers)
-// is only there: no gRPC call reports it.
+// exactly the members Connect reaches. What the leader receives from each follower
+// (etcd_network_peer_received_bytes_total) is only there: no gRPC call reports it.
 type MetricsConnector interface {
 	Connector
 	// Metrics returns the body of the member's /metrics (Prometheus text format), at most

@@ -166,6 +166,9 @@ type Cluster struct {
 	// InspectTimeout bounds one Inspect: members are dialled and asked in parallel, so one Inspect
 	// takes about one dial plus two calls even when members are unreachable (default 3×CallTimeout).
 	InspectTimeout time.Duration
+	// LivenessWindow is how long the leader is watched for messages from a voter that cannot be
+	// reached through its node, before it is left unknown (peers.go; default DefaultLivenessWindow).
+	LivenessWindow time.Duration
 }
 
 func (c *Cluster) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -5,10 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -25,23 +24,35 @@ import (
 //     member that knows a leader names it. A dead leader stops being named within an election timeout
 //     and linearizable reads fail until a new one is elected. This is the case of a Machine whose
 //     kubelet died under a running leader (CAPI #8465, #12711).
-//   - Any voter, from what its peers see of it (peersSeeAlive): each member's raft transport keeps a
-//     status per peer and exports it as the gauge etcd_network_active_peers{Local,Remote} (rafthttp
-//     peer_status.go, metrics.go): 1 from when a stream or the pipeline to the peer connects, 0 when
-//     one fails. A dead process fails them at once (the stream's connection is closed and the redial,
-//     every 100 ms, is refused); a peer that stops answering (a node powered off, a black hole) fails
-//     the stream reader at its read timeout (rafthttp ConnReadTimeout, 5 s; link heartbeats every third
-//     of it keep a live stream busy). A "connected" seen is therefore at most about 5 s stale. etcd
-//     serves /metrics on its client port (MetricsConnector), so it is read the way the member is
-//     reached.
+//   - A follower, from what the leader receives from it (heardFrom): a follower answers every
+//     heartbeat of the leader (raft MsgHeartbeatResp, every --heartbeat-interval, 100 ms by default),
+//     and the leader counts the bytes of every message it decodes per sender in the counter
+//     etcd_network_peer_received_bytes_total{From} (rafthttp stream.go decodeLoop, metrics.go). The
+//     counter grows only while the follower's process runs and its messages reach the leader: it
+//     stops for a dead process, a frozen one (docker pause, SIGSTOP) and a black-holed node alike.
+//     It is read twice or more, LivenessWindow apart at most. Only the leader hears its followers
+//     (followers exchange only link heartbeats, counted without a sender), so with the leader itself
+//     unreachable a follower is not known alive.
+//
+// The gauge etcd_network_active_peers, which each member keeps per peer, is not used: a frozen peer's
+// kernel keeps its connections open and accepts writes, and the gauge stayed 1 for a frozen member
+// (test/integration/etcdutil TestInspectFrozenFollowerBehindAStoppedKubeletIsNotUp; on kind, a paused
+// node's member was taken for healthy).
 //
 // Either way the member counts as voting (Healthy, or Votes when alarmed) and stays not Reachable:
 // nothing can be sent to it. Both are read only when State.QuorumProven: a member's view of a
-// cluster without a quorum-backed leader says nothing about who votes in it.
+// cluster without a quorum-backed leader says nothing about who votes in it. A read that fails leaves
+// the member unknown, never alive.
 
-// activePeersMetric is the gauge of rafthttp's peer status, labelled Local (the exporting member's ID)
-// and Remote (the peer's ID), both as types.ID.String(): hexadecimal.
-const activePeersMetric = "etcd_network_active_peers"
+// receivedBytesMetric is the counter of the bytes a member's raft transport decoded from each peer,
+// labelled From: the sender's ID as types.ID.String(), hexadecimal ("0" for link heartbeats).
+const receivedBytesMetric = "etcd_network_peer_received_bytes_total"
+
+// DefaultLivenessWindow is how long the leader is watched for messages from an unreachable follower.
+// It must exceed the cluster's --heartbeat-interval (kubeadm's default: 100 ms) by enough to absorb
+// a loaded node; etcd's own default election timeout, after which raft's CheckQuorum counts a silent
+// follower inactive, is 1 s.
+const DefaultLivenessWindow = 2 * time.Second
 
 // errNoMetrics is the error of a Connector that cannot read metrics.
 var errNoMetrics = errors.New("the etcd connector cannot read metrics")
@@ -63,16 +74,30 @@ func (c *Cluster) markAlive(ctx context.Context, state *State, leaders []uint64)
 	if len(unknown) == 0 {
 		return
 	}
-	views := map[uint64]map[uint64]bool{} // none read: a Connector without metrics knows nothing more
-	if mc, ok := c.Connector.(MetricsConnector); ok {
-		views = c.peerViews(ctx, mc, observers(state))
+	leader := state.ByID(state.LeaderID)
+	if leader == nil || !leader.Reachable {
+		for _, m := range unknown {
+			m.Problem += " (the leader, which alone hears from every follower, is unreachable too)"
+		}
+		return
+	}
+	ids := make([]uint64, 0, len(unknown))
+	for _, m := range unknown {
+		ids = append(ids, m.ID)
+	}
+	window := orDuration(c.LivenessWindow, DefaultLivenessWindow)
+	heard, err := c.heardFrom(ctx, leader.Name, ids, window)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).V(4).Info("Could not read what the etcd leader receives from its followers", "node", leader.Name, "err", err.Error())
 	}
 	for _, m := range unknown {
-		alive, why := peersSeeAlive(state, views, m.ID)
-		if alive {
-			setAlive(m, fmt.Sprintf("unreachable through its node, but alive: %s see its raft streams connected (with it a quorum of the voters)", why))
-		} else {
-			m.Problem += " (" + why + ")"
+		switch {
+		case heard[m.ID]:
+			setAlive(m, fmt.Sprintf("unreachable through its node, but alive: the leader %s received its raft messages within %s", leader.Name, window))
+		case err != nil:
+			m.Problem += fmt.Sprintf(" (what the leader %s receives from it could not be read)", leader.Name)
+		default:
+			m.Problem += fmt.Sprintf(" (the leader %s received nothing from it in %s)", leader.Name, window)
 		}
 	}
 }
@@ -110,138 +135,89 @@ func leaderAlive(state *State, leaders []uint64) (*MemberStatus, int) {
 	return leader, followers
 }
 
-// observers are the members whose view of their peers is asked: reachable voters that follow a
-// leader (Up). A reachable member without a leader is cut off itself; its view is not of the side
-// that holds the quorum, and it is not asked.
-func observers(state *State) []MemberStatus {
-	var out []MemberStatus
-	for _, m := range state.Members {
-		if m.Reachable && m.Up() {
-			out = append(out, m)
-		}
+// heardFrom watches, for at most window, the bytes the leader on node has received from each of the
+// followers ids, and returns those whose count grew. It reads the leader's metrics once, then every
+// window/8 until each has grown or the window is over: a live follower answers within a heartbeat
+// interval, so it is known at the first reading after that, and only a silent one costs the window.
+// A first read that fails is an error; a later one that fails ends the watch with what is known.
+func (c *Cluster) heardFrom(ctx context.Context, node string, ids []uint64, window time.Duration) (map[uint64]bool, error) {
+	mc, ok := c.Connector.(MetricsConnector)
+	if !ok {
+		return nil, errNoMetrics
 	}
-	return out
-}
-
-// peerViews reads, in parallel and each within CallTimeout, what every observer sees of its peers:
-// observer ID → peer ID → connected. An observer whose metrics cannot be read or parsed is left out.
-func (c *Cluster) peerViews(ctx context.Context, mc MetricsConnector, obs []MemberStatus) map[uint64]map[uint64]bool {
-	views := make([]map[uint64]bool, len(obs))
-	var wg sync.WaitGroup
-	for i, o := range obs {
-		wg.Go(func() {
-			cctx, cancel := c.callCtx(ctx)
-			defer cancel()
-			body, err := mc.Metrics(cctx, o.Name)
-			if err == nil {
-				views[i], err = activePeers(body, o.ID)
+	read := func() (map[uint64]float64, error) {
+		cctx, cancel := c.callCtx(ctx)
+		defer cancel()
+		body, err := mc.Metrics(cctx, node)
+		if err != nil {
+			return nil, err
+		}
+		return receivedBytes(body)
+	}
+	first, err := read()
+	if err != nil {
+		return nil, err
+	}
+	heard := map[uint64]bool{}
+	tick := time.NewTicker(window / 8)
+	defer tick.Stop()
+	deadline := time.NewTimer(window)
+	defer deadline.Stop()
+	for len(heard) < len(ids) {
+		select {
+		case <-ctx.Done():
+			return heard, nil
+		case <-deadline.C:
+			return heard, nil
+		case <-tick.C:
+		}
+		now, readErr := read()
+		if readErr != nil {
+			break
+		}
+		for _, id := range ids {
+			if now[id] > first[id] {
+				heard[id] = true
 			}
-			if err != nil {
-				ctrl.LoggerFrom(ctx).V(4).Info("Could not read what an etcd member sees of its peers", "node", o.Name, "err", err.Error())
-			}
-		})
-	}
-	wg.Wait()
-	out := map[uint64]map[uint64]bool{}
-	for i, v := range views {
-		if v != nil {
-			out[obs[i].ID] = v
 		}
 	}
-	return out
+	return heard, nil
 }
 
-// peersSeeAlive decides from the observers' views (peerViews) whether the unreachable voter id runs
-// and votes. It does when
-//
-//   - every observer whose view was read sees it connected: one that does not is evidence of a dead or
-//     cut-off member, and the stale direction of the gauge is "connected", so it outweighs any number
-//     that do;
-//   - the leader, when it is an observer, is among them: its streams carry the member's appends and
-//     heartbeats, so its view says whether the member follows it;
-//   - those observers and the member make a quorum of the voters: under a network split the member is
-//     then on the side that holds the quorum, not in a minority island that one observer happens to
-//     reach. With 3 voters one observer is enough (2 of 3), with 5 two.
-//
-// A view that could not be read leaves the member unknown, never alive. What this cannot see: with
-// the leader itself unreachable, a member connected to the observers but cut off from the leader
-// alone (a partition that is not transitive) counts alive.
-//
-// It returns the observers that see the member connected when it is alive, else why it is not known
-// alive.
-func peersSeeAlive(state *State, views map[uint64]map[uint64]bool, id uint64) (bool, string) {
-	var seen, down []string
-	leaderUnread := false
-	for _, o := range observers(state) {
-		view, read := views[o.ID]
-		switch {
-		case !read:
-			leaderUnread = leaderUnread || o.ID == state.LeaderID
-		case view[id]:
-			seen = append(seen, o.Name)
-		default:
-			down = append(down, o.Name)
-		}
-	}
-	sort.Strings(seen)
-	sort.Strings(down)
-	quorum := Quorum(state.Counts().Voting)
-	switch {
-	case len(down) > 0:
-		return false, "no raft connection to it from " + strings.Join(down, ", ")
-	case len(seen) == 0:
-		return false, "its peers' view of it could not be read"
-	case leaderUnread:
-		return false, "the leader's view of it could not be read"
-	case len(seen)+1 < quorum:
-		return false, fmt.Sprintf("connected to %s only: with it fewer than the quorum of %d", strings.Join(seen, ", "), quorum)
-	}
-	return true, strings.Join(seen, ", ")
-}
-
-// activePeers reads, from the metrics of the member with ID local (Prometheus text format), whether
-// its raft transport is connected to each peer it has a status for (etcd_network_active_peers > 0).
-// A peer it never connected to has no series and is absent (not connected). Metrics with no series
-// of local at all are an error: a member of a cluster of several has connected to a peer once, so they
-// are not that member's.
-func activePeers(metrics []byte, local uint64) (map[uint64]bool, error) {
+// receivedBytes reads, from a member's metrics (Prometheus text format), the bytes its raft transport
+// has received from each peer (etcd_network_peer_received_bytes_total by From). Link heartbeats,
+// counted under From "0", name no sender and are left out. Metrics without the counter are an error:
+// a member of a cluster of several has received from a peer once.
+func receivedBytes(metrics []byte) (map[uint64]float64, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(metrics))
 	if err != nil {
-		return nil, fmt.Errorf("parsing the metrics of etcd member %x: %w", local, err)
+		return nil, fmt.Errorf("parsing etcd metrics: %w", err)
 	}
-	out := map[uint64]bool{}
-	found := false
-	for _, m := range families[activePeersMetric].GetMetric() {
-		var localLabel, remoteLabel string
+	family, ok := families[receivedBytesMetric]
+	if !ok {
+		return nil, fmt.Errorf("the etcd metrics have no %s", receivedBytesMetric)
+	}
+	out := map[uint64]float64{}
+	for _, m := range family.GetMetric() {
+		var from string
 		for _, l := range m.GetLabel() {
-			switch l.GetName() {
-			case "Local":
-				localLabel = l.GetValue()
-			case "Remote":
-				remoteLabel = l.GetValue()
+			if l.GetName() == "From" {
+				from = l.GetValue()
 			}
 		}
-		from, err := strconv.ParseUint(localLabel, 16, 64)
+		id, err := strconv.ParseUint(from, 16, 64)
 		if err != nil {
-			return nil, fmt.Errorf("metric %s of etcd member %x: label Local %q is not a member ID", activePeersMetric, local, localLabel)
+			return nil, fmt.Errorf("metric %s: label From %q is not a member ID", receivedBytesMetric, from)
 		}
-		if from != local {
+		if id == 0 {
 			continue
 		}
-		to, err := strconv.ParseUint(remoteLabel, 16, 64)
-		if err != nil {
-			return nil, fmt.Errorf("metric %s of etcd member %x: label Remote %q is not a member ID", activePeersMetric, local, remoteLabel)
-		}
-		value := m.GetGauge().GetValue()
-		if m.Gauge == nil {
+		value := m.GetCounter().GetValue()
+		if m.Counter == nil {
 			value = m.GetUntyped().GetValue()
 		}
-		found = true
-		out[to] = out[to] || value > 0
-	}
-	if !found {
-		return nil, fmt.Errorf("the metrics of etcd member %x have no %s of that member", local, activePeersMetric)
+		out[id] = value
 	}
 	return out, nil
 }

@@ -188,8 +188,8 @@ func TestCanTakeDownEveryCombination(t *testing.T) {
 		for h := 0; h <= v; h++ {
 			for u := 0; u <= v; u++ {
 				// Unreachable members are the unhealthy ones plus, when quorum is proven, healthy ones
-				// that etcd shows alive (etcdutil markAlive: the leader the others follow, a member its
-				// peers see connected): u ≤ V-H, or any u with proof.
+				// that etcd shows alive (etcdutil markAlive: the leader the others follow, a follower the
+				// leader hears from): u ≤ V-H, or any u with proof.
 				for _, flags := range []Counts{{}, {QuorumProven: true}, {Serializable: true}} {
 					if u > v-h && !flags.QuorumProven {
 						continue

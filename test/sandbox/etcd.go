@@ -435,6 +435,24 @@ func (c *EtcdCluster) Kill(name string) {
 	<-p.exited
 }
 
+// Freeze stops a member's process without ending it (SIGSTOP), as `docker pause` freezes a node: the
+// kernel keeps its sockets, so its peers' connections to it stay open and writes to them succeed
+// until their buffers fill, but it neither reads, answers nor votes. Thaw resumes it.
+func (c *EtcdCluster) Freeze(name string) { c.signal(name, syscall.SIGSTOP) }
+
+// Thaw resumes a frozen member's process (SIGCONT).
+func (c *EtcdCluster) Thaw(name string) { c.signal(name, syscall.SIGCONT) }
+
+func (c *EtcdCluster) signal(name string, sig syscall.Signal) {
+	c.mu.Lock()
+	p, ok := c.members[name]
+	c.mu.Unlock()
+	if !ok || p.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
 // Restart starts a killed member's process again, as its node's boot would: same name, ports and data
 // directory, so it rejoins with its membership and data (etcd ignores the initial cluster when the
 // data directory holds a WAL). It does not wait for the member to be healthy: without a quorum to

@@ -193,7 +193,7 @@ func TestAbortDuringEscalationDeletesTheReboot(t *testing.T) {
 // TestRebootWaitsWhileUnreachableMembersCarryQuorum: three members; the victim C's kubelet
 // stops, its etcd member keeps running. The first reboot (2 of 3 healthy: A and B) stops C's member
 // for a while and does not help. Then B's member dies and A leads: a linearizable read is answered
-// (A and C are the quorum; only A answers, and C counts alive when A sees it connected). Rebooting C
+// (A and C are the quorum; only A answers, and C counts alive because A, leading, hears from it). Rebooting C
 // again would leave A alone, so
 // the second step must wait with NotQuorumSafe, create nothing, and quorum must hold throughout.
 func TestRebootWaitsWhileUnreachableMembersCarryQuorum(t *testing.T) {

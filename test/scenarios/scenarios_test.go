@@ -113,8 +113,8 @@ func TestLeaderWithUnreachableKubeletKeepsTheMargin(t *testing.T) {
 
 // TestFollowerWithUnreachableKubeletKeepsTheMargin: a follower's kubelet is down, so its member
 // (still running, still voting) cannot be reached through the API server, the commonest real "node
-// not Ready". The other members' metrics, read through their own port-forwards, show their raft
-// streams to it connected, so it counts as alive: CAPR adds the replacement first and removes the
+// not Ready". The leader's metrics, read through its own port-forward, show it still receiving the
+// member's raft messages, so it counts as alive: CAPR adds the replacement first and removes the
 // old member after, from another member. The failure margin never drops below 1; before, the member
 // counted as down and was removed first (margin 0 until the replacement voted).
 func TestFollowerWithUnreachableKubeletKeepsTheMargin(t *testing.T) {
