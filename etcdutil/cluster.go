@@ -38,7 +38,7 @@ type MemberStatus struct {
 	// math counts it (Counts.Healthy, through Up) while the health check still reports its Problem.
 	Votes bool
 	// Problem says why the member is not healthy ("" when healthy). An unreachable member not known
-	// alive has "unreachable", followed by why its peers do not show it alive when they were asked.
+	// alive has "unreachable", followed by why etcd does not show it alive (markAlive).
 	Problem string
 	// Note says how a member that could not be reached is known to be alive ("" otherwise).
 	Note string

@@ -12,7 +12,7 @@
 // deadline, and reports whether a linearizable read proved quorum (State.QuorumProven) or the list
 // is one member's node-local view (State.Serializable, never acted on). peers.go decides whether a
 // member that cannot be reached runs anyway, from etcd's own view: the leader the others follow, or
-// the raft connections its peers report in their metrics (MetricsConnector).
+// a follower whose raft messages the leader keeps receiving, read from its metrics (MetricsConnector).
 //
 // KCP's exported etcd client (sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/etcd and
 // pkg.EtcdClientGenerator) was evaluated and is not used as a client: etcd.NewClient costs an extra

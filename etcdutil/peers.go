@@ -137,7 +137,7 @@ func leaderAlive(state *State, leaders []uint64) (*MemberStatus, int) {
 
 // heardFrom watches, for at most window, the bytes the leader on node has received from each of the
 // followers ids, and returns those whose count grew. It reads the leader's metrics once, then every
-// window/8 until each has grown or the window is over: a live follower answers within a heartbeat
+// window/4 until each has grown or the window is over: a live follower answers within a heartbeat
 // interval, so it is known at the first reading after that, and only a silent one costs the window.
 // A first read that fails is an error; a later one that fails ends the watch with what is known.
 func (c *Cluster) heardFrom(ctx context.Context, node string, ids []uint64, window time.Duration) (map[uint64]bool, error) {
@@ -159,7 +159,7 @@ func (c *Cluster) heardFrom(ctx context.Context, node string, ids []uint64, wind
 		return nil, err
 	}
 	heard := map[uint64]bool{}
-	tick := time.NewTicker(window / 8)
+	tick := time.NewTicker(window / 4)
 	defer tick.Stop()
 	deadline := time.NewTimer(window)
 	defer deadline.Stop()

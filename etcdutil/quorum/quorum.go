@@ -13,7 +13,7 @@ type Counts struct {
 	// Healthy is H, the number of voting members seen healthy: running and following a leader, an
 	// alarmed member included (an etcd alarm stops requests, not its vote; etcdutil.MemberStatus.Up).
 	// A member that could not be reached is counted only when etcd itself shows it alive (the leader
-	// the others follow, a member its peers see connected: etcdutil markAlive); otherwise, for every
+	// the others follow, a follower the leader hears from: etcdutil markAlive); otherwise, for every
 	// safety check, it counts as unhealthy.
 	Healthy int
 	// Learners is L, the number of learners (members that do not vote yet).

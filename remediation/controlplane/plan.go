@@ -154,7 +154,7 @@ type OrderInput struct {
 	MemberRemovedOnDelete string
 	// VictimUnreachable is true when the victim's member is in the member list but did not answer
 	// through its own node (etcdutil.MemberStatus.Reachable false: its kubelet or node is down), even
-	// if its peers show it alive.
+	// if etcd shows it alive (etcdutil markAlive).
 	VictimUnreachable bool
 	// ExternalEtcd is true when etcd runs outside the control-plane Machines: Counts, Unreachable,
 	// Victim and AddsLearners are then unused, and ServingOthers and VictimServes decide.

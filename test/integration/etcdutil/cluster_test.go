@@ -292,8 +292,8 @@ func (b blockedNode) Connect(ctx context.Context, node string) (*clientv3.Client
 
 // TestInspectUnreachableLeaderIsAlive: a leader that cannot be reached through its node is counted
 // healthy (alive: the others follow it and a linearizable read passed through it), and a leader that
-// really died is not. blockedNode reads no metrics, so the leader is known alive without its peers'
-// view, and a follower that cannot be reached is not known alive at all (with that view:
+// really died is not. blockedNode reads no metrics, so the leader is known alive without them, and a
+// follower that cannot be reached is not known alive at all (with the leader's metrics:
 // TestInspectFollowerAliveBehindAStoppedKubelet).
 func TestInspectUnreachableLeaderIsAlive(t *testing.T) {
 	g := NewWithT(t)
