@@ -103,6 +103,15 @@ var compareFaults = []compareFault{
 		undo:        func(node string) error { return dockerRun("unpause", node) },
 	},
 	{
+		name: "follower-node-blackholed",
+		description: "every packet to and from a follower's node dropped (iptables DROP in its INPUT and OUTPUT chains, loopback spared): " +
+			"its processes run, nothing reaches them and no error comes back",
+		inject: func(node string) error {
+			return blackhole(node, "-I")
+		},
+		undo: func(node string) error { return blackhole(node, "-D") },
+	},
+	{
 		name:        "follower-node-stopped",
 		description: "a follower's node container stopped (docker stop): the machine powered off",
 		inject:      func(node string) error { return dockerRun("stop", node) },
@@ -110,6 +119,16 @@ var compareFaults = []compareFault{
 		// URL and certificates do not name: restore then waits its ten minutes and the campaign stops.
 		undo: func(node string) error { return dockerRun("start", node) },
 	},
+}
+
+// blackhole inserts (op "-I") or deletes ("-D") the rules that drop every packet of node's network
+// namespace but its loopback's, first in the chains, so that no established connection is spared.
+// Static pods use the host's network, so etcd, the API server and the kubelet are cut off alike.
+func blackhole(node, op string) error {
+	if err := dockerRun("exec", node, "iptables", op, "INPUT", "!", "-i", "lo", "-j", "DROP"); err != nil {
+		return err
+	}
+	return dockerRun("exec", node, "iptables", op, "OUTPUT", "!", "-o", "lo", "-j", "DROP")
 }
 
 // compareCampaign is the first line of a campaign's results file, written before any run.
