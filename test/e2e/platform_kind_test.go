@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -201,6 +202,19 @@ func dockerRun(args ...string) error {
 }
 
 func dockerOutput(args ...string) (string, error) {
+	return dockerOutputCtx(ctx, args...)
+}
+
+// dockerOutputWithin is dockerOutput ended after d: a docker exec into a container paused while it
+// runs waits for the container, not for its command (the command and any timeout inside are frozen
+// with it), until the container is unpaused or removed.
+func dockerOutputWithin(d time.Duration, args ...string) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return dockerOutputCtx(cctx, args...)
+}
+
+func dockerOutputCtx(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "docker", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
