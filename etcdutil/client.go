@@ -61,7 +61,7 @@ type SharedConnector interface {
 // PortForward reaches the member on a node the way KCP does: through the workload cluster's API
 // server, port-forwarding to pod kube-system/etcd-<node> port 2379. It therefore depends on that
 // node's kubelet; a node whose kubelet is down has an unreachable member even if etcd runs (Inspect
-// then asks the other members what they see of it: markAlive).
+// then asks the leader what it receives from it: markAlive).
 type PortForward struct {
 	// RESTConfig is the workload cluster's API server.
 	RESTConfig *rest.Config

@@ -322,8 +322,8 @@ func (d *dials) memberList(ctx context.Context, nodes []string, serializable boo
 // are dialled and asked in parallel, each at most once, within InspectTimeout. The list is read
 // linearizably when any member can serve it (State.QuorumProven); otherwise serializably, so that
 // the state still says which members are down, marked State.Serializable (not authoritative). When
-// a voting member cannot be reached, the reachable ones are asked what they see of it (markAlive),
-// within the same InspectTimeout.
+// a voting member cannot be reached, etcd is asked whether it runs (markAlive: the leader's
+// metrics, watched for up to LivenessWindow), within the same InspectTimeout.
 func (c *Cluster) Inspect(ctx context.Context, nodes []string) (_ *State, err error) {
 	defer observe("inspect", time.Now(), &err)
 	ctx, cancel := context.WithTimeoutCause(ctx, orDuration(c.InspectTimeout, 3*orDuration(c.CallTimeout, DefaultCallTimeout)),

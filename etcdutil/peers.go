@@ -77,7 +77,9 @@ func (c *Cluster) markAlive(ctx context.Context, state *State, leaders []uint64)
 	leader := state.ByID(state.LeaderID)
 	if leader == nil || !leader.Reachable {
 		for _, m := range unknown {
-			m.Problem += " (the leader, which alone hears from every follower, is unreachable too)"
+			if m.ID != state.LeaderID {
+				m.Problem += " (only the leader hears from its followers, and it cannot be asked)"
+			}
 		}
 		return
 	}
@@ -88,7 +90,7 @@ func (c *Cluster) markAlive(ctx context.Context, state *State, leaders []uint64)
 	window := orDuration(c.LivenessWindow, DefaultLivenessWindow)
 	heard, err := c.heardFrom(ctx, leader.Name, ids, window)
 	if err != nil {
-		ctrl.LoggerFrom(ctx).V(4).Info("Could not read what the etcd leader receives from its followers", "node", leader.Name, "err", err.Error())
+		ctrl.LoggerFrom(ctx).V(4).Info("Could not watch what the etcd leader receives from its followers", "node", leader.Name, "err", err.Error())
 	}
 	for _, m := range unknown {
 		switch {
@@ -135,17 +137,20 @@ func leaderAlive(state *State, leaders []uint64) (*MemberStatus, int) {
 	return leader, followers
 }
 
-// heardFrom watches, for at most window, the bytes the leader on node has received from each of the
-// followers ids, and returns those whose count grew. It reads the leader's metrics once, then every
-// window/4 until each has grown or the window is over: a live follower answers within a heartbeat
+// heardFrom watches the bytes the leader on node has received from each of the followers ids, and
+// returns those whose count grew within window of a first reading. It reads the leader's metrics (the
+// first time within the call timeout), then every window/4 until each has grown or the window is
+// over, every later read cut at the window's end: a live follower answers within a heartbeat
 // interval, so it is known at the first reading after that, and only a silent one costs the window.
-// A first read that fails is an error; a later one that fails ends the watch with what is known.
+// A later read that fails is tried again at the next tick. It is an error when the first read
+// fails, or when ctx ends before the window does: the watch was then too short to say anything of
+// the followers not heard.
 func (c *Cluster) heardFrom(ctx context.Context, node string, ids []uint64, window time.Duration) (map[uint64]bool, error) {
 	mc, ok := c.Connector.(MetricsConnector)
 	if !ok {
 		return nil, errNoMetrics
 	}
-	read := func() (map[uint64]float64, error) {
+	read := func(ctx context.Context) (map[uint64]float64, error) {
 		cctx, cancel := c.callCtx(ctx)
 		defer cancel()
 		body, err := mc.Metrics(cctx, node)
@@ -154,26 +159,27 @@ func (c *Cluster) heardFrom(ctx context.Context, node string, ids []uint64, wind
 		}
 		return receivedBytes(body)
 	}
-	first, err := read()
+	first, err := read(ctx)
 	if err != nil {
 		return nil, err
 	}
-	heard := map[uint64]bool{}
-	tick := time.NewTicker(window / 4)
+	wctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
+	tick := time.NewTicker(max(window/4, time.Millisecond))
 	defer tick.Stop()
-	deadline := time.NewTimer(window)
-	defer deadline.Stop()
+	heard := map[uint64]bool{}
 	for len(heard) < len(ids) {
 		select {
-		case <-ctx.Done():
-			return heard, nil
-		case <-deadline.C:
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return heard, fmt.Errorf("watching what the etcd leader on %s receives: %w", node, context.Cause(ctx))
+			}
 			return heard, nil
 		case <-tick.C:
 		}
-		now, readErr := read()
-		if readErr != nil {
-			break
+		now, err := read(wctx)
+		if err != nil {
+			continue
 		}
 		for _, id := range ids {
 			if now[id] > first[id] {
