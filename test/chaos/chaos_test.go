@@ -305,17 +305,22 @@ const (
 	// every plan is drawn as before.
 	blackHoleNode   = numFaultKinds + 1
 	editRunningSpec = numFaultKinds + 2
+	// freezeNode freezes the Machine's node (sandbox.FreezeNode, as docker pause on kind): its member
+	// stopped but its connections kept, every dial through its kubelet hanging. Drawn from a stream of
+	// its own too (extraFaults).
+	freezeNode = numFaultKinds + 3
 )
 
 var faultNames = [...]string{"etcd member killed", "kubelet stopped", "heartbeat stopped", "leader's kubelet stopped",
 	"request deleted mid-flight", "lock annotation stripped", "skip-remediation added", "API write conflicts",
-	"controller killed at a random API call", "etcd alarm NOSPACE", "node black-holed", "Running request's spec edited"}
+	"controller killed at a random API call", "etcd alarm NOSPACE", "node black-holed", "Running request's spec edited",
+	"node frozen"}
 
 func (f faultKind) String() string { return faultNames[f] }
 
 // machineFault is true for faults that break a Machine.
 func (f faultKind) machineFault() bool {
-	return f <= stopLeaderKubelet || f == alarmMember || f == blackHoleNode
+	return f <= stopLeaderKubelet || f == alarmMember || f == blackHoleNode || f == freezeNode
 }
 
 type plannedFault struct {
@@ -373,8 +378,10 @@ func newPlan(rng *rand.Rand, single, alarm bool) plan {
 }
 
 // extraFaults adds the fault kinds drawn from a stream of their own, so that the rest of every plan
-// is drawn as before: in one seed in five the first fault's node is black-holed instead, and in one
-// in four a Running request's spec is edited, 0 to 8 s after the first fault. Those seeds no longer
+// is drawn as before: in one seed in five the first fault's node is black-holed instead, in one in
+// four a Running request's spec is edited, 0 to 8 s after the first fault, and in one in ten of the
+// seeds left (a stream of its own again; seeds 1 and 10 among the first 60) the first fault's node
+// is frozen instead. Those seeds no longer
 // replay the plans earlier campaigns ran; the known seeds keep the plans they were found with.
 func extraFaults(p plan, seed int64) plan {
 	if slices.Contains(knownSeeds, seed) {
@@ -386,6 +393,10 @@ func extraFaults(p plan, seed int64) plan {
 	}
 	if rng.IntN(4) == 0 {
 		p.faults = append(p.faults, plannedFault{kind: editRunningSpec, after: p.faults[0].after + time.Duration(rng.IntN(8000))*time.Millisecond})
+	}
+	frozen := rand.New(rand.NewPCG(uint64(seed), 0x667265657a65)) //nolint:gosec // reproducible test randomness
+	if frozen.IntN(10) == 0 && p.faults[0].kind != alarmMember && p.faults[0].kind != blackHoleNode {
+		p.faults[0].kind = freezeNode
 	}
 	return p
 }
@@ -551,7 +562,7 @@ func runScenario(t *testing.T, seed int64) {
 				}
 			}
 			victims[m.Name] = true
-			if f.kind == killMember || f.kind == blackHoleNode {
+			if f.kind == killMember || f.kind == blackHoleNode || f.kind == freezeNode {
 				killed++
 			}
 		}
@@ -956,6 +967,8 @@ func inject(wc *sandbox.WorkloadCluster, kind faultKind, m clusterv1.Machine, st
 		err = client.IgnoreNotFound(sb.StopHeartbeat(ctx, wc, node))
 	case blackHoleNode:
 		err = client.IgnoreNotFound(sb.BlackHoleNode(ctx, wc, node))
+	case freezeNode:
+		err = client.IgnoreNotFound(sb.FreezeNode(ctx, wc, node))
 	case editRunningSpec:
 		err = editWhileRunning(wc, stop)
 	case alarmMember:

@@ -630,6 +630,21 @@ func (s *Sandbox) setEtcdPod(ctx context.Context, wc *WorkloadCluster, node stri
 // so every dial of its member through the API server costs the caller's whole dial timeout.
 func (s *Sandbox) BlackHoleNode(ctx context.Context, wc *WorkloadCluster, node string) error {
 	wc.Etcd.Kill(node)
+	return s.silence(ctx, wc, node, "FAULT: node %s black-holed (etcd member killed, kubelet accepts and never answers)")
+}
+
+// FreezeNode freezes a control-plane Machine's node, as `docker pause` does on kind: its etcd member
+// is stopped (SIGSTOP) but stays a process whose sockets the kernel keeps open, its heartbeat stops,
+// and its kubelet's address accepts connections that are never answered. Unlike BlackHoleNode, the
+// member's peers keep their connections to it.
+func (s *Sandbox) FreezeNode(ctx context.Context, wc *WorkloadCluster, node string) error {
+	wc.Etcd.Freeze(node)
+	return s.silence(ctx, wc, node, "FAULT: node %s frozen (etcd member stopped by SIGSTOP, kubelet accepts and never answers)")
+}
+
+// silence black-holes node's kubelet, logs what (a format of the node's name), and stops its
+// heartbeat.
+func (s *Sandbox) silence(ctx context.Context, wc *WorkloadCluster, node, what string) error {
 	s.mu.Lock()
 	k := s.kubelets[node]
 	s.mu.Unlock()
@@ -638,7 +653,7 @@ func (s *Sandbox) BlackHoleNode(ctx context.Context, wc *WorkloadCluster, node s
 			return err
 		}
 	}
-	s.Log.Add(wc.LogKey(), "FAULT: node %s black-holed (etcd member killed, kubelet accepts and never answers)", node)
+	s.Log.Add(wc.LogKey(), what, node)
 	if s.opts.Provider == ProviderKubeadm {
 		return nil // kube-controller-manager's node lifecycle controller notices the silence
 	}
