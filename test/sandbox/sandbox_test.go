@@ -88,7 +88,7 @@ func TestPortForwardPathToRealEtcd(t *testing.T) {
 	g.Expect(state.ByName(leader).Reachable).To(BeFalse())
 	g.Expect(state.ByName(leader).Healthy).To(BeTrue(), "followed by %s", followers[1])
 	g.Expect(state.ByName(followers[0]).Up()).To(BeFalse(), state.ByName(followers[0]).Note)
-	g.Expect(state.ByName(followers[0]).Problem).To(Equal("unreachable (the leader, which alone hears from every follower, is unreachable too)"))
+	g.Expect(state.ByName(followers[0]).Problem).To(Equal("unreachable (only the leader hears from its followers, and it cannot be asked)"))
 	g.Expect(state.Counts()).To(Equal(etcdutil.Counts{Voting: 3, Healthy: 2, Unreachable: 2, QuorumProven: true}))
 }
 
